@@ -1,0 +1,104 @@
+"""Read-only views of the Redis broker, and a Redis client configured exactly like it.
+
+Queue depth on Redis is the sum of `LLEN` over the queue's key and its priority sub-queue keys
+(`<queue>\\x06\\x16<priority>`); jobs delivered but not acknowledged sit in kombu's `unacked` hash.
+The client comes from the app's broker connection pool, so TLS and Sentinel settings apply as they do
+to Celery itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from pipeline.app import app
+from pipeline.constants import (
+    DEAD_LETTER_QUEUE,
+    HEADER_PUBLISHED_AT,
+    PRIORITY_SEPARATOR,
+    PRIORITY_STEPS,
+    UNACKED_KEY,
+    WORK_QUEUES,
+)
+
+
+@contextmanager
+def broker_redis() -> Iterator[redis.Redis]:
+    """A redis-py client on the broker, from the app's connection pool."""
+    # celery-types calls `app.pool` a ProducerPool; at run time it is the broker's connection pool.
+    pool: Any = app.pool
+    with pool.acquire(block=True, timeout=10) as conn:
+        yield conn.default_channel.client
+
+
+def queue_keys(queue: str) -> list[str]:
+    """The Redis list keys kombu uses for `queue`, one per priority step."""
+    return [queue if step == 0 else f"{queue}{PRIORITY_SEPARATOR}{step}" for step in PRIORITY_STEPS]
+
+
+def decode_message(raw: bytes | str) -> dict[str, Any]:
+    """A kombu Redis message (JSON envelope) as a dict with its body decoded to JSON when possible."""
+    envelope: dict[str, Any] = json.loads(raw)
+    body = envelope.get("body")
+    if envelope.get("properties", {}).get("body_encoding") == "base64" and isinstance(body, str):
+        body = base64.b64decode(body)
+    if isinstance(body, bytes):
+        try:
+            body = json.loads(body)
+        except ValueError:
+            body = body.decode("utf-8", "replace")
+    envelope["body"] = body
+    return envelope
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    name: str
+    depth: int
+    oldest_age_s: float | None
+
+
+def _oldest_age(client: redis.Redis, keys: list[str], now: float) -> float | None:
+    ages = []
+    for key in keys:
+        tail = client.lindex(key, -1)  # kombu LPUSHes and BRPOPs: the right end is the oldest
+        if tail is None:
+            continue
+        try:
+            published = decode_message(tail).get("headers", {}).get(HEADER_PUBLISHED_AT)
+        except ValueError:
+            continue
+        if isinstance(published, int | float):
+            ages.append(max(0.0, now - float(published)))
+    return max(ages) if ages else None
+
+
+def queue_stats(queues: tuple[str, ...] = (*WORK_QUEUES, DEAD_LETTER_QUEUE)) -> list[QueueStats]:
+    """Depth (all priorities) and age of the oldest waiting job of each queue."""
+    now = time.time()
+    with broker_redis() as client:
+        pipe = client.pipeline(transaction=False)
+        for queue in queues:
+            for key in queue_keys(queue):
+                pipe.llen(key)
+        lengths = pipe.execute()
+        stats = []
+        steps = len(PRIORITY_STEPS)
+        for i, queue in enumerate(queues):
+            depth = sum(lengths[i * steps : (i + 1) * steps])
+            age = _oldest_age(client, queue_keys(queue), now) if depth else None
+            stats.append(QueueStats(queue, depth, age))
+        return stats
+
+
+def unacked_count() -> int:
+    """Jobs delivered to a worker and not yet acknowledged (running or prefetched), all queues."""
+    with broker_redis() as client:
+        return int(client.hlen(UNACKED_KEY))

@@ -1,0 +1,163 @@
+"""The `pipeline` command: run the local stack, enqueue jobs, follow them, operate queues and the DLQ.
+
+Every command prints for a person by default and JSON with `--json`.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Annotated, Any
+
+import typer
+
+from pipeline import cli_dlq
+from pipeline.cli_format import emit_json, fail, parse_time, read_payload
+from pipeline.errors import PayloadInvalid
+
+app = typer.Typer(
+    help="Operate the job pipeline. Celery itself stays `celery -A pipeline ...`.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(cli_dlq.app, name="dlq")
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+@app.command()
+def run(
+    with_api: Annotated[bool, typer.Option("--api/--no-api", help="Also serve the producer API.")] = True,
+) -> None:
+    """Start the local stack: Redis (embedded unless REDIS_URL is set), a worker, beat and Flower."""
+    from pipeline.devstack import run_stack
+
+    raise typer.Exit(run_stack(with_api=with_api))
+
+
+@app.command()
+def enqueue(
+    kind: Annotated[str, typer.Argument(help="Job kind (see `pipeline kinds`) or full task name.")],
+    payload: Annotated[str | None, typer.Argument(help="JSON object, @file, or - for stdin.")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="key=value (dots nest), repeatable.")] = None,
+    delay: Annotated[float | None, typer.Option(help="Run after this many seconds.")] = None,
+    at: Annotated[str | None, typer.Option(help="Run at this time (ISO 8601, UTC if no offset).")] = None,
+    idempotency_key: Annotated[str | None, typer.Option(help="Same key → same job, not a second one.")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the job to its end, with progress.")] = False,
+    timeout: Annotated[float, typer.Option(help="With --wait: give up after this many seconds.")] = 3600,
+    as_json: JsonOpt = False,
+) -> None:
+    """Validate a payload and publish the job; print its id (and with --wait, its result)."""
+    from pipeline.task import load_task_modules
+
+    tasks = load_task_modules()
+    typed = tasks.get(kind) or next((t for t in tasks.values() if t.name == kind), None)
+    if typed is None:
+        raise fail(f"unknown kind {kind!r}; known: {', '.join(sorted(tasks))}", 2, as_json)
+    eta: datetime | None = parse_time(at) if at else None
+    try:
+        task_id = typed.enqueue(
+            read_payload(payload, set_ or []), countdown=delay, eta=eta, idempotency_key=idempotency_key
+        )
+    except PayloadInvalid as exc:
+        if as_json:
+            emit_json({"error": "invalid payload", "task": typed.name, "details": exc.errors})
+            raise typer.Exit(2) from None
+        raise fail(str(exc), 2) from None
+    if not wait:
+        emit_json({"id": task_id, "task": typed.name}) if as_json else typer.echo(task_id)
+        return
+    if not as_json:
+        typer.echo(f"{typed.name} {task_id}", err=True)
+    state = _follow(task_id, timeout, show=not as_json)
+    if as_json:
+        emit_json(state)
+    elif state["state"] == "succeeded":
+        typer.echo(_dumps(state["result"]))
+    if state["state"] != "succeeded":
+        if not as_json:
+            typer.secho(f"{state['state']}: {state.get('error')}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1)
+
+
+def _dumps(value: Any) -> str:
+    import json
+
+    return json.dumps(value, indent=2, default=str)
+
+
+def _follow(task_id: str, timeout: float, show: bool) -> dict[str, Any]:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from pipeline.jobs import job_status
+
+    deadline = time.monotonic() + timeout
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>5.1f}%"),
+        TimeRemainingColumn(),
+        disable=not show,
+        transient=True,
+    ) as bar:
+        handle = bar.add_task("queued", total=100)
+        while True:
+            status = job_status(task_id)
+            progress = status.get("progress") or {}
+            bar.update(handle, description=status["state"], completed=progress.get("percent", 0))
+            if status["state"] in ("succeeded", "failed", "dead_lettered"):
+                return status
+            if time.monotonic() > deadline:
+                return {**status, "state": "timeout", "error": f"still {status['state']} after {timeout}s"}
+            time.sleep(0.25)
+
+
+@app.command()
+def status(task_id: Annotated[str, typer.Argument(metavar="ID")], as_json: JsonOpt = False) -> None:
+    """Show a job's state, progress, result or error."""
+    from pipeline.jobs import job_status
+
+    state = job_status(task_id)
+    if as_json:
+        emit_json(state)
+        return
+    for key, value in state.items():
+        if value not in (None, {}, ""):
+            typer.echo(f"{key + ':':10} {_dumps(value) if isinstance(value, dict | list) else value}")
+
+
+@app.command()
+def queues(as_json: JsonOpt = False) -> None:
+    """Depth (all priorities) and oldest waiting job per queue, plus jobs in flight."""
+    from pipeline.broker import queue_stats, unacked_count
+
+    stats = queue_stats()
+    in_flight = unacked_count()
+    if as_json:
+        emit_json({"queues": [s.__dict__ for s in stats], "in_flight": in_flight})
+        return
+    typer.echo(f"{'QUEUE':12} {'DEPTH':>7} {'OLDEST':>10}")
+    for s in stats:
+        age = f"{s.oldest_age_s:.1f}s" if s.oldest_age_s is not None else "-"
+        typer.echo(f"{s.name:12} {s.depth:>7} {age:>10}")
+    typer.echo(f"in flight (delivered, not yet acknowledged): {in_flight}")
+
+
+@app.command()
+def kinds(as_json: JsonOpt = False) -> None:
+    """List the job kinds `enqueue` accepts, with their task names and queues."""
+    from pipeline.app import app as celery_app
+    from pipeline.task import load_task_modules
+
+    rows = [
+        {"kind": k, "task": t.name, "queue": celery_app.amqp.router.route({}, t.name)["queue"].name}
+        for k, t in sorted(load_task_modules().items())
+    ]
+    if as_json:
+        emit_json(rows)
+        return
+    for r in rows:
+        typer.echo(f"{r['kind']:16} {r['task']:24} queue={r['queue']}")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,75 @@
+"""Shared pieces of the `pipeline` command: durations, JSON output, payload input."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import typer
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> timedelta:
+    """'90', '90s', '15m', '12h', '7d', '2w' → timedelta."""
+    match = _DURATION.match(text)
+    if not match:
+        raise typer.BadParameter(f"{text!r} is not a duration like 90s, 15m, 12h or 7d")
+    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO 8601 time (naive means UTC) or a duration ago ('1h')."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return datetime.now(UTC) - parse_duration(text)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def emit_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def fail(message: str, code: int = 1, as_json: bool = False) -> typer.Exit:
+    """Print an error for a person (stderr) or a machine (JSON on stdout) and return the exit to raise."""
+    if as_json:
+        emit_json({"error": message})
+    else:
+        typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    return typer.Exit(code)
+
+
+def _set_path(target: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        target = target.setdefault(part, {})
+    target[leaf] = value
+
+
+def read_payload(source: str | None, assignments: list[str]) -> dict[str, Any]:
+    """Payload from JSON text, `@file` or `-` (stdin), then `key=value` flags (dots nest; JSON values parsed)."""
+    payload: Any = {}
+    if source:
+        text = sys.stdin.read() if source == "-" else Path(source[1:]).read_text() if source[0] == "@" else source
+        try:
+            payload = json.loads(text)
+        except ValueError as exc:
+            raise typer.BadParameter(f"payload is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise typer.BadParameter("payload must be a JSON object")
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"--set expects key=value, got {item!r}")
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        _set_path(payload, key, value)
+    return payload

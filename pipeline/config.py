@@ -1,0 +1,233 @@
+"""Settings: environment, `.env` and a secrets directory → one validated object → Celery's configuration.
+
+Config flows one way: env → `Settings` → `celery_conf()` → `app.conf`. No other module reads
+`os.environ`. Every field is documented in `.env.example`. An invalid value stops the process at start
+with a message naming the variable (`ConfigError`), never a traceback from deep inside Celery.
+
+Usage::
+
+    settings = get_settings()          # cached; validated once per process
+    app.conf.update(celery_conf(settings))
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from kombu import Queue
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from pipeline.constants import ROUTES, WORK_QUEUES
+from pipeline.errors import ConfigError
+from pipeline.retry import RetryPolicy
+
+#: Where `pipeline run` starts its embedded Redis when REDIS_URL is not set; also the default REDIS_URL.
+LOCAL_REDIS_PORT = 6390
+_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
+
+
+class Settings(BaseSettings):
+    """Every setting of the pipeline. Field names are the environment variables, upper-cased."""
+
+    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore", frozen=True)
+
+    # --- Broker and result backend -------------------------------------------------------------
+    #: Unset: the embedded development Redis that `pipeline run` starts on 127.0.0.1:LOCAL_REDIS_PORT.
+    redis_url: str | None = Field(default=None, validation_alias=AliasChoices("REDIS_URL", "CELERY_BROKER_URL"))
+    local_redis_port: int = Field(default=LOCAL_REDIS_PORT, ge=1, le=65535)
+    result_backend_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("RESULT_BACKEND_URL", "CELERY_RESULT_BACKEND")
+    )
+    redis_sentinel_master: str | None = None
+    redis_sentinel_password: SecretStr | None = None
+    redis_tls_cert_reqs: Literal["required", "optional", "none"] = "required"
+    redis_tls_ca_file: Path | None = None
+    visibility_timeout: int = Field(default=3600, ge=10)
+    unacked_restore_interval: int = Field(default=10, ge=1)
+
+    # --- Tasks ------------------------------------------------------------------------------
+    task_soft_time_limit: int = Field(default=270, ge=1)
+    task_time_limit: int = Field(default=300, ge=2)
+    result_expires: int = Field(default=86400, ge=60)
+    retry_max_attempts: int = Field(default=5, ge=1, le=100)
+    retry_base_delay: float = Field(default=2.0, ge=0)
+    retry_max_delay: float = Field(default=600.0, ge=0, le=3600)
+    retry_jitter: float = Field(default=0.2, ge=0, lt=1)
+    enqueue_idempotency_ttl: int = Field(default=86400, ge=1)
+    max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
+
+    # --- Worker -------------------------------------------------------------------------------
+    worker_prefetch_multiplier: int = Field(default=1, ge=1)
+    worker_soft_shutdown_timeout: float = Field(default=25.0, ge=0)
+    worker_max_memory_per_child: int | None = Field(default=None, ge=1024)
+    #: Read by Celery itself before any app code runs; recorded here so the worker can warn when it is missing.
+    remap_sigterm: str | None = None
+
+    # --- Dead-letter queue ----------------------------------------------------------------------
+    dlq_max_age: int = Field(default=7 * 86400, ge=60)
+    dlq_max_entries: int = Field(default=10_000, ge=1)
+
+    # --- Local stack and logs -----------------------------------------------------------------
+    data_dir: Path = Path(".data")
+    environment: str = "development"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        check_redis_url("REDIS_URL", self.broker_url, self.redis_sentinel_master)
+        if self.result_backend_url:
+            check_redis_url("RESULT_BACKEND_URL", self.result_backend_url, self.redis_sentinel_master)
+        if self.task_soft_time_limit >= self.task_time_limit:
+            raise ValueError("TASK_SOFT_TIME_LIMIT must be below TASK_TIME_LIMIT, so tasks can clean up")
+        if self.visibility_timeout <= self.task_time_limit:
+            raise ValueError(
+                "VISIBILITY_TIMEOUT must exceed TASK_TIME_LIMIT, or Redis redelivers running tasks to a second worker"
+            )
+        if self.retry_max_delay < self.retry_base_delay:
+            raise ValueError("RETRY_MAX_DELAY must be at least RETRY_BASE_DELAY")
+        if self.redis_tls_ca_file is not None and not self.redis_tls_ca_file.is_file():
+            raise ValueError(f"REDIS_TLS_CA_FILE: no such file {self.redis_tls_ca_file}")
+        return self
+
+    @property
+    def broker_url(self) -> str:
+        return self.redis_url or f"redis://127.0.0.1:{self.local_redis_port}/0"
+
+    @property
+    def result_url(self) -> str:
+        return self.result_backend_url or self.broker_url
+
+    def retry_policy(self) -> RetryPolicy:
+        """The default retry policy; tasks override fields of it with `dataclasses.replace`."""
+        return RetryPolicy(
+            max_attempts=self.retry_max_attempts,
+            base_delay=self.retry_base_delay,
+            max_delay=self.retry_max_delay,
+            jitter=self.retry_jitter,
+        )
+
+
+def check_redis_url(name: str, url: str, sentinel_master: str | None) -> None:
+    """Refuse a URL the Redis transport cannot use, naming the variable."""
+    scheme = urlsplit(url.split(";")[0]).scheme
+    if scheme not in ("redis", "rediss", "sentinel"):
+        raise ValueError(f"{name} must start with redis://, rediss:// or sentinel:// (got {scheme or url!r})")
+    if scheme == "sentinel" and not sentinel_master:
+        raise ValueError(f"{name} is a sentinel:// URL: set REDIS_SENTINEL_MASTER to the monitored master's name")
+    if scheme in ("redis", "rediss") and not urlsplit(url).hostname and "socket" not in url:
+        raise ValueError(f"{name} has no host: {url!r}")
+
+
+def _ssl_options(settings: Settings) -> dict[str, Any]:
+    options: dict[str, Any] = {"ssl_cert_reqs": _CERT_REQS[settings.redis_tls_cert_reqs]}
+    if settings.redis_tls_ca_file is not None:
+        options["ssl_ca_certs"] = str(settings.redis_tls_ca_file)
+    return options
+
+
+def _transport_options(settings: Settings) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        # Unacked messages come back after this long; must exceed any task's hard time limit.
+        "visibility_timeout": settings.visibility_timeout,
+        # kombu 5.7: how often an idle worker sweeps for expired unacked messages (throttle 1 = every interval).
+        "unacked_restore_interval": settings.unacked_restore_interval,
+        "unacked_restore_throttle": 1,
+        # A dead connection is noticed within seconds instead of hanging the consumer.
+        "health_check_interval": 10,
+        "socket_timeout": 30,
+        "socket_connect_timeout": 5,
+        "socket_keepalive": True,
+        "retry_on_timeout": True,
+    }
+    if settings.redis_sentinel_master:
+        options["master_name"] = settings.redis_sentinel_master
+        if settings.redis_sentinel_password is not None:
+            options["sentinel_kwargs"] = {"password": settings.redis_sentinel_password.get_secret_value()}
+    return options
+
+
+def celery_conf(settings: Settings) -> dict[str, Any]:
+    """Celery's configuration for these settings. The only place lowercase Celery keys appear.
+
+    Reference: https://docs.celeryq.dev/en/stable/userguide/configuration.html
+    """
+    transport = _transport_options(settings)
+    conf: dict[str, Any] = {
+        "broker_url": settings.broker_url,
+        "result_backend": settings.result_url,
+        "broker_transport_options": transport,
+        "result_backend_transport_options": transport,
+        "visibility_timeout": settings.visibility_timeout,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        "broker_channel_error_retry": True,
+        # JSON only: pickle (code execution) and every other content type is refused by the worker.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "enable_utc": True,
+        "timezone": "UTC",
+        # At-least-once: ack after the task ran; a killed pool child is retried (counted against max_retries).
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_retry_on_worker_lost": True,
+        "task_acks_on_failure_or_timeout": True,
+        "task_soft_time_limit": settings.task_soft_time_limit,
+        "task_time_limit": settings.task_time_limit,
+        "task_track_started": True,
+        "task_send_sent_event": True,
+        "worker_send_task_events": True,
+        "result_expires": settings.result_expires,
+        "result_extended": True,
+        "result_backend_always_retry": True,
+        "result_backend_max_retries": 10,
+        "task_default_queue": WORK_QUEUES[0],
+        "task_queues": [Queue(name, routing_key=name) for name in WORK_QUEUES],
+        "task_routes": {pattern: {"queue": queue} for pattern, queue in ROUTES.items()},
+        "worker_prefetch_multiplier": settings.worker_prefetch_multiplier,
+        # Bounded stop: SIGTERM (remapped to SIGQUIT by the start scripts) waits this long, then requeues.
+        "worker_soft_shutdown_timeout": settings.worker_soft_shutdown_timeout,
+        "worker_enable_soft_shutdown_on_idle": True,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "worker_consumer": "pipeline.consumer:DeadLetteringConsumer",
+        "worker_hijack_root_logger": False,
+    }
+    if settings.worker_max_memory_per_child:
+        conf["worker_max_memory_per_child"] = settings.worker_max_memory_per_child
+    if settings.broker_url.startswith("rediss://"):
+        conf["broker_use_ssl"] = _ssl_options(settings)
+    if settings.result_url.startswith("rediss://"):
+        conf["redis_backend_use_ssl"] = _ssl_options(settings)
+    return conf
+
+
+def _secrets_dir() -> str | None:
+    path = os.environ.get("SECRETS_DIR", "/run/secrets")
+    return path if Path(path).is_dir() else None
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read and validate settings; on error raise `ConfigError` naming each bad variable."""
+    try:
+        env_file = os.environ.get("ENV_FILE", ".env") or None
+        return Settings(_secrets_dir=_secrets_dir(), _env_file=env_file, **overrides)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]).upper()
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"  {loc + ': ' if loc else ''}{msg}")
+        raise ConfigError("pipeline: invalid configuration\n" + "\n".join(lines)) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, validated once."""
+    return load_settings()

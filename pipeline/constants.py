@@ -1,0 +1,48 @@
+"""Names shared by producers, workers and operators: queues, routes, Redis keys and message headers.
+
+Nothing here reads configuration; everything here is part of the wire contract, so renaming a value
+orphans messages already in Redis.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: Queue for pipeline maintenance tasks and any task without a route of its own.
+DEFAULT_QUEUE: Final = "default"
+EMAIL_QUEUE: Final = "email"
+PDF_QUEUE: Final = "pdf"
+TRANSCODE_QUEUE: Final = "transcode"
+WEBHOOKS_QUEUE: Final = "webhooks"
+#: Failed jobs land here as envelopes. No worker consumes it: the `pipeline dlq` commands operate it.
+DEAD_LETTER_QUEUE: Final = "dead_letter"
+
+#: Queues a worker consumes when started without `-Q`.
+WORK_QUEUES: Final = (DEFAULT_QUEUE, EMAIL_QUEUE, PDF_QUEUE, TRANSCODE_QUEUE, WEBHOOKS_QUEUE)
+
+#: Task-name glob → queue. Routing is by name so foreign clients calling `send_task` land right too.
+ROUTES: Final = {
+    "email.*": EMAIL_QUEUE,
+    "pdf.*": PDF_QUEUE,
+    "media.*": TRANSCODE_QUEUE,
+    "webhooks.*": WEBHOOKS_QUEUE,
+}
+
+#: Modules holding the product's tasks, imported by the worker (by string: `pipeline` never imports `tasks`).
+TASK_MODULES: Final = ("pipeline.maintenance", "pipeline.probe")
+
+#: Every Redis key the pipeline owns starts with this (kombu's own keys keep kombu's names).
+KEY_PREFIX: Final = "pipeline:"
+#: `SET NX` guard that turns a repeated enqueue with the same idempotency key into the first job's id.
+ENQUEUE_IDEMPOTENCY_KEY: Final = KEY_PREFIX + "enqueue:{task}:{key}"
+
+#: Message header stamped at publish time (epoch seconds, float) for queue-wait measurement.
+HEADER_PUBLISHED_AT: Final = "pipeline_published_at"
+#: Message header carrying the caller's idempotency key, if any.
+HEADER_IDEMPOTENCY_KEY: Final = "pipeline_idempotency_key"
+
+#: kombu's separator and steps for priority sub-queues on Redis: `<queue>\x06\x16<priority>`.
+PRIORITY_SEPARATOR: Final = "\x06\x16"
+PRIORITY_STEPS: Final = (0, 3, 6, 9)
+#: kombu's Redis key holding delivered-but-unacknowledged messages.
+UNACKED_KEY: Final = "unacked"

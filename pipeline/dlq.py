@@ -1,0 +1,143 @@
+"""The dead-letter envelope and how one is written.
+
+A job that fails for good (permanent error, retries exhausted, time limit, a killed child past its
+retries) and a message the worker refuses (pickle or other disallowed content, unknown task name,
+undecodable body) become one `DeadLetter` envelope, published as a JSON message to the durable
+`dead_letter` queue. No worker consumes that queue; `pipeline.dlq_admin` lists, shows, replays and
+purges it.
+
+If the broker cannot take the envelope (it is down), the envelope is written to a spool directory
+under DATA_DIR and published by `flush_spool()` later (at worker start and by the nightly
+maintenance task), so a failed job is never lost silently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from kombu import Exchange, Queue
+from pydantic import BaseModel, Field
+
+from pipeline.app import app
+from pipeline.config import get_settings
+from pipeline.constants import DEAD_LETTER_QUEUE
+
+log = logging.getLogger(__name__)
+
+#: The durable queue envelopes are published to (direct exchange, routing key = queue name).
+DLQ = Queue(
+    DEAD_LETTER_QUEUE, Exchange(DEAD_LETTER_QUEUE, type="direct", durable=True), DEAD_LETTER_QUEUE, durable=True
+)
+TRACEBACK_LIMIT = 20_000
+Reason = Literal["failed", "rejected", "unknown_task", "undecodable"]
+
+
+class DeadLetter(BaseModel):
+    """One dead-lettered job: enough to understand the failure and to run the job again."""
+
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    reason: Reason
+    task_name: str | None = None
+    task_id: str | None = None
+    queue: str | None = None
+    args: list[Any] | None = None
+    kwargs: dict[str, Any] | None = None
+    attempts: int = 1
+    exception_type: str
+    exception_message: str = ""
+    traceback: str | None = None
+    failed_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    worker: str = Field(default_factory=socket.gethostname)
+    content_type: str | None = None
+    #: For a refused message: the start of its raw body, as text (it is never deserialised).
+    body_preview: str | None = None
+    headers: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def payload(self) -> Any:
+        """The job's payload: its single positional argument, for the typed tasks."""
+        return self.args[0] if self.args and len(self.args) == 1 and not self.kwargs else None
+
+    @property
+    def replayable(self) -> bool:
+        return bool(self.task_name) and self.args is not None
+
+
+def exception_name(exc: BaseException | None) -> str:
+    if exc is None:
+        return "UnknownMessage"
+    cls = type(exc)
+    return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def publish(entry: DeadLetter) -> None:
+    """Publish `entry` to the dead-letter queue, or spool it to disk if the broker refuses."""
+    if entry.traceback and len(entry.traceback) > TRACEBACK_LIMIT:
+        entry = entry.model_copy(update={"traceback": "...\n" + entry.traceback[-TRACEBACK_LIMIT:]})
+    body = entry.model_dump(mode="json")
+    try:
+        _send(body)
+    except Exception:
+        path = _spool_dir() / f"{entry.id}.json"
+        path.write_text(json.dumps(body))
+        log.exception("dead-letter publish failed; envelope %s spooled to %s", entry.id, path)
+        raise
+    log.warning(
+        "dead-lettered %s[%s] (%s: %s)",
+        entry.task_name,
+        entry.task_id,
+        entry.exception_type,
+        entry.exception_message[:200],
+    )
+    _trim_to_retention()
+
+
+def _trim_to_retention() -> None:
+    """Keep at most DLQ_MAX_ENTRIES envelopes (the newest, at the list's left end)."""
+    from pipeline.broker import broker_redis
+
+    with broker_redis() as client:
+        client.ltrim(DEAD_LETTER_QUEUE, 0, get_settings().dlq_max_entries - 1)
+
+
+def _send(body: dict[str, Any]) -> None:
+    with app.producer_or_acquire() as producer:
+        # The default exchange routes by queue name, so delivery never depends on a stored binding.
+        producer.publish(
+            body,
+            exchange="",
+            routing_key=DEAD_LETTER_QUEUE,
+            declare=[DLQ],
+            serializer="json",
+            retry=True,
+            retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5},
+            delivery_mode=2,
+        )
+
+
+def _spool_dir() -> Path:
+    path = get_settings().data_dir / "dlq-spool"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def flush_spool() -> int:
+    """Publish envelopes spooled while the broker was unreachable; return how many went out."""
+    directory = get_settings().data_dir / "dlq-spool"
+    if not directory.is_dir():
+        return 0
+    sent = 0
+    for path in sorted(directory.glob("*.json")):
+        _send(json.loads(path.read_text()))
+        os.unlink(path)
+        sent += 1
+    if sent:
+        log.info("published %d spooled dead-letter envelope(s)", sent)
+    return sent

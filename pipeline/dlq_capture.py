@@ -1,0 +1,98 @@
+"""Turning a final failure or a refused message into a dead-letter envelope (called by pipeline.signals)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from pipeline.app import app
+from pipeline.config import get_settings
+from pipeline.constants import HEADER_IDEMPOTENCY_KEY
+from pipeline.dlq import DeadLetter, Reason, exception_name, flush_spool, publish
+
+log = logging.getLogger(__name__)
+PREVIEW_BYTES = 2048
+
+
+def _queue_for(task_name: str | None, delivery_info: dict[str, Any] | None) -> str | None:
+    if delivery_info and delivery_info.get("routing_key"):
+        return str(delivery_info["routing_key"])
+    if not task_name:
+        return None
+    return str(app.amqp.router.route({}, task_name)["queue"].name)
+
+
+def from_failure(task: Any, task_id: str | None, exc: BaseException | None, args: Any, kwargs: Any, einfo: Any) -> None:
+    """A task failed for good (in a pool child, or in the main process for a lost child / hard time limit)."""
+    request = task.request
+    name = str(task.name)
+    headers = {}
+    key = getattr(request, HEADER_IDEMPOTENCY_KEY, None) or (request.headers or {}).get(HEADER_IDEMPOTENCY_KEY)
+    if key:
+        headers[HEADER_IDEMPOTENCY_KEY] = key
+    publish(
+        DeadLetter(
+            reason="failed",
+            task_name=name,
+            task_id=task_id,
+            queue=_queue_for(name, request.delivery_info),
+            args=list(args) if args is not None else None,
+            kwargs=dict(kwargs) if kwargs else None,
+            attempts=int(request.retries or 0) + 1,
+            exception_type=exception_name(exc),
+            exception_message=str(exc) if exc is not None else "",
+            traceback=str(einfo.traceback) if einfo is not None and einfo.traceback else None,
+            worker=request.hostname or DeadLetter.model_fields["worker"].get_default(call_default_factory=True),
+            headers=headers,
+        )
+    )
+
+
+def _body_fields(message: Any) -> dict[str, Any]:
+    """Arguments from a JSON protocol-2 body; a preview of anything else. Never unpickles."""
+    body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
+    if message.content_type == "application/json":
+        try:
+            decoded = json.loads(body)
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, list) and len(decoded) >= 2:
+            return {"args": list(decoded[0]), "kwargs": dict(decoded[1]) or None}
+    return {"body_preview": body[:PREVIEW_BYTES].decode("utf-8", "replace")}
+
+
+def from_message(
+    reason: Reason, message: Any, exc: BaseException | None, *, task_name: str | None = None, task_id: str | None = None
+) -> None:
+    """The worker refused a message: disallowed content, unknown task name, or an undecodable body."""
+    headers = message.headers if isinstance(message.headers, dict) else {}
+    name = task_name or headers.get("task")
+    if reason == "unknown_task":
+        exc_type, exc_message = "celery.exceptions.NotRegistered", f"no task named {name!r} is registered"
+    elif exc is not None:
+        exc_type, exc_message = exception_name(exc), str(exc)
+    else:
+        exc_type, exc_message = "UnknownMessage", "message is not a Celery task"
+    publish(
+        DeadLetter(
+            reason=reason,
+            task_name=name,
+            task_id=task_id or headers.get("id"),
+            queue=_queue_for(None, message.delivery_info),
+            exception_type=exc_type,
+            exception_message=exc_message,
+            content_type=message.content_type,
+            **_body_fields(message),
+        )
+    )
+
+
+def on_worker_ready() -> None:
+    flush_spool()
+    if get_settings().remap_sigterm != "SIGQUIT":
+        log.warning(
+            "REMAP_SIGTERM is not SIGQUIT: SIGTERM waits for running tasks without a bound. "
+            "The start scripts set REMAP_SIGTERM=SIGQUIT for a soft shutdown bounded by "
+            "WORKER_SOFT_SHUTDOWN_TIMEOUT."
+        )

@@ -1,0 +1,48 @@
+"""What a failure means for the job, decided once where the error is raised.
+
+::
+
+    PipelineError
+    ├── TransientError        retried with exponential backoff and jitter (see pipeline.retry)
+    └── PermanentError        never retried: the job goes straight to the dead-letter queue
+        └── PayloadInvalid    the payload failed validation (at enqueue, or on the worker for foreign clients)
+
+    ConfigError               the process's settings are invalid; it stops at start with one clear message
+
+Tasks raise these from their pure logic (or declare third-party exceptions as transient in their
+`RetryPolicy`). Celery's own control-flow exceptions (Retry, Ignore, Reject) are not failures.
+Every exception keeps its arguments in `args`, so it survives JSON serialisation in the result backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PipelineError(Exception):
+    """Base of every error the pipeline raises on purpose."""
+
+
+class TransientError(PipelineError):
+    """A failure that may pass: connection refused, timeout, 5xx, SMTP 4xx. The job is retried."""
+
+
+class PermanentError(PipelineError):
+    """A failure that will not pass by retrying: bad input, 4xx, missing template, corrupt file."""
+
+
+class PayloadInvalid(PermanentError):
+    """The payload does not match the task's model. `errors` holds pydantic's error list (JSON-safe)."""
+
+    def __init__(self, task: str, errors: list[dict[str, Any]]) -> None:
+        super().__init__(task, errors)
+        self.task = task
+        self.errors = errors
+
+    def __str__(self) -> str:
+        parts = [f"{'.'.join(str(p) for p in e.get('loc', ())) or '<payload>'}: {e.get('msg')}" for e in self.errors]
+        return f"invalid payload for {self.task}: " + "; ".join(parts)
+
+
+class ConfigError(SystemExit):
+    """Invalid settings. A SystemExit, so the process stops with the message and no traceback."""

@@ -1,0 +1,109 @@
+"""Celery signal handlers, wired in one place: `install()` connects them, `uninstall()` disconnects them.
+
+Each handler only translates a signal's arguments into a call on the module that owns the concern
+(the dead-letter queue, message headers). Celery swallows exceptions raised in handlers, so every
+handler runs under `guarded`, which logs the error and counts it in
+`pipeline_signal_handler_errors_total`.
+
+The failure handler runs in the pool child for exceptions raised by a task, and in the worker's main
+process for a killed child or a hard time limit; both paths publish through the app's producer pool.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from celery import signals
+from celery.utils.dispatch import Signal
+
+from pipeline import metrics
+from pipeline.constants import HEADER_PUBLISHED_AT
+
+log = logging.getLogger(__name__)
+_connected: list[tuple[Signal, Callable[..., Any], str]] = []
+
+
+def guarded(handler: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(handler)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        try:
+            handler(*args, **kwargs)
+        except Exception:
+            metrics.signal_handler_errors.labels(handler=handler.__name__).inc()
+            log.exception("signal handler %s failed", handler.__name__)
+
+    return wrapper
+
+
+@guarded
+def on_before_task_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """Stamp the publish time (for queue-wait figures) unless the producer already did."""
+    if headers is not None:
+        headers.setdefault(HEADER_PUBLISHED_AT, time.time())
+
+
+@guarded
+def on_task_failure(
+    sender: Any = None,
+    task_id: str | None = None,
+    exception: BaseException | None = None,
+    args: Any = None,
+    kwargs: Any = None,
+    einfo: Any = None,
+    **_: Any,
+) -> None:
+    from pipeline import dlq_capture
+
+    dlq_capture.from_failure(sender, task_id, exception, args, kwargs, einfo)
+
+
+@guarded
+def on_task_rejected(message: Any = None, exc: BaseException | None = None, **_: Any) -> None:
+    from pipeline import dlq_capture
+
+    dlq_capture.from_message("rejected", message, exc)
+
+
+@guarded
+def on_task_unknown(
+    message: Any = None, exc: BaseException | None = None, name: str | None = None, id: str | None = None, **_: Any
+) -> None:
+    from pipeline import dlq_capture
+
+    dlq_capture.from_message("unknown_task", message, exc, task_name=name, task_id=id)
+
+
+@guarded
+def on_worker_ready(**_: Any) -> None:
+    from pipeline import dlq_capture
+
+    dlq_capture.on_worker_ready()
+
+
+_HANDLERS: list[tuple[Signal, Callable[..., None]]] = [
+    (signals.before_task_publish, on_before_task_publish),
+    (signals.task_failure, on_task_failure),
+    (signals.task_rejected, on_task_rejected),
+    (signals.task_unknown, on_task_unknown),
+    (signals.worker_ready, on_worker_ready),
+]
+
+
+def install() -> None:
+    """Connect every handler once (idempotent)."""
+    if _connected:
+        return
+    for signal, handler in _HANDLERS:
+        uid = f"pipeline.{handler.__name__}"
+        signal.connect(handler, weak=False, dispatch_uid=uid)
+        _connected.append((signal, handler, uid))
+
+
+def uninstall() -> None:
+    for signal, handler, uid in _connected:
+        signal.disconnect(handler, dispatch_uid=uid)
+    _connected.clear()

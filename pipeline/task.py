@@ -1,0 +1,208 @@
+"""The typed task contract: one validated payload in, one result model out, retries by policy.
+
+A task module declares its work as a plain function and lets `typed_task` make the Celery task::
+
+    @typed_task("email.send", payload=EmailJob, result=EmailResult, transient=(smtplib.SMTPServerDisconnected,))
+    def send(job: EmailJob, ctx: JobContext) -> EmailResult: ...
+
+    enqueue = send.enqueue        # typed producer: validates, then publishes
+
+On the wire the task takes exactly one positional argument, the payload as a JSON object, and returns
+the result model as a JSON object, so any Celery client can call it with
+``send_task("email.send", args=[{...}])``. A payload that fails validation on the worker (a foreign
+client's mistake) raises `PayloadInvalid`, a permanent error: no retry, straight to the dead-letter queue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from celery import Task
+from celery.result import AsyncResult
+from pydantic import BaseModel, ValidationError
+
+from pipeline import enqueue_guard
+from pipeline.app import app
+from pipeline.config import get_settings
+from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT
+from pipeline.errors import PayloadInvalid, PermanentError
+from pipeline.retry import RetryPolicy
+
+P = TypeVar("P", bound=BaseModel)
+R = TypeVar("R", bound=BaseModel)
+
+#: Every typed task of this process by kind; filled as task modules are imported (see `load_task_modules`).
+REGISTRY: dict[str, TypedTask[Any, Any]] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class JobContext:
+    """What a task's pure function may know about its run, without importing Celery."""
+
+    task_id: str
+    attempt: int
+    idempotency_key: str
+    report: Callable[[str, dict[str, Any]], None] = dataclasses.field(repr=False)
+
+    def progress(self, percent: float, eta_s: float | None = None, **extra: Any) -> None:
+        """Publish a PROGRESS state (percent 0-100, seconds left) that status pages and AsyncResult show."""
+        meta = {"percent": round(max(0.0, min(100.0, percent)), 1), "eta_s": eta_s, **extra}
+        self.report("PROGRESS", meta)
+
+
+class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (dict) -> dict; typing lives in TypedTask
+    """Base class of every pipeline task: carries the retry policy `typed_task` gave it."""
+
+    policy: RetryPolicy = RetryPolicy()
+
+    def job_context(self) -> JobContext:
+        request = self.request
+        headers = request.headers or {}
+        key = headers.get(HEADER_IDEMPOTENCY_KEY) or getattr(request, HEADER_IDEMPOTENCY_KEY, None) or request.id
+        return JobContext(
+            task_id=str(request.id),
+            attempt=int(request.retries or 0) + 1,
+            idempotency_key=str(key),
+            report=lambda state, meta: self.update_state(state=state, meta=meta),
+        )
+
+    def run_typed(
+        self,
+        fn: Callable[[Any, JobContext], BaseModel],
+        model: type[BaseModel],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> dict[str, Any]:
+        job = validate_payload(self.name, model, _single_payload(self.name, args, kwargs))
+        try:
+            return fn(job, self.job_context()).model_dump(mode="json")
+        except PermanentError:
+            raise
+        except Exception as exc:
+            if not self.policy.is_transient(exc):
+                raise
+            countdown = self.policy.delay(self.request.retries or 0)
+            # Past max_retries Celery re-raises `exc` itself: the job fails with its real error and is dead-lettered.
+            raise self.retry(exc=exc, countdown=countdown, max_retries=self.policy.max_retries) from exc
+
+
+def _single_payload(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if len(args) != 1 or kwargs:
+        raise PayloadInvalid(name, [{"loc": (), "msg": "takes exactly one positional argument: the payload object"}])
+    return args[0]
+
+
+def validate_payload(name: str, model: type[P], raw: Any) -> P:
+    """`raw` as `model`, or `PayloadInvalid` listing every field error."""
+    if isinstance(raw, model):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise PayloadInvalid(name, [{"loc": (), "msg": f"payload must be a JSON object, got {type(raw).__name__}"}])
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        raise PayloadInvalid(name, errors) from None
+
+
+class TypedTask(Generic[P, R]):
+    """A registered Celery task with its models: `enqueue()` for producers, `.task` for Celery itself."""
+
+    def __init__(self, task: PipelineTask, payload: type[P], result: type[R], kind: str) -> None:
+        self.task = task
+        self.payload_model = payload
+        self.result_model = result
+        #: The short name the CLI and the API use (`email`, `pdf`, ...).
+        self.kind = kind
+        REGISTRY[kind] = self
+
+    @property
+    def name(self) -> str:
+        return str(self.task.name)
+
+    def validate(self, payload: P | Mapping[str, Any]) -> P:
+        job = validate_payload(self.name, self.payload_model, payload)
+        size = len(json.dumps(job.model_dump(mode="json")))
+        limit = get_settings().max_payload_bytes
+        if size > limit:
+            raise PayloadInvalid(self.name, [{"loc": (), "msg": f"payload is {size} bytes; the limit is {limit}"}])
+        return job
+
+    def enqueue(
+        self,
+        payload: P | Mapping[str, Any],
+        *,
+        countdown: float | None = None,
+        eta: datetime | None = None,
+        idempotency_key: str | None = None,
+    ) -> str:
+        """Validate `payload` and publish it; return the task id.
+
+        Nothing reaches the broker if validation fails (`PayloadInvalid`). With an `idempotency_key`, a
+        second enqueue with the same key (within ENQUEUE_IDEMPOTENCY_TTL) returns the first job's id.
+        """
+        job = self.validate(payload)
+        headers: dict[str, Any] = {HEADER_PUBLISHED_AT: time.time()}
+        with enqueue_guard.claim(self.name, idempotency_key) as claim:
+            if claim.existing_id is not None:
+                return claim.existing_id
+            if idempotency_key:
+                headers[HEADER_IDEMPOTENCY_KEY] = idempotency_key
+            options: dict[str, Any] = {"countdown": countdown, "eta": eta}
+            self.task.apply_async(
+                (job.model_dump(mode="json"),),
+                task_id=claim.task_id,
+                headers=headers,
+                **{k: v for k, v in options.items() if v is not None},
+            )
+            return claim.task_id
+
+    def result(self, task_id: str, timeout: float | None = None) -> R:
+        """Wait for the job and return its typed result (raises the job's error if it failed)."""
+        raw: Any = AsyncResult(task_id, app=app).get(timeout=timeout, propagate=True)
+        return self.result_model.model_validate(raw)
+
+
+def load_task_modules() -> dict[str, TypedTask[Any, Any]]:
+    """Import every task module the worker runs, so producers (CLI, API) see the same tasks."""
+    for module in app.conf.include or ():
+        importlib.import_module(module)
+    return REGISTRY
+
+
+def typed_task(
+    name: str,
+    *,
+    payload: type[P],
+    result: type[R],
+    kind: str | None = None,
+    transient: tuple[type[BaseException], ...] = (),
+    max_attempts: int | None = None,
+    **options: Any,
+) -> Callable[[Callable[[P, JobContext], R]], TypedTask[P, R]]:
+    """Register `fn(payload, ctx) -> result` as the Celery task `name` (see the module docstring).
+
+    `kind` is the short name for the CLI and API (default: the part of `name` before the dot);
+    `transient` adds exceptions that retry besides `TransientError`; `max_attempts` overrides the
+    default policy; other `options` go to Celery (`soft_time_limit`, `time_limit`, `rate_limit`, ...).
+    """
+    base = get_settings().retry_policy()
+    policy = dataclasses.replace(base, transient=transient, max_attempts=max_attempts or base.max_attempts)
+
+    def decorate(fn: Callable[[P, JobContext], R]) -> TypedTask[P, R]:
+        def run(self: PipelineTask, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return self.run_typed(fn, payload, args, kwargs)
+
+        run.__doc__ = fn.__doc__
+        options.setdefault("default_retry_delay", policy.base_delay)  # the wait after a killed pool child
+        register: Any = app.task(name=name, bind=True, base=PipelineTask, policy=policy, **options)
+        task: PipelineTask = register(run)
+        return TypedTask(task, payload, result, kind or name.split(".")[0])
+
+    return decorate

@@ -1,0 +1,95 @@
+"""Session set-up: a throwaway redis-server on a free port, and the environment every process reads.
+
+Redis starts in `pytest_configure`, before any test module imports `pipeline` (which reads settings
+at import). It is stopped by PID when the session ends. Tests never flush the database (that would
+delete kombu's bindings under a running worker); they use their own keys and the `clean_dlq` fixture.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import RedisServer, Worker
+
+_state: dict[str, object] = {}
+
+#: Settings every test process and worker shares: fast retries, quick unacked sweeps, bounded shutdown.
+TEST_ENV = {
+    "ENV_FILE": "",
+    "SECRETS_DIR": "/nonexistent",
+    "RETRY_BASE_DELAY": "0.3",
+    "RETRY_JITTER": "0.05",
+    "RETRY_MAX_DELAY": "10",
+    "UNACKED_RESTORE_INTERVAL": "1",
+    "WORKER_SOFT_SHUTDOWN_TIMEOUT": "5",
+    "REMAP_SIGTERM": "SIGQUIT",
+    "LOG_LEVEL": "INFO",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    base = Path(tempfile.mkdtemp(prefix="pipeline-tests-"))
+    server = RedisServer(base / "redis").start()
+    _state.update(base=base, redis=server)
+    os.environ.update(TEST_ENV)
+    os.environ["REDIS_URL"] = server.url
+    os.environ["DATA_DIR"] = str(base / "data")
+    os.environ.pop("RESULT_BACKEND_URL", None)
+    os.environ.pop("CELERY_BROKER_URL", None)
+    os.environ.pop("CELERY_RESULT_BACKEND", None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    server = _state.get("redis")
+    if isinstance(server, RedisServer):
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> RedisServer:
+    server = _state["redis"]
+    assert isinstance(server, RedisServer)
+    return server
+
+
+@pytest.fixture(scope="session")
+def work_dir() -> Path:
+    base = _state["base"]
+    assert isinstance(base, Path)
+    return base
+
+
+@pytest.fixture(scope="session")
+def session_worker(work_dir: Path) -> Iterator[Worker]:
+    """One prefork worker (concurrency 2) on every work queue, shared by the integration tests."""
+    worker = Worker("session", work_dir / "logs", {}).start()
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def clean_dlq(redis_server: RedisServer) -> Iterator[None]:
+    client = redis_server.client()
+    client.delete("dead_letter")
+    yield
+    client.delete("dead_letter")
+
+
+@pytest.fixture
+def make_worker(work_dir: Path) -> Iterator[object]:
+    """Start extra workers for one test; all are stopped (by PID) when it ends."""
+    started: list[Worker] = []
+
+    def make(name: str, env: dict[str, str] | None = None, **kwargs: object) -> Worker:
+        worker = Worker(name, work_dir / "logs", env or {}, **kwargs)  # type: ignore[arg-type]
+        started.append(worker)
+        return worker.start()
+
+    yield make
+    for worker in started:
+        worker.stop()

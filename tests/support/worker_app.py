@@ -1,0 +1,60 @@
+"""The pipeline app plus tasks that only tests use; workers in tests run `celery -A tests.support.worker_app`.
+
+`test.ledger` writes one record per attempt to a Redis list (attempt number, time, pid) so tests can
+measure retries, redeliveries and timing from the outside, then behaves as its payload asks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Literal
+
+import redis
+from pydantic import BaseModel, Field
+
+from pipeline import app
+from pipeline.config import get_settings
+from pipeline.errors import PermanentError, TransientError
+from pipeline.task import JobContext, typed_task
+
+__all__ = ["app"]
+
+
+class LedgerJob(BaseModel):
+    key: str
+    fail: Literal["none", "transient", "permanent", "crash"] = "none"
+    fail_times: int = Field(default=0, ge=0)
+    sleep_s: float = 0.0
+
+
+class LedgerResult(BaseModel):
+    key: str
+    attempt: int
+    pid: int
+
+
+def ledger_client() -> redis.Redis:
+    return redis.Redis.from_url(get_settings().broker_url)
+
+
+def attempts(key: str) -> list[dict[str, float]]:
+    return [json.loads(item) for item in ledger_client().lrange(f"test:ledger:{key}", 0, -1)]
+
+
+@typed_task("test.ledger", kind="test-ledger", payload=LedgerJob, result=LedgerResult)
+def ledger(job: LedgerJob, ctx: JobContext) -> LedgerResult:
+    record = {"attempt": ctx.attempt, "t": time.time(), "pid": os.getpid(), "task_id": ctx.task_id}
+    ledger_client().rpush(f"test:ledger:{job.key}", json.dumps(record))
+    if job.sleep_s:
+        time.sleep(job.sleep_s)
+    failing = job.fail_times == 0 or ctx.attempt <= job.fail_times
+    if job.fail == "transient" and failing:
+        raise TransientError(f"transient failure on attempt {ctx.attempt}")
+    if job.fail == "permanent":
+        raise PermanentError("permanent failure")
+    if job.fail == "crash" and failing:
+        os._exit(1)  # the pool child dies mid-task
+    ledger_client().rpush(f"test:done:{job.key}", ctx.task_id)
+    return LedgerResult(key=job.key, attempt=ctx.attempt, pid=os.getpid())
