@@ -161,3 +161,7 @@ def kinds(as_json: JsonOpt = False) -> None:
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

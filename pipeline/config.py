@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     redis_sentinel_password: SecretStr | None = None
     redis_tls_cert_reqs: Literal["required", "optional", "none"] = "required"
     redis_tls_ca_file: Path | None = None
-    visibility_timeout: int = Field(default=3600, ge=10)
+    visibility_timeout: int = Field(default=3600, ge=2)
     unacked_restore_interval: int = Field(default=10, ge=1)
 
     # --- Tasks ------------------------------------------------------------------------------
