@@ -38,5 +38,5 @@ def test_transient_and_permanent() -> None:
     [{"max_attempts": 0}, {"base_delay": -1}, {"base_delay": 10, "max_delay": 5}, {"jitter": 1.0}, {"max_delay": 7200}],
 )
 def test_invalid_policies_are_refused(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="must|capped"):
+    with pytest.raises(ValueError, match=r"must|capped"):
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
