@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from pipeline import cli_dlq
-from pipeline.cli_format import emit_json, fail, parse_time, read_payload
+from pipeline.cli_format import broker_errors, emit_json, fail, parse_time, read_payload
 from pipeline.errors import PayloadInvalid
 
 app = typer.Typer(
@@ -160,7 +160,8 @@ def kinds(as_json: JsonOpt = False) -> None:
 
 
 def main() -> None:
-    app()
+    with broker_errors():
+        app()
 
 
 if __name__ == "__main__":
