@@ -136,3 +136,20 @@ def test_job_status_reports_result_and_dead_letter(session_worker: Any, clean_dl
     status = job_status(bad)
     assert status["state"] == "dead_lettered" and status["error"]["type"] == "PermanentError"
     assert json.dumps(status)  # JSON-safe for the CLI and the API
+
+
+def test_celery_inspect_ping_reaches_the_worker(session_worker: Any) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    node = f"{session_worker.name}@{socket.gethostname()}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "pipeline", "inspect", "ping", "-d", node, "--timeout", "10"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "pong" in proc.stdout
