@@ -73,6 +73,17 @@ class Settings(BaseSettings):
     dlq_max_age: int = Field(default=7 * 86400, ge=60)
     dlq_max_entries: int = Field(default=10_000, ge=1)
 
+    # --- Storage of task outputs (PDFs, transcodes) --------------------------------------------
+    storage_backend: Literal["local", "s3"] = "local"
+    #: Unset: `<DATA_DIR>/storage`.
+    storage_dir: Path | None = None
+    s3_bucket: str | None = None
+    s3_prefix: str = ""
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: SecretStr | None = None
+
     # --- Local stack and logs -----------------------------------------------------------------
     data_dir: Path = Path(".data")
     environment: str = "development"
@@ -91,6 +102,8 @@ class Settings(BaseSettings):
             )
         if self.retry_max_delay < self.retry_base_delay:
             raise ValueError("RETRY_MAX_DELAY must be at least RETRY_BASE_DELAY")
+        if self.storage_backend == "s3" and not self.s3_bucket:
+            raise ValueError("STORAGE_BACKEND=s3 needs S3_BUCKET")
         if self.redis_tls_ca_file is not None and not self.redis_tls_ca_file.is_file():
             raise ValueError(f"REDIS_TLS_CA_FILE: no such file {self.redis_tls_ca_file}")
         return self
@@ -102,6 +115,11 @@ class Settings(BaseSettings):
     @property
     def result_url(self) -> str:
         return self.result_backend_url or self.broker_url
+
+    @property
+    def storage_path(self) -> Path:
+        """Root of the local storage backend."""
+        return self.storage_dir or self.data_dir / "storage"
 
     def retry_policy(self) -> RetryPolicy:
         """The default retry policy; tasks override fields of it with `dataclasses.replace`."""

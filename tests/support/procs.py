@@ -171,7 +171,7 @@ class Worker:
         assert self.proc is not None
         return self.proc.pid
 
-    def signal(self, sig: int) -> None:
+    def send_signal(self, sig: int) -> None:
         os.kill(self.pid, sig)
 
     def kill_group(self, sig: int = signal.SIGKILL) -> None:
