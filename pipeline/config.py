@@ -73,6 +73,17 @@ class Settings(BaseSettings):
     dlq_max_age: int = Field(default=7 * 86400, ge=60)
     dlq_max_entries: int = Field(default=10_000, ge=1)
 
+    # --- Email (tasks.email) ----------------------------------------------------------------------
+    smtp_host: str = "localhost"
+    #: Unset: 25 (none), 587 (starttls) or 465 (tls).
+    smtp_port: int | None = Field(default=None, ge=1, le=65535)
+    smtp_username: str | None = None
+    smtp_password: SecretStr | None = None
+    smtp_from: str = "pipeline@localhost"
+    smtp_security: Literal["none", "starttls", "tls"] = "starttls"
+    smtp_timeout: float = Field(default=30.0, gt=0, le=600)
+    email_idempotency_ttl: int = Field(default=7 * 86400, ge=60)
+
     # --- Storage of task outputs (PDFs, transcodes) --------------------------------------------
     storage_backend: Literal["local", "s3"] = "local"
     #: Unset: `<DATA_DIR>/storage`.
@@ -102,6 +113,8 @@ class Settings(BaseSettings):
             )
         if self.retry_max_delay < self.retry_base_delay:
             raise ValueError("RETRY_MAX_DELAY must be at least RETRY_BASE_DELAY")
+        if self.smtp_username and self.smtp_password is None:
+            raise ValueError("SMTP_USERNAME is set: set SMTP_PASSWORD too")
         if self.storage_backend == "s3" and not self.s3_bucket:
             raise ValueError("STORAGE_BACKEND=s3 needs S3_BUCKET")
         if self.redis_tls_ca_file is not None and not self.redis_tls_ca_file.is_file():
@@ -115,6 +128,10 @@ class Settings(BaseSettings):
     @property
     def result_url(self) -> str:
         return self.result_backend_url or self.broker_url
+
+    @property
+    def smtp_port_or_default(self) -> int:
+        return self.smtp_port or {"none": 25, "starttls": 587, "tls": 465}[self.smtp_security]
 
     @property
     def storage_path(self) -> Path:
