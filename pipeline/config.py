@@ -48,7 +48,8 @@ class Settings(BaseSettings):
     redis_sentinel_password: SecretStr | None = None
     redis_tls_cert_reqs: Literal["required", "optional", "none"] = "required"
     redis_tls_ca_file: Path | None = None
-    visibility_timeout: int = Field(default=3600, ge=2)
+    #: Must exceed the longest hard time limit (TRANSCODE_TIME_LIMIT by default): see docs/tasks.md.
+    visibility_timeout: int = Field(default=11400, ge=2)
     unacked_restore_interval: int = Field(default=10, ge=1)
 
     # --- Tasks ------------------------------------------------------------------------------
@@ -73,6 +74,36 @@ class Settings(BaseSettings):
     dlq_max_age: int = Field(default=7 * 86400, ge=60)
     dlq_max_entries: int = Field(default=10_000, ge=1)
 
+    # --- Email (tasks.email) ----------------------------------------------------------------------
+    smtp_host: str = "localhost"
+    #: Unset: 25 (none), 587 (starttls) or 465 (tls).
+    smtp_port: int | None = Field(default=None, ge=1, le=65535)
+    smtp_username: str | None = None
+    smtp_password: SecretStr | None = None
+    smtp_from: str = "pipeline@localhost"
+    smtp_security: Literal["none", "starttls", "tls"] = "starttls"
+    smtp_timeout: float = Field(default=30.0, gt=0, le=600)
+    email_idempotency_ttl: int = Field(default=7 * 86400, ge=60)
+
+    # --- Media (tasks.media) ---------------------------------------------------------------------
+    #: Local transcode sources must resolve inside this directory. Unset: `<DATA_DIR>/media`.
+    media_root: Path | None = None
+    #: Unset: `ffmpeg` on PATH, else the binary the imageio-ffmpeg wheel ships.
+    ffmpeg_binary: str | None = None
+    transcode_soft_time_limit: int = Field(default=10200, ge=1)
+    transcode_time_limit: int = Field(default=10800, ge=2)
+
+    # --- Storage of task outputs (PDFs, transcodes) --------------------------------------------
+    storage_backend: Literal["local", "s3"] = "local"
+    #: Unset: `<DATA_DIR>/storage`.
+    storage_dir: Path | None = None
+    s3_bucket: str | None = None
+    s3_prefix: str = ""
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: SecretStr | None = None
+
     # --- Local stack and logs -----------------------------------------------------------------
     data_dir: Path = Path(".data")
     environment: str = "development"
@@ -85,12 +116,19 @@ class Settings(BaseSettings):
             check_redis_url("RESULT_BACKEND_URL", self.result_backend_url, self.redis_sentinel_master)
         if self.task_soft_time_limit >= self.task_time_limit:
             raise ValueError("TASK_SOFT_TIME_LIMIT must be below TASK_TIME_LIMIT, so tasks can clean up")
-        if self.visibility_timeout <= self.task_time_limit:
+        if self.transcode_soft_time_limit >= self.transcode_time_limit:
+            raise ValueError("TRANSCODE_SOFT_TIME_LIMIT must be below TRANSCODE_TIME_LIMIT, so ffmpeg can be stopped")
+        if self.visibility_timeout <= max(self.task_time_limit, self.transcode_time_limit):
             raise ValueError(
-                "VISIBILITY_TIMEOUT must exceed TASK_TIME_LIMIT, or Redis redelivers running tasks to a second worker"
+                "VISIBILITY_TIMEOUT must exceed TASK_TIME_LIMIT and TRANSCODE_TIME_LIMIT, or Redis redelivers "
+                "running tasks to a second worker"
             )
         if self.retry_max_delay < self.retry_base_delay:
             raise ValueError("RETRY_MAX_DELAY must be at least RETRY_BASE_DELAY")
+        if self.smtp_username and self.smtp_password is None:
+            raise ValueError("SMTP_USERNAME is set: set SMTP_PASSWORD too")
+        if self.storage_backend == "s3" and not self.s3_bucket:
+            raise ValueError("STORAGE_BACKEND=s3 needs S3_BUCKET")
         if self.redis_tls_ca_file is not None and not self.redis_tls_ca_file.is_file():
             raise ValueError(f"REDIS_TLS_CA_FILE: no such file {self.redis_tls_ca_file}")
         return self
@@ -102,6 +140,20 @@ class Settings(BaseSettings):
     @property
     def result_url(self) -> str:
         return self.result_backend_url or self.broker_url
+
+    @property
+    def smtp_port_or_default(self) -> int:
+        return self.smtp_port or {"none": 25, "starttls": 587, "tls": 465}[self.smtp_security]
+
+    @property
+    def media_path(self) -> Path:
+        """Root that local transcode sources must resolve inside."""
+        return self.media_root or self.data_dir / "media"
+
+    @property
+    def storage_path(self) -> Path:
+        """Root of the local storage backend."""
+        return self.storage_dir or self.data_dir / "storage"
 
     def retry_policy(self) -> RetryPolicy:
         """The default retry policy; tasks override fields of it with `dataclasses.replace`."""

@@ -20,7 +20,13 @@ pytestmark = pytest.mark.faults
 QUEUE = "faults"
 #: A short visibility timeout so a killed worker's job comes back within the test; the time limits must
 #: stay below it (the settings validator insists).
-FAST_REDELIVERY = {"VISIBILITY_TIMEOUT": "8", "TASK_SOFT_TIME_LIMIT": "5", "TASK_TIME_LIMIT": "6"}
+FAST_REDELIVERY = {
+    "VISIBILITY_TIMEOUT": "8",
+    "TASK_SOFT_TIME_LIMIT": "5",
+    "TASK_TIME_LIMIT": "6",
+    "TRANSCODE_SOFT_TIME_LIMIT": "5",
+    "TRANSCODE_TIME_LIMIT": "6",
+}
 
 
 def send(limits: tuple[int, int] | None = None, **payload: Any) -> str:
