@@ -174,7 +174,14 @@ def run_stack(with_api: bool = True) -> int:
             file=sys.stderr,
         )
         return 2
-    env = {**os.environ, "REDIS_URL": settings.broker_url, "REMAP_SIGTERM": "SIGQUIT", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "REDIS_URL": settings.broker_url,
+        "REMAP_SIGTERM": "SIGQUIT",
+        "PYTHONUNBUFFERED": "1",
+        # Local only: Flower on 127.0.0.1 without a password (deployments set FLOWER_BASIC_AUTH).
+        "FLOWER_UNAUTHENTICATED": "true",
+    }
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
