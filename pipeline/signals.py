@@ -134,7 +134,32 @@ def on_worker_process_shutdown(pid: int | None = None, **_: Any) -> None:
     metrics_server.mark_dead(pid if pid is not None else os.getpid())
 
 
+@guarded
+def on_setup_logging(loglevel: Any = None, logfile: str | None = None, **_: Any) -> None:
+    """Connected, so Celery leaves logging to us: structured lines with the task bound (worker, children, beat)."""
+    from pipeline import observability
+
+    observability.configure_logging(loglevel or None, logfile or None)
+
+
+@guarded
+def on_celeryd_init(**_: Any) -> None:
+    from pipeline import observability
+
+    observability.init_sentry("worker")
+
+
+@guarded
+def on_beat_init(**_: Any) -> None:
+    from pipeline import observability
+
+    observability.init_sentry("beat")
+
+
 _HANDLERS: list[tuple[Signal, Callable[..., None]]] = [
+    (signals.setup_logging, on_setup_logging),
+    (signals.celeryd_init, on_celeryd_init),
+    (signals.beat_init, on_beat_init),
     (signals.task_prerun, on_task_prerun),
     (signals.task_postrun, on_task_postrun),
     (signals.task_success, on_task_success),
