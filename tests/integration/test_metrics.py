@@ -145,3 +145,22 @@ def test_prefork_worker_without_multiprocess_dir_says_metrics_are_off(make_worke
     )
     wait_for(lambda: "worker metrics are OFF" in worker.log(), 20, 0.1, what="the metrics-off warning")
     assert try_scrape(port) is None
+
+
+def test_revoked_and_rejected_are_counted(metrics_worker: MetricsWorker, clean_dlq: None) -> None:
+    from pipeline.app import app
+
+    labels = {"task": "test.ledger", "queue": QUEUE}
+    base = scrape(metrics_worker.port)
+    revoked0 = value(base, "pipeline_tasks_total", outcome="revoked", **labels) or 0
+    rejected0 = value(base, "pipeline_tasks_total", outcome="rejected", **labels) or 0
+    dead0 = value(base, "pipeline_tasks_total", outcome="dead_lettered", **labels) or 0
+
+    result = ledger.task.apply_async(({"key": uuid.uuid4().hex},), queue=QUEUE, countdown=2)
+    app.control.revoke(result.id)
+    _wait_value(metrics_worker.port, "pipeline_tasks_total", revoked0 + 1, outcome="revoked", **labels)
+
+    # Pickle is refused by the worker (JSON only): rejected, and dead-lettered.
+    app.send_task("test.ledger", args=({"key": "pickled"},), queue=QUEUE, serializer="pickle")
+    _wait_value(metrics_worker.port, "pipeline_tasks_total", rejected0 + 1, outcome="rejected", **labels)
+    _wait_value(metrics_worker.port, "pipeline_tasks_total", dead0 + 1, outcome="dead_lettered", **labels)
