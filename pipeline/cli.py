@@ -143,6 +143,20 @@ def queues(as_json: JsonOpt = False) -> None:
 
 
 @app.command()
+def exporter(
+    port: Annotated[int | None, typer.Option(help="Port to serve /metrics on (default: EXPORTER_PORT).")] = None,
+    address: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",  # noqa: S104  # scraped remotely
+    queue: Annotated[list[str] | None, typer.Option("--queue", "-q", help="Queue to report (repeatable).")] = None,
+) -> None:
+    """Serve queue depth, in-flight jobs, oldest job age and DLQ size for Prometheus (run one)."""
+    from pipeline.config import get_settings
+    from pipeline.constants import WORK_QUEUES
+    from pipeline.exporter import run_exporter
+
+    run_exporter(port or get_settings().exporter_port, address, queue or list(WORK_QUEUES))
+
+
+@app.command()
 def kinds(as_json: JsonOpt = False) -> None:
     """List the job kinds `enqueue` accepts, with their task names and queues."""
     from pipeline.app import app as celery_app

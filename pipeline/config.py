@@ -35,7 +35,9 @@ _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "non
 class Settings(BaseSettings):
     """Every setting of the pipeline. Field names are the environment variables, upper-cased."""
 
-    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_file=".env", env_file_encoding="utf-8", extra="ignore", frozen=True, env_ignore_empty=True
+    )
 
     # --- Broker and result backend -------------------------------------------------------------
     #: Unset: the embedded development Redis that `pipeline run` starts on 127.0.0.1:LOCAL_REDIS_PORT.
@@ -109,6 +111,26 @@ class Settings(BaseSettings):
     environment: str = "development"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
+    # --- Observability --------------------------------------------------------------------------
+    #: Port of the worker node's /metrics endpoint (one per node, served by the main process). Unset: none.
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_address: str = "0.0.0.0"  # noqa: S104  # scraped from other hosts; restrict by network policy
+    #: prometheus-client's multiprocess directory; set and wiped by the start scripts, never by Python.
+    prometheus_multiproc_dir: Path | None = None
+    metrics_sweep_interval: float = Field(default=30.0, gt=0)
+    #: Port of `pipeline exporter` (queue depth, in-flight, oldest age, DLQ size).
+    exporter_port: int = Field(default=9809, ge=1, le=65535)
+    log_format: Literal["auto", "json", "text"] = "auto"
+    #: Flower's basic auth, `user:password[,user2:password2]`. Required unless FLOWER_UNAUTHENTICATED.
+    flower_basic_auth: SecretStr | None = None
+    #: Development only: let Flower start without authentication (`pipeline run` sets it).
+    flower_unauthenticated: bool = False
+    #: Empty: Sentry is off.
+    sentry_dsn: SecretStr | None = None
+    sentry_traces_sample_rate: float = Field(default=0.0, ge=0, le=1)
+    #: Release name for error reports (e.g. the image tag or git sha). Empty: the package version.
+    release: str | None = Field(default=None, validation_alias=AliasChoices("RELEASE", "SENTRY_RELEASE"))
+
     @model_validator(mode="after")
     def _check(self) -> Settings:
         check_redis_url("REDIS_URL", self.broker_url, self.redis_sentinel_master)
@@ -129,6 +151,11 @@ class Settings(BaseSettings):
             raise ValueError("SMTP_USERNAME is set: set SMTP_PASSWORD too")
         if self.storage_backend == "s3" and not self.s3_bucket:
             raise ValueError("STORAGE_BACKEND=s3 needs S3_BUCKET")
+        if self.prometheus_multiproc_dir is not None and not self.prometheus_multiproc_dir.is_dir():
+            raise ValueError(
+                f"PROMETHEUS_MULTIPROC_DIR: {self.prometheus_multiproc_dir} is not a directory "
+                "(the start scripts create it; unset it to run without multiprocess metrics)"
+            )
         if self.redis_tls_ca_file is not None and not self.redis_tls_ca_file.is_file():
             raise ValueError(f"REDIS_TLS_CA_FILE: no such file {self.redis_tls_ca_file}")
         return self

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import redis
 
+SIGKILL = signal.SIGKILL  # a module name: `Worker.signal` shadows `signal` inside the class body
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -174,7 +176,7 @@ class Worker:
     def send_signal(self, sig: int) -> None:
         os.kill(self.pid, sig)
 
-    def kill_group(self, sig: int = signal.SIGKILL) -> None:
+    def kill_group(self, sig: int = SIGKILL) -> None:
         """Signal the worker's whole process group (main process and pool children)."""
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError):

@@ -19,6 +19,7 @@ from pipeline import app
 from pipeline.config import get_settings
 from pipeline.errors import PermanentError, TransientError
 from pipeline.task import JobContext, typed_task
+from tests.support import obs_tasks  # noqa: F401  # registers test.leaky
 
 __all__ = ["app"]
 
