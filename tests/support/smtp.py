@@ -29,6 +29,16 @@ class Recorder:
     #: DATA commands seen, by first recipient.
     attempts: Counter[str] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: EHLO commands seen: one per SMTP connection a client opened.
+    connections: int = 0
+
+    async def handle_EHLO(
+        self, server: Any, session: Any, envelope: Any, hostname: str, responses: list[str]
+    ) -> list[str]:
+        with self.lock:
+            self.connections += 1
+        session.host_name = hostname
+        return responses
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         first = envelope.rcpt_tos[0]
