@@ -90,6 +90,8 @@ class Settings(BaseSettings):
     media_root: Path | None = None
     #: Unset: `ffmpeg` on PATH, else the binary the imageio-ffmpeg wheel ships.
     ffmpeg_binary: str | None = None
+    #: Allow http(s) sources on private, loopback and link-local addresses (in-cluster media servers).
+    media_allow_private_urls: bool = False
     transcode_soft_time_limit: int = Field(default=10200, ge=1)
     transcode_time_limit: int = Field(default=10800, ge=2)
 

@@ -3,10 +3,14 @@ time limit leave no ffmpeg process and no partial file."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
+import threading
 import uuid
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,7 +23,7 @@ from pipeline.config import get_settings
 from pipeline.errors import PayloadInvalid
 from pipeline.jobs import job_status
 from tasks.media import transcode
-from tests.support.procs import Worker, wait_for
+from tests.support.procs import Worker, free_port, wait_for
 
 pytestmark = pytest.mark.integration
 CLIP_S = 2.5
@@ -32,13 +36,15 @@ def media_root() -> Path:
 
 
 def make_clip(name: str, seconds: float, size: str = "320x240") -> Path:
+    """A lavfi test pattern with a tone, H.264 + AAC, index at the front (streamable over plain HTTP)."""
     path = media_root() / name
     if not path.exists():
         subprocess.run(
             ["ffmpeg", "-hide_banner", "-loglevel", "error", "-nostdin", "-y",
              "-f", "lavfi", "-i", f"testsrc=size={size}:rate=25:duration={seconds}",
              "-f", "lavfi", "-i", f"sine=frequency=440:sample_rate=48000:duration={seconds}",
-             "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-c:a", "aac", "-shortest", str(path)],
+             "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-c:a", "aac", "-shortest",
+             "-movflags", "+faststart", str(path)],
             check=True,
         )  # fmt: skip
     return path
@@ -154,3 +160,32 @@ def test_soft_time_limit_kills_ffmpeg_and_dead_letters(session_worker: Worker) -
     assert not alive(pid)
     assert not any(p.name.endswith("soft.mp4") for p in partials())
     assert not (get_settings().storage_path / "media" / task_id).exists()
+
+
+@pytest.fixture
+def http_media() -> Iterator[str]:
+    """A real HTTP server on 127.0.0.1 serving MEDIA_ROOT."""
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(media_root()))
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_http_source(make_worker: Any, http_media: str) -> None:
+    make_clip("clip.mp4", CLIP_S)
+    url = f"{http_media}/clip.mp4"
+    with pytest.raises(PayloadInvalid, match="private"):
+        transcode.enqueue({"source_uri": url, "preset": "480p"})  # refused by default: SSRF guard
+    env = {"MEDIA_ALLOW_PRIVATE_URLS": "true"}
+    make_worker("media-private-urls", env=env, queues="transcode-private-urls", concurrency=1)
+    task_id = str(uuid.uuid4())
+    payload = {"source_uri": url, "preset": "480p"}
+    transcode.task.apply_async((payload,), task_id=task_id, queue="transcode-private-urls")
+    result = transcode.result(task_id, timeout=120)
+    probed = ffprobe(Path(urlsplit(result.uri).path))
+    assert abs(float(probed["format"]["duration"]) - CLIP_S) <= 0.1
+    assert result.height == 480
+    assert result.uri.endswith("/clip-480p.mp4")
