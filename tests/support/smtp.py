@@ -21,6 +21,8 @@ class Received:
     mail_from: str
     rcpt_tos: list[str]
     message: EmailMessage
+    #: Whether the session was encrypted (STARTTLS or implicit TLS).
+    tls: bool = False
 
 
 @dataclass
@@ -51,7 +53,9 @@ class Recorder:
             return "550 5.1.1 no such user"
         parsed = message_from_bytes(envelope.original_content, policy=policy.default)
         with self.lock:
-            self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos), parsed))  # type: ignore[arg-type]
+            # session.ssl: STARTTLS; the transport's ssl_object: implicit TLS.
+            tls = session.ssl is not None or server.transport.get_extra_info("ssl_object") is not None
+            self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos), parsed, tls))  # type: ignore[arg-type]
         return "250 2.0.0 OK"
 
     def delivered_to(self, address: str) -> list[Received]:
