@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.config import get_settings
+from pipeline.errors import PermanentError
 from pipeline.storage import get_storage
 from pipeline.task import JobContext, typed_task
 from tasks import ffmpeg
@@ -86,6 +87,10 @@ def transcode_job(job: TranscodeJob, ctx: JobContext) -> TranscodeResult:
         resolve_public(job.source_uri)
     source = job.ffmpeg_input()
     info = ffmpeg.probe(exe, source)
+    if job.preset == "audio" and info.audio_codec is None:
+        raise PermanentError("the source has no audio stream: nothing to extract for preset 'audio'")
+    if job.preset != "audio" and info.video_codec is None:
+        raise PermanentError(f"the source has no video stream: use preset 'audio', not {job.preset!r}")
     storage = get_storage()
     key = f"media/{ctx.task_id}/{job.output_filename()}"
 

@@ -107,6 +107,23 @@ def test_corrupt_source_is_permanent_and_dead_lettered(session_worker: Worker) -
     assert entry.attempts == 1
 
 
+@pytest.mark.usefixtures("clean_dlq")
+def test_video_preset_on_audio_only_source_is_permanent(session_worker: Worker) -> None:
+    path = media_root() / "tone.m4a"
+    if not path.exists():
+        subprocess.run(
+            ["ffmpeg", "-hide_banner", "-loglevel", "error", "-nostdin", "-y", "-f", "lavfi",
+             "-i", "sine=duration=1", "-c:a", "aac", str(path)],
+            check=True,
+        )  # fmt: skip
+    task_id = transcode.enqueue({"source_uri": "tone.m4a", "preset": "720p"})
+    entry: Any = wait_for(lambda: _dead_letter(task_id), 60, 0.2, what="the DLQ entry")
+    assert "no video stream" in entry.exception_message
+    audio = transcode.result(transcode.enqueue({"source_uri": "tone.m4a", "preset": "audio"}), timeout=60)
+    assert audio.audio_codec == "aac"
+    assert audio.video_codec is None
+
+
 def _dead_letter(task_id: str) -> object:
     try:
         return dlq_admin.get(task_id)
