@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from email import message_from_bytes, policy
 from email.message import EmailMessage
-from typing import Any
+from typing import Any, cast
 
 from aiosmtpd.controller import Controller
 
@@ -51,11 +51,11 @@ class Recorder:
             return "421 4.3.0 try again later"
         if first.startswith("reject-"):
             return "550 5.1.1 no such user"
-        parsed = message_from_bytes(envelope.original_content, policy=policy.default)
+        parsed = cast(EmailMessage, message_from_bytes(envelope.original_content, policy=policy.default))
         with self.lock:
             # session.ssl: STARTTLS; the transport's ssl_object: implicit TLS.
             tls = session.ssl is not None or server.transport.get_extra_info("ssl_object") is not None
-            self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos), parsed, tls))  # type: ignore[arg-type]
+            self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos), parsed, tls))
         return "250 2.0.0 OK"
 
     def delivered_to(self, address: str) -> list[Received]:
