@@ -23,7 +23,7 @@ from pipeline.config import get_settings
 from pipeline.errors import PayloadInvalid
 from pipeline.jobs import job_status
 from tasks.media import transcode
-from tests.support.procs import Worker, free_port, wait_for
+from tests.support.procs import RedisServer, Worker, free_port, wait_for
 
 pytestmark = pytest.mark.integration
 CLIP_S = 2.5
@@ -73,10 +73,19 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize(("preset", "height"), [("480p", 480), ("720p", 720), ("audio", None)])
-def test_transcode_output_probed(session_worker: Worker, preset: str, height: int | None) -> None:
+def test_transcode_output_probed(
+    session_worker: Worker, redis_server: RedisServer, preset: str, height: int | None
+) -> None:
     make_clip("clip.mp4", CLIP_S)
-    task_id = transcode.enqueue({"source_uri": "clip.mp4", "preset": preset})
+    task_id = str(uuid.uuid4())
+    pubsub = redis_server.client().pubsub()
+    pubsub.subscribe(f"celery-task-meta-{task_id}")  # the result backend publishes every state change here
+    payload = transcode.validate({"source_uri": "clip.mp4", "preset": preset})
+    transcode.task.apply_async((payload.model_dump(),), task_id=task_id)
     result = transcode.result(task_id, timeout=120)
+    progress = [m["result"]["percent"] for m in _states(pubsub) if m["status"] == "PROGRESS"]
+    assert progress[-1] == 100.0
+    assert progress == sorted(progress)
     path = Path(urlsplit(result.uri).path)
     probed = ffprobe(path)
     streams = {s["codec_type"]: s for s in probed["streams"]}
@@ -94,7 +103,14 @@ def test_transcode_output_probed(session_worker: Worker, preset: str, height: in
         assert streams["video"]["width"] == result.width == round(320 / 240 * height / 2) * 2
         assert path.name == f"clip-{preset}.mp4"
     assert result.bytes == path.stat().st_size
-    assert job_status(task_id)["progress"]["percent"] == 100.0
+
+
+def _states(pubsub: Any) -> list[dict[str, Any]]:
+    states = []
+    while (message := pubsub.get_message(timeout=1.0)) is not None:
+        if message["type"] == "message":
+            states.append(json.loads(message["data"]))
+    return states
 
 
 @pytest.mark.usefixtures("clean_dlq")
