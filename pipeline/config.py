@@ -50,7 +50,7 @@ class Settings(BaseSettings):
     redis_sentinel_password: SecretStr | None = None
     redis_tls_cert_reqs: Literal["required", "optional", "none"] = "required"
     redis_tls_ca_file: Path | None = None
-    #: Must exceed the longest hard time limit (TRANSCODE_TIME_LIMIT by default): see docs/tasks.md.
+    #: Must exceed the longest hard time limit (TRANSCODE_TIME_LIMIT by default): see README, "The tasks".
     visibility_timeout: int = Field(default=11400, ge=2)
     unacked_restore_interval: int = Field(default=10, ge=1)
 

@@ -5,7 +5,7 @@ followed) must be a file inside MEDIA_ROOT. URLs are checked in two steps: at en
 network access (no literal private/loopback address, no `localhost`), and on the worker just before
 ffmpeg runs, by resolving the host: every address must be public. MEDIA_ALLOW_PRIVATE_URLS lifts the
 address rule (for in-cluster media servers). ffmpeg resolves the name again and follows redirects,
-so this stops direct requests to internal services, not a hostile DNS server; see docs/tasks.md.
+so this stops direct requests to internal services, not a hostile DNS server; see README, "The tasks".
 """
 
 from __future__ import annotations
