@@ -174,11 +174,12 @@ class Worker:
     def signal(self, sig: int) -> None:
         os.kill(self.pid, sig)
 
-    def kill_group(self, sig: int = signal.SIGKILL) -> None:
-        """Signal the worker's whole process group (main process and pool children)."""
+    def kill_group(self, sig: int | None = None) -> None:
+        """Signal the worker's whole process group (main process and pool children); SIGKILL by default."""
+        # (`signal` in this class body is the method above, so the default cannot name signal.SIGKILL.)
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
+                os.killpg(self.proc.pid, signal.SIGKILL if sig is None else sig)
 
     def wait(self, timeout: float) -> int:
         assert self.proc is not None
