@@ -11,10 +11,13 @@ from typing import Any
 import redis.exceptions
 from celery.exceptions import BackendGetMetaError, BackendStoreError
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from kombu.exceptions import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pipeline.api.strict import documented_methods
 from pipeline.config import get_settings
 from pipeline.errors import PayloadInvalid
 
@@ -63,7 +66,16 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
     return JSONResponse({"detail": _field_errors(list(errors))}, status_code=422)
 
 
+async def _on_http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's answer, except that a 405's Allow lists every documented method of the path."""
+    response = await http_exception_handler(request, exc)  # type: ignore[arg-type]  # registered for HTTPException
+    if response.status_code == 405:
+        response.headers["Allow"] = ", ".join(sorted(documented_methods(request.app, request.url.path)))
+    return response
+
+
 def install(app: FastAPI) -> None:
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
     for error in BROKER_ERRORS:
         app.add_exception_handler(error, _on_broker_error)
     app.add_exception_handler(PayloadInvalid, _on_payload_invalid)

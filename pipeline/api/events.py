@@ -22,12 +22,29 @@ from starlette.concurrency import run_in_threadpool
 from pipeline.api.auth import require_token
 from pipeline.api.errors import BROKER_DOWN, BROKER_ERRORS
 from pipeline.api.jobs import ERRORS, JobId
+from pipeline.api.strict import reject_unknown_query
 from pipeline.jobs import job_status
 
 POLL_S = 0.4
 KEEPALIVE_S = 15.0
 FAILED_GRACE_S = 5.0
 ENDS_STREAM = frozenset({"succeeded", "dead_lettered", "unknown"})
+
+
+#: One event of the stream (OpenAPI 3.1 reads an event-stream `schema` as the schema of each event).
+EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string", "enum": ["status", "error"]},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {"$ref": "#/components/schemas/JobStatus"},
+            "description": "`status`: the job's status, as GET /jobs/{id}; `error`: {detail}.",
+        },
+        "retry": {"type": "integer"},
+    },
+}
 
 
 def sse(event: str, data: Any) -> str:
@@ -64,14 +81,14 @@ async def stream(request: Request, job_id: str, status: dict[str, Any]) -> Async
 
 
 def router() -> APIRouter:
-    routes = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS)
+    routes = APIRouter(dependencies=[Depends(require_token), Depends(reject_unknown_query)], responses=ERRORS)
 
     @routes.get(
         "/jobs/{job_id}/events",
         tags=["jobs"],
         summary="Server-sent events: the job's status on every change, until it ends",
         response_class=StreamingResponse,
-        responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+        responses={200: {"description": "An event stream", "content": {"text/event-stream": {"schema": EVENT_SCHEMA}}}},
     )
     async def job_events(job_id: JobId, request: Request) -> StreamingResponse:
         first = await run_in_threadpool(job_status, job_id)  # a broker outage here is a 503, not a broken stream

@@ -10,18 +10,22 @@ the 503 handler in `pipeline.api.errors`.
 from __future__ import annotations
 
 import inspect
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, HTTPException, Path, Query, Response
+from pydantic import BeforeValidator
 
 from pipeline.api.auth import require_token
 from pipeline.api.models import Accepted, JobStatus, Kind, Problem
+from pipeline.api.strict import reject_unknown_query
 from pipeline.app import app as celery_app
 from pipeline.config import get_settings
 from pipeline.jobs import job_status
 from pipeline.task import TypedTask
 
+ETA_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?([Zz]|[+-]\d{2}:?\d{2})?$")
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,200}$"
 JobId = Annotated[str, Path(min_length=1, max_length=255, description="The job's id (a Celery task id).")]
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -37,6 +41,16 @@ def status_path(job_id: str) -> str:
 def max_delay_s() -> int:
     """Longest delay the Redis broker honours safely: a countdown past the visibility timeout is redelivered."""
     return get_settings().visibility_timeout
+
+
+def parse_eta(value: Any) -> Any:
+    """An ISO 8601 time only: pydantic alone would also read a bare number as a Unix timestamp."""
+    if isinstance(value, str) and not ETA_PATTERN.match(value):
+        raise ValueError("eta must be an ISO 8601 date-time, e.g. 2030-01-31T12:00:00Z")
+    return value
+
+
+IsoDateTime = Annotated[datetime, BeforeValidator(parse_eta)]
 
 
 def _run_at(delay_seconds: float | None, eta: datetime | None) -> tuple[float | None, datetime | None]:
@@ -92,11 +106,8 @@ def enqueue_endpoint(typed: TypedTask[Any, Any]) -> Any:
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
             default=None,
             annotation=Annotated[
-                datetime | None,
-                Query(
-                    description="Run no sooner than this time (ISO 8601; UTC "
-                    "when no offset). Not together with delay_seconds."
-                ),
+                IsoDateTime | None,
+                Query(description="Run no sooner than this time (ISO 8601, UTC if no offset); not with delay_seconds."),
             ],
         ),
         inspect.Parameter(
@@ -132,7 +143,7 @@ def kind_info(typed: TypedTask[Any, Any]) -> Kind:
 
 
 def router(registry: dict[str, TypedTask[Any, Any]]) -> APIRouter:
-    routes = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS)
+    routes = APIRouter(dependencies=[Depends(require_token), Depends(reject_unknown_query)], responses=ERRORS)
     kinds = sorted(registry)
     for kind in kinds:
         typed = registry[kind]
@@ -147,6 +158,7 @@ def router(registry: dict[str, TypedTask[Any, Any]]) -> APIRouter:
             description=kind_info(typed).description,
             dependencies=[Depends(require_json)],
             responses={
+                400: {"model": Problem, "description": "The body is not UTF-8 text, or Content-Length is invalid."},
                 413: {"model": Problem, "description": "Request body too large."},
                 415: {"model": Problem, "description": "The body is not JSON."},
             },

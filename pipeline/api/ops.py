@@ -14,6 +14,7 @@ from pipeline.api.auth import require_token
 from pipeline.api.errors import BROKER_ERRORS, broker_unavailable
 from pipeline.api.jobs import ERRORS, status_path
 from pipeline.api.models import DeadLetterRow, Deleted, Health, Problem, QueueInfo, Queues, Replayed
+from pipeline.api.strict import reject_unknown_query
 from pipeline.broker import broker_redis, in_flight_by_queue, queue_stats
 from pipeline.cli_format import parse_time
 from pipeline.dlq import DeadLetter
@@ -61,7 +62,7 @@ def _not_found(ident: str) -> HTTPException:
 
 
 def router() -> APIRouter:
-    routes = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS)
+    routes = APIRouter(dependencies=[Depends(require_token), Depends(reject_unknown_query)], responses=ERRORS)
 
     @routes.get("/queues", response_model=Queues, tags=["operations"], summary="Depth, in flight, oldest wait")
     def queues() -> Queues:

@@ -216,6 +216,12 @@ def test_invalid_payloads_get_field_errors_and_publish_nothing(idle: ApiServer) 
             ).status_code
             == 415
         )
+        typo = client.post("/jobs/probe", params={"delay": 60}, json={})  # meant delay_seconds: not run at once
+        assert typo.status_code == 422
+        assert typo.json()["detail"][0]["loc"] == ["query", "delay"]
+        wrong_method = client.put("/dlq/some-entry")
+        assert wrong_method.status_code == 405
+        assert wrong_method.headers["allow"] == "DELETE, GET"
         unknown = client.post("/jobs/no-such-kind", json={})
         assert unknown.status_code == 404
         assert "probe" in unknown.json()["detail"]

@@ -26,10 +26,12 @@ TERMINAL = {"succeeded", "dead_lettered", "failed", "unknown"}
 class ApiServer:
     """uvicorn serving `pipeline.api:app` with its own API_TOKEN (and any other settings in `env`)."""
 
-    def __init__(self, name: str, log_dir: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, log_dir: Path, env: Mapping[str, str] | None = None, token: str | None = None
+    ) -> None:
         self.name = name
         self.port = free_port()
-        self.token = "test-token-" + secrets.token_hex(12)
+        self.token = token or "test-token-" + secrets.token_hex(12)
         self.log_path = log_dir / f"api-{name}.log"
         self.env = {**os.environ, "API_TOKEN": self.token, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
