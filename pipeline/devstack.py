@@ -184,6 +184,15 @@ def _banner(settings: Settings, children: list[Child], api_token: str | None = N
         "  .venv/bin/pipeline enqueue probe --set message=hello --wait",
         "a failure landing in the dead-letter queue, then replayed:",
         "  .venv/bin/pipeline enqueue probe --set fail=permanent && .venv/bin/pipeline dlq list",
+    ]
+    if "api" in names:
+        shown = api_token if api_token and settings.api_token is None else "$API_TOKEN"  # never echo a set secret
+        lines += [
+            "the same over HTTP (or open the job page):",
+            f"  curl -H 'Authorization: Bearer {shown}' -H 'Content-Type: application/json' "
+            f'-d \'{{"message": "hello"}}\' http://{settings.api_host}:{settings.api_port}/jobs/probe',
+        ]
+    lines += [
         "Ctrl-C stops everything.",
         "",
     ]
