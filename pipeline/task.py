@@ -206,7 +206,9 @@ def typed_task(
             return self.run_typed(fn, payload, args, kwargs)
 
         run.__doc__ = fn.__doc__
-        options.setdefault("default_retry_delay", policy.base_delay)  # the wait after a killed pool child
+        # A killed pool child is retried like any transient failure (task_retry_on_worker_lost).
+        options.setdefault("default_retry_delay", policy.base_delay)
+        options.setdefault("max_retries", policy.max_retries)
         register: Any = app.task(name=name, bind=True, base=PipelineTask, policy=policy, **options)
         task: PipelineTask = register(run)
         return TypedTask(task, payload, result, kind or name.split(".")[0])

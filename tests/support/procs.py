@@ -18,6 +18,8 @@ from pathlib import Path
 
 import redis
 
+SIGKILL = signal.SIGKILL  # a module name: `Worker.signal` shadows `signal` inside the class body
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -171,15 +173,14 @@ class Worker:
         assert self.proc is not None
         return self.proc.pid
 
-    def signal(self, sig: int) -> None:
+    def send_signal(self, sig: int) -> None:
         os.kill(self.pid, sig)
 
-    def kill_group(self, sig: int | None = None) -> None:
-        """Signal the worker's whole process group (main process and pool children); SIGKILL by default."""
-        # (`signal` in this class body is the method above, so the default cannot name signal.SIGKILL.)
+    def kill_group(self, sig: int = SIGKILL) -> None:
+        """Signal the worker's whole process group (main process and pool children)."""
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL if sig is None else sig)
+                os.killpg(self.proc.pid, sig)
 
     def wait(self, timeout: float) -> int:
         assert self.proc is not None
