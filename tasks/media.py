@@ -33,16 +33,22 @@ def local_source(value: str) -> Path:
     if ".." in PurePosixPath(raw).parts:
         raise ValueError("source_uri must not contain '..'")
     root = Path(os.path.realpath(get_settings().media_path))
-    real = Path(os.path.realpath(root / raw))  # an absolute `raw` replaces root; symlinks are followed
-    if not real.is_relative_to(root):
-        raise ValueError(f"source_uri must resolve inside MEDIA_ROOT ({root})")
-    if not real.is_file():
-        raise ValueError(f"no such file under MEDIA_ROOT: {raw}")
+    try:
+        real = Path(os.path.realpath(root / raw))  # an absolute `raw` replaces root; symlinks are followed
+        if not real.is_relative_to(root):
+            raise ValueError(f"source_uri must resolve inside MEDIA_ROOT ({root})")
+        if not real.is_file():
+            raise ValueError(f"no such file under MEDIA_ROOT: {raw}")
+    except OSError as exc:  # a name too long, a NUL byte...: a bad payload, not a server error
+        raise ValueError(f"source_uri is not a usable path: {exc.strerror or exc}") from None
     return real
 
 
 class TranscodeJob(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # The example's source is a file you put in MEDIA_ROOT (default DATA_DIR/media).
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"source_uri": "sample.mp4", "preset": "480p"}]}
+    )
 
     #: A path under MEDIA_ROOT (relative to it, absolute, or file://), or an http/https URL.
     source_uri: str = Field(min_length=1, max_length=4096)

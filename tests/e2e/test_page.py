@@ -1,15 +1,17 @@
 """The job page in a real browser: Debian's chromium driven by Playwright, against uvicorn, Redis and a worker.
 
-A person's path through the page: give the token, start a job with progress (transcode when that kind
-exists, else the probe), watch its bar reach 100 % and open its result; send a job that fails, replay it
-from the dead-letter queue. The final page is saved as test-artifacts/api-page.png. The browser is the
-system's (`scripts/ensure-system-deps` installs it); nothing is downloaded.
+A person's path through the page: give the token, start a job with progress (a transcode of a 30 s
+clip; the probe when the transcode kind is absent), watch its bar reach 100 % and open its result;
+send a job that fails, replay it from the dead-letter queue. Screenshots of the page go to
+test-artifacts/. The browser is the system's (`scripts/ensure-system-deps` installs it); nothing is
+downloaded.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,6 +65,23 @@ def page(browser: Browser, api: ApiServer) -> Iterator[Page]:
     assert problems == [], f"errors in the page (script errors or CSP violations): {problems}"
 
 
+def make_clip(name: str, seconds: int) -> Path:
+    """A 1280x720 test clip in MEDIA_ROOT (the API and the worker share DATA_DIR with this process)."""
+    from pipeline.config import get_settings
+
+    path = get_settings().media_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        subprocess.run(
+            ["ffmpeg", "-hide_banner", "-loglevel", "error", "-nostdin", "-y",
+             "-f", "lavfi", "-i", f"testsrc=size=1280x720:rate=25:duration={seconds}",
+             "-f", "lavfi", "-i", f"sine=frequency=440:sample_rate=48000:duration={seconds}",
+             "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-c:a", "aac", "-shortest", str(path)],
+            check=True,
+        )  # fmt: skip
+    return path
+
+
 def sign_in(page: Page, api: ApiServer) -> None:
     page.goto("/")
     dialog = page.locator("#token-dialog")
@@ -95,11 +114,11 @@ def test_start_a_job_watch_it_finish_and_replay_a_dead_letter(page: Page, api: A
 
     # A job with progress: record every value its progress bar shows.
     with_progress = "transcode" if "transcode" in kinds else "probe"
-    job_id = enqueue(
-        page,
-        with_progress,
-        None if with_progress == "transcode" else {"message": "from the browser", "sleep_s": 4, "progress_steps": 8},
-    )
+    if with_progress == "transcode":  # long enough for ffmpeg to report progress several times
+        payload = {"source_uri": make_clip("browser-clip.mp4", 30).name, "preset": "720p"}
+    else:
+        payload = {"message": "from the browser", "sleep_s": 4, "progress_steps": 8}
+    job_id = enqueue(page, with_progress, payload)
     page.evaluate(
         """id => {
             window.__seen = [];
@@ -127,6 +146,9 @@ def test_start_a_job_watch_it_finish_and_replay_a_dead_letter(page: Page, api: A
     expect(page.locator("#detail-facts")).to_contain_text("succeeded")
     if with_progress == "probe":
         expect(page.locator("#detail-output")).to_contain_text('"message": "from the browser"')
+    else:
+        expect(page.locator("#detail-output")).to_contain_text('"height": 720')
+        expect(page.locator("#detail-output")).to_contain_text("browser-clip-720p.mp4")
 
     # A job that fails for good lands in the dead-letter queue; replay it from there.
     failing = enqueue(page, "probe", {"message": "bound to fail", "fail": "permanent"})

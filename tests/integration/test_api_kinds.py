@@ -9,6 +9,7 @@ end. A kind whose task module is not in this checkout yet is skipped (never any 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -71,6 +72,23 @@ class HttpSink:
         self.server.server_close()
 
 
+def make_sample_clip(seconds: float = 3.0) -> Path:
+    """MEDIA_ROOT/sample.mp4, the source the transcode example names (the API and workers share DATA_DIR)."""
+    from pipeline.config import get_settings
+
+    path = get_settings().media_path / "sample.mp4"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        subprocess.run(
+            ["ffmpeg", "-hide_banner", "-loglevel", "error", "-nostdin", "-y",
+             "-f", "lavfi", "-i", f"testsrc=size=640x360:rate=25:duration={seconds}",
+             "-f", "lavfi", "-i", f"sine=frequency=440:sample_rate=48000:duration={seconds}",
+             "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-c:a", "aac", "-shortest", str(path)],
+            check=True,
+        )  # fmt: skip
+    return path
+
+
 def point_urls_at(value: Any, url: str) -> Any:
     if isinstance(value, str) and value.startswith(("http://", "https://")):
         return f"{url}/sink"
@@ -117,6 +135,8 @@ def test_kind_end_to_end(
     example = typed.payload_model.model_json_schema().get("examples", [None])[0]
     assert isinstance(example, dict), f"{task_name}: the payload model has no example for the page and /docs"
     payload = point_urls_at(example, peers["http"].url)
+    if task_name == "media.transcode":
+        make_sample_clip()
 
     env = {"SMTP_HOST": "127.0.0.1", "SMTP_PORT": str(peers["smtp_port"]), "SMTP_SECURITY": "none"}
     make_worker(f"kind-{kind}", env=env, concurrency=1)
@@ -133,5 +153,10 @@ def test_kind_end_to_end(
     if task_name == "email.send":
         wait_for(lambda: peers["mail"], 10, what="the email at the SMTP sink")
         assert {a.strip() for a in peers["mail"][0]["To"].split(",")} == set(payload["to"])
+    if task_name == "pdf.render":
+        assert status["result"]["pages"] >= 1
+    if task_name == "media.transcode":
+        assert abs(status["result"]["duration_s"] - 3.0) < 0.5
+        assert status["result"]["height"] == 480
     if task_name == "webhooks.deliver":
         assert [r["path"] for r in peers["http"].requests] == ["/sink"]
