@@ -86,6 +86,8 @@ class Settings(BaseSettings):
     smtp_from: str = "pipeline@localhost"
     smtp_security: Literal["none", "starttls", "tls"] = "starttls"
     smtp_timeout: float = Field(default=30.0, gt=0, le=600)
+    #: CA bundle to verify the SMTP server's certificate (unset: the system's trust store).
+    smtp_tls_ca_file: Path | None = None
     email_idempotency_ttl: int = Field(default=7 * 86400, ge=60)
 
     # --- Media (tasks.media) ---------------------------------------------------------------------
@@ -93,6 +95,8 @@ class Settings(BaseSettings):
     media_root: Path | None = None
     #: Unset: `ffmpeg` on PATH, else the binary the imageio-ffmpeg wheel ships.
     ffmpeg_binary: str | None = None
+    #: Allow http(s) sources on private, loopback and link-local addresses (in-cluster media servers).
+    media_allow_private_urls: bool = False
     transcode_soft_time_limit: int = Field(default=10200, ge=1)
     transcode_time_limit: int = Field(default=10800, ge=2)
 
@@ -159,6 +163,8 @@ class Settings(BaseSettings):
             raise ValueError("RETRY_MAX_DELAY must be at least RETRY_BASE_DELAY")
         if self.smtp_username and self.smtp_password is None:
             raise ValueError("SMTP_USERNAME is set: set SMTP_PASSWORD too")
+        if self.smtp_tls_ca_file is not None and not self.smtp_tls_ca_file.is_file():
+            raise ValueError(f"SMTP_TLS_CA_FILE: no such file {self.smtp_tls_ca_file}")
         if self.storage_backend == "s3" and not self.s3_bucket:
             raise ValueError("STORAGE_BACKEND=s3 needs S3_BUCKET")
         if self.prometheus_multiproc_dir is not None and not self.prometheus_multiproc_dir.is_dir():

@@ -37,7 +37,8 @@ class SmtpPermanent(PermanentError, NotDelivered):
 
 def _open(settings: Settings) -> smtplib.SMTP:
     host, port, timeout = settings.smtp_host, settings.smtp_port_or_default, settings.smtp_timeout
-    context = ssl.create_default_context()
+    ca_file = settings.smtp_tls_ca_file
+    context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
     conn: smtplib.SMTP
     if settings.smtp_security == "tls":
         conn = smtplib.SMTP_SSL(host, port, timeout=timeout, context=context)
@@ -88,7 +89,7 @@ def classify(exc: BaseException) -> Exception:
         message = f"SMTP {exc.smtp_code}: {exc.smtp_error!r}"
         return SmtpTransient(message) if 400 <= exc.smtp_code < 500 else SmtpPermanent(message)
     if isinstance(exc, smtplib.SMTPNotSupportedError):
-        return SmtpPermanent(f"SMTP server does not support what SMTP_SECURITY asks: {exc}")
+        return SmtpPermanent(f"SMTP server lacks an extension the settings need (STARTTLS, AUTH): {exc}")
     if isinstance(exc, smtplib.SMTPServerDisconnected | OSError):
         return SmtpTransient(f"SMTP connection failed: {exc}")
     return SmtpTransient(f"SMTP error: {exc}")

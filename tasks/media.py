@@ -9,39 +9,23 @@ task's time limits are TRANSCODE_SOFT_TIME_LIMIT / TRANSCODE_TIME_LIMIT (see doc
 
 from __future__ import annotations
 
-import os
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.config import get_settings
+from pipeline.errors import PermanentError
 from pipeline.storage import get_storage
 from pipeline.task import JobContext, typed_task
 from tasks import ffmpeg
+from tasks.media_sources import check_url, is_remote, local_source, resolve_public
 
 Preset = Literal["1080p", "720p", "480p", "audio"]
 VIDEO_HEIGHT = {"1080p": 1080, "720p": 720, "480p": 480}
 VIDEO_ARGS = ["-c:v", "libx264", "-preset", "veryfast", "-crf", "23", "-pix_fmt", "yuv420p", "-profile:v", "high"]
 AUDIO_ARGS = ["-c:a", "aac", "-b:a", "128k", "-ac", "2"]
-
-
-def local_source(value: str) -> Path:
-    """The real path of a local source, if it is a file inside MEDIA_ROOT; else ValueError."""
-    raw = value.removeprefix("file://") if value.startswith("file://") else value
-    if ".." in PurePosixPath(raw).parts:
-        raise ValueError("source_uri must not contain '..'")
-    root = Path(os.path.realpath(get_settings().media_path))
-    try:
-        real = Path(os.path.realpath(root / raw))  # an absolute `raw` replaces root; symlinks are followed
-        if not real.is_relative_to(root):
-            raise ValueError(f"source_uri must resolve inside MEDIA_ROOT ({root})")
-        if not real.is_file():
-            raise ValueError(f"no such file under MEDIA_ROOT: {raw}")
-    except OSError as exc:  # a name too long, a NUL byte...: a bad payload, not a server error
-        raise ValueError(f"source_uri is not a usable path: {exc.strerror or exc}") from None
-    return real
 
 
 class TranscodeJob(BaseModel):
@@ -60,9 +44,8 @@ class TranscodeJob(BaseModel):
     @classmethod
     def _safe_source(cls, value: str) -> str:
         scheme = urlsplit(value).scheme
-        if scheme in ("http", "https"):
-            if not urlsplit(value).hostname:
-                raise ValueError("source_uri URL has no host")
+        if is_remote(value):
+            check_url(value)
             return value
         if scheme not in ("", "file"):
             raise ValueError("source_uri must be a path under MEDIA_ROOT or an http(s) URL")
@@ -71,7 +54,7 @@ class TranscodeJob(BaseModel):
 
     @property
     def remote(self) -> bool:
-        return self.source_uri.startswith(("http://", "https://"))
+        return is_remote(self.source_uri)
 
     def ffmpeg_input(self) -> str:
         return self.source_uri if self.remote else f"file:{local_source(self.source_uri)}"
@@ -103,8 +86,14 @@ def output_args(preset: Preset) -> list[str]:
 def transcode_job(job: TranscodeJob, ctx: JobContext) -> TranscodeResult:
     """Probe the source, transcode it into storage with progress, and describe the result."""
     exe = ffmpeg.binary(get_settings().ffmpeg_binary)
+    if job.remote:
+        resolve_public(job.source_uri)
     source = job.ffmpeg_input()
     info = ffmpeg.probe(exe, source)
+    if job.preset == "audio" and info.audio_codec is None:
+        raise PermanentError("the source has no audio stream: nothing to extract for preset 'audio'")
+    if job.preset != "audio" and info.video_codec is None:
+        raise PermanentError(f"the source has no video stream: use preset 'audio', not {job.preset!r}")
     storage = get_storage()
     key = f"media/{ctx.task_id}/{job.output_filename()}"
 

@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from pipeline.storage import Storage, get_storage
 from pipeline.task import JobContext, typed_task
+from tasks.pdf_models import Cell
 from tasks.pdf_stream import StreamingCanvas
-from tasks.pdf_templates import TEMPLATES, Cell, draw_report
+from tasks.pdf_templates import TEMPLATES, draw_report
 
 
 class PdfJob(BaseModel):

@@ -1,6 +1,7 @@
-"""PDF templates: typed data per template and the drawing code that lays it out on a reportlab canvas.
+"""PDF templates: the drawing code that lays each template's data out on a reportlab canvas.
 
-`TEMPLATES` maps a `template_id` to its data model (validated at enqueue) and its draw function.
+`TEMPLATES` maps a `template_id` to its data model (`tasks.pdf_models`, validated at enqueue) and
+its draw function.
 Drawing is page by page on a `StreamingCanvas`, so a report of thousands of pages never sits in
 memory: `draw_report` takes its rows as any iterable.
 """
@@ -8,66 +9,18 @@ memory: `draw_report` takes its rows as any iterable.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from datetime import date
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel
 from reportlab.lib.pagesizes import A4
 from reportlab.pdfbase.pdfmetrics import stringWidth
 from reportlab.pdfgen.canvas import Canvas
 
-Cell = str | int | float
+from tasks.pdf_models import Cell, InvoiceData, ReportData
+
 WIDTH, HEIGHT = A4
 MARGIN = 50.0
-CENT = Decimal("0.01")
-
-
-class Customer(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=200)
-    address: str = Field(default="", max_length=1000)
-
-
-class InvoiceItem(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    description: str = Field(min_length=1, max_length=300)
-    quantity: Decimal = Field(gt=0, max_digits=12, decimal_places=3)
-    unit_price: Decimal = Field(ge=0, max_digits=14, decimal_places=2)
-
-    @property
-    def total(self) -> Decimal:
-        return (self.quantity * self.unit_price).quantize(CENT, ROUND_HALF_UP)
-
-
-class InvoiceData(BaseModel):
-    """Totals are computed from the items, never passed in."""
-
-    model_config = ConfigDict(extra="forbid")
-    number: str = Field(min_length=1, max_length=64)
-    issued_on: date
-    customer: Customer
-    items: list[InvoiceItem] = Field(min_length=1, max_length=2000)
-    currency: str = Field(pattern=r"^[A-Z]{3}$")
-
-    @property
-    def total(self) -> Decimal:
-        return sum((item.total for item in self.items), Decimal("0.00"))
-
-
-class ReportData(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    title: str = Field(min_length=1, max_length=200)
-    columns: list[str] = Field(min_length=1, max_length=12)
-    rows: list[list[Cell]] = Field(default_factory=list)
-    summary: str | None = Field(default=None, max_length=5000)
-
-    @model_validator(mode="after")
-    def _row_width(self) -> ReportData:
-        for i, row in enumerate(self.rows):
-            if len(row) != len(self.columns):
-                raise ValueError(f"rows[{i}] has {len(row)} cells; columns has {len(self.columns)}")
-        return self
 
 
 def money(amount: Decimal, currency: str) -> str:

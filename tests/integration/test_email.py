@@ -51,6 +51,15 @@ def test_message_arrives_with_headers_parts_and_variables(session_worker: Worker
     assert result.sent_at.tzinfo is not None
 
 
+def test_connection_is_reused_across_jobs(session_worker: Worker, smtp_server: SmtpServer) -> None:
+    before = smtp_server.recorder.connections
+    for _ in range(5):
+        send.result(send.enqueue(payload(address("reuse"))), timeout=60)
+    # Two pool processes, each reopening at most once (an earlier test's 421 closed its connection).
+    assert smtp_server.recorder.connections > 0  # the server does count connections
+    assert smtp_server.recorder.connections - before <= 2
+
+
 def test_421_twice_then_accepted_delivers_exactly_once(session_worker: Worker, smtp_server: SmtpServer) -> None:
     to = address("flaky")
     task_id = send.enqueue(payload(to))

@@ -3,10 +3,14 @@ time limit leave no ffmpeg process and no partial file."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
+import threading
 import uuid
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,7 +23,7 @@ from pipeline.config import get_settings
 from pipeline.errors import PayloadInvalid
 from pipeline.jobs import job_status
 from tasks.media import transcode
-from tests.support.procs import Worker, wait_for
+from tests.support.procs import RedisServer, Worker, free_port, wait_for
 
 pytestmark = pytest.mark.integration
 CLIP_S = 2.5
@@ -32,13 +36,15 @@ def media_root() -> Path:
 
 
 def make_clip(name: str, seconds: float, size: str = "320x240") -> Path:
+    """A lavfi test pattern with a tone, H.264 + AAC, index at the front (streamable over plain HTTP)."""
     path = media_root() / name
     if not path.exists():
         subprocess.run(
             ["ffmpeg", "-hide_banner", "-loglevel", "error", "-nostdin", "-y",
              "-f", "lavfi", "-i", f"testsrc=size={size}:rate=25:duration={seconds}",
              "-f", "lavfi", "-i", f"sine=frequency=440:sample_rate=48000:duration={seconds}",
-             "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-c:a", "aac", "-shortest", str(path)],
+             "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-c:a", "aac", "-shortest",
+             "-movflags", "+faststart", str(path)],
             check=True,
         )  # fmt: skip
     return path
@@ -67,10 +73,19 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize(("preset", "height"), [("480p", 480), ("720p", 720), ("audio", None)])
-def test_transcode_output_probed(session_worker: Worker, preset: str, height: int | None) -> None:
+def test_transcode_output_probed(
+    session_worker: Worker, redis_server: RedisServer, preset: str, height: int | None
+) -> None:
     make_clip("clip.mp4", CLIP_S)
-    task_id = transcode.enqueue({"source_uri": "clip.mp4", "preset": preset})
+    task_id = str(uuid.uuid4())
+    pubsub = redis_server.client().pubsub()
+    pubsub.subscribe(f"celery-task-meta-{task_id}")  # the result backend publishes every state change here
+    payload = transcode.validate({"source_uri": "clip.mp4", "preset": preset})
+    transcode.task.apply_async((payload.model_dump(),), task_id=task_id)
     result = transcode.result(task_id, timeout=120)
+    progress = [m["result"]["percent"] for m in _states(pubsub) if m["status"] == "PROGRESS"]
+    assert progress[-1] == 100.0
+    assert progress == sorted(progress)
     path = Path(urlsplit(result.uri).path)
     probed = ffprobe(path)
     streams = {s["codec_type"]: s for s in probed["streams"]}
@@ -88,7 +103,14 @@ def test_transcode_output_probed(session_worker: Worker, preset: str, height: in
         assert streams["video"]["width"] == result.width == round(320 / 240 * height / 2) * 2
         assert path.name == f"clip-{preset}.mp4"
     assert result.bytes == path.stat().st_size
-    assert job_status(task_id)["progress"]["percent"] == 100.0
+
+
+def _states(pubsub: Any) -> list[dict[str, Any]]:
+    states = []
+    while (message := pubsub.get_message(timeout=1.0)) is not None:
+        if message["type"] == "message":
+            states.append(json.loads(message["data"]))
+    return states
 
 
 @pytest.mark.usefixtures("clean_dlq")
@@ -99,6 +121,23 @@ def test_corrupt_source_is_permanent_and_dead_lettered(session_worker: Worker) -
     assert entry.exception_type == "pipeline.errors.PermanentError"
     assert "ffmpeg failed" in entry.exception_message
     assert entry.attempts == 1
+
+
+@pytest.mark.usefixtures("clean_dlq")
+def test_video_preset_on_audio_only_source_is_permanent(session_worker: Worker) -> None:
+    path = media_root() / "tone.m4a"
+    if not path.exists():
+        subprocess.run(
+            ["ffmpeg", "-hide_banner", "-loglevel", "error", "-nostdin", "-y", "-f", "lavfi",
+             "-i", "sine=duration=1", "-c:a", "aac", str(path)],
+            check=True,
+        )  # fmt: skip
+    task_id = transcode.enqueue({"source_uri": "tone.m4a", "preset": "720p"})
+    entry: Any = wait_for(lambda: _dead_letter(task_id), 60, 0.2, what="the DLQ entry")
+    assert "no video stream" in entry.exception_message
+    audio = transcode.result(transcode.enqueue({"source_uri": "tone.m4a", "preset": "audio"}), timeout=60)
+    assert audio.audio_codec == "aac"
+    assert audio.video_codec is None
 
 
 def _dead_letter(task_id: str) -> object:
@@ -154,3 +193,32 @@ def test_soft_time_limit_kills_ffmpeg_and_dead_letters(session_worker: Worker) -
     assert not alive(pid)
     assert not any(p.name.endswith("soft.mp4") for p in partials())
     assert not (get_settings().storage_path / "media" / task_id).exists()
+
+
+@pytest.fixture
+def http_media() -> Iterator[str]:
+    """A real HTTP server on 127.0.0.1 serving MEDIA_ROOT."""
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(media_root()))
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_http_source(make_worker: Any, http_media: str) -> None:
+    make_clip("clip.mp4", CLIP_S)
+    url = f"{http_media}/clip.mp4"
+    with pytest.raises(PayloadInvalid, match="private"):
+        transcode.enqueue({"source_uri": url, "preset": "480p"})  # refused by default: SSRF guard
+    env = {"MEDIA_ALLOW_PRIVATE_URLS": "true"}
+    make_worker("media-private-urls", env=env, queues="transcode-private-urls", concurrency=1)
+    task_id = str(uuid.uuid4())
+    payload = {"source_uri": url, "preset": "480p"}
+    transcode.task.apply_async((payload,), task_id=task_id, queue="transcode-private-urls")
+    result = transcode.result(task_id, timeout=120)
+    probed = ffprobe(Path(urlsplit(result.uri).path))
+    assert abs(float(probed["format"]["duration"]) - CLIP_S) <= 0.1
+    assert result.height == 480
+    assert result.uri.endswith("/clip-480p.mp4")

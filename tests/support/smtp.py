@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from email import message_from_bytes, policy
 from email.message import EmailMessage
-from typing import Any
+from typing import Any, cast
 
 from aiosmtpd.controller import Controller
 
@@ -21,6 +21,8 @@ class Received:
     mail_from: str
     rcpt_tos: list[str]
     message: EmailMessage
+    #: Whether the session was encrypted (STARTTLS or implicit TLS).
+    tls: bool = False
 
 
 @dataclass
@@ -29,6 +31,16 @@ class Recorder:
     #: DATA commands seen, by first recipient.
     attempts: Counter[str] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: EHLO commands seen: one per SMTP connection a client opened.
+    connections: int = 0
+
+    async def handle_EHLO(
+        self, server: Any, session: Any, envelope: Any, hostname: str, responses: list[str]
+    ) -> list[str]:
+        with self.lock:
+            self.connections += 1
+        session.host_name = hostname
+        return responses
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         first = envelope.rcpt_tos[0]
@@ -39,9 +51,11 @@ class Recorder:
             return "421 4.3.0 try again later"
         if first.startswith("reject-"):
             return "550 5.1.1 no such user"
-        parsed = message_from_bytes(envelope.original_content, policy=policy.default)
+        parsed = cast(EmailMessage, message_from_bytes(envelope.original_content, policy=policy.default))
         with self.lock:
-            self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos), parsed))  # type: ignore[arg-type]
+            # session.ssl: STARTTLS; the transport's ssl_object: implicit TLS.
+            tls = session.ssl is not None or server.transport.get_extra_info("ssl_object") is not None
+            self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos), parsed, tls))
         return "250 2.0.0 OK"
 
     def delivered_to(self, address: str) -> list[Received]:

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.config import load_settings
 from pipeline.errors import PermanentError, TransientError
-from tasks import ffmpeg
+from tasks import ffmpeg, media_sources
 from tasks.media import TranscodeJob, output_args
 
 
@@ -51,3 +51,19 @@ def test_visibility_timeout_must_exceed_transcode_limit() -> None:
         load_settings(transcode_soft_time_limit=7000, transcode_time_limit=7000)
     settings = load_settings()
     assert settings.visibility_timeout > settings.transcode_time_limit > settings.transcode_soft_time_limit
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1/a.mp4", "http://169.254.169.254/latest", "http://[::1]/a.mp4", "http://10.1.2.3/a.mp4",
+     "https://localhost/a.mp4", "http://media.localhost/a.mp4", "http://0.0.0.0/a.mp4"],
+)  # fmt: skip
+def test_private_urls_refused_at_enqueue(url: str) -> None:
+    with pytest.raises(ValueError, match="source_uri"):
+        media_sources.check_url(url)
+
+
+def test_names_resolving_to_private_addresses_refused_on_the_worker() -> None:
+    media_sources.check_url("https://cdn.example.com/a.mp4")  # a name: no lookup at enqueue
+    with pytest.raises(PermanentError, match="private address"):
+        media_sources.resolve_public("http://localhost:8080/a.mp4")

@@ -36,8 +36,10 @@ def test_install_is_idempotent_and_uninstall_disconnects() -> None:
 
     signals.install()
     signals.install()
-    receivers = [r for r in celery_signals.task_failure.receivers if "pipeline.on_task_failure" in str(r[0])]
-    assert len(receivers) == 1
+    def ours() -> list[object]:
+        return [r for r in celery_signals.task_failure.receivers if r[0][0] == "pipeline.on_task_failure"]
+
+    assert len(ours()) == 1
     signals.uninstall()
-    assert not [r for r in celery_signals.task_failure.receivers if "pipeline.on_task_failure" in str(r[0])]
+    assert ours() == []
     signals.install()
