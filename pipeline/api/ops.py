@@ -11,8 +11,9 @@ from fastapi.responses import JSONResponse
 
 from pipeline import dlq_admin
 from pipeline.api.auth import require_token
+from pipeline.api.enqueue import status_path
 from pipeline.api.errors import BROKER_ERRORS, broker_unavailable
-from pipeline.api.jobs import ERRORS, status_path
+from pipeline.api.jobs import ERRORS
 from pipeline.api.models import DeadLetterRow, Deleted, Health, Problem, QueueInfo, Queues, Replayed
 from pipeline.api.strict import reject_unknown_query
 from pipeline.broker import broker_redis, in_flight_by_queue, queue_stats

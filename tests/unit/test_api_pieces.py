@@ -10,7 +10,7 @@ import pytest
 from fastapi import FastAPI
 
 from pipeline import devstack
-from pipeline.api.jobs import ETA_PATTERN, parse_eta
+from pipeline.api.enqueue import ETA_PATTERN, parse_eta
 from pipeline.api.strict import documented_methods, operations_for
 from pipeline.config import load_settings
 from pipeline.errors import ConfigError
