@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -273,6 +275,15 @@ def test_broker_down_is_503_with_retry_after_then_jobs_flow_again(
     redis, api = outage_api
     with api.client() as client:
         before = client.post("/jobs/probe", json={"message": "before"}).json()
+        streamed: list[tuple[str, dict[str, Any]]] = []
+
+        def follow() -> None:
+            with api.client() as stream_client:
+                streamed.extend(sse_events(stream_client, f"/jobs/{before['id']}/events", timeout=60))
+
+        follower = threading.Thread(target=follow)
+        follower.start()
+        wait_for(lambda: streamed, 10, what="the first event of the stream")
         redis.stop()
 
         down = client.post("/jobs/probe", json={"message": "during"})
@@ -285,6 +296,11 @@ def test_broker_down_is_503_with_retry_after_then_jobs_flow_again(
         assert client.get(f"/jobs/{before['id']}").status_code == 503
         assert client.get("/queues").status_code == 503
         assert client.get("/healthz").status_code == 200  # alive, just not ready
+        follower.join(30)  # an open event stream says so and closes
+        assert not follower.is_alive()
+        assert [event for event, _ in streamed] == ["status", "error"]
+        assert streamed[0][1]["state"] == "queued"
+        assert "unreachable" in streamed[1][1]["detail"]
 
         redis.start()  # same port and directory: the AOF brings the queued job back
         wait_for(lambda: client.get("/readyz").status_code == 200, 30, 0.2, what="readyz after restart")
