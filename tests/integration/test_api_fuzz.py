@@ -7,7 +7,10 @@ Every operation gets a bounded number of generated cases, so the whole run takes
 
 from __future__ import annotations
 
+import json
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from tests.support.api import ApiServer
-from tests.support.procs import RedisServer
+from tests.support.procs import ROOT, RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -33,10 +36,13 @@ def fuzz_api(work_dir: Path) -> Iterator[ApiServer]:
 
 
 def app_schema() -> Any:
-    """The schema the app serves at /openapi.json, built in this process from the same code and settings."""
-    from pipeline.api.factory import create_app
+    """The schema the app serves at /openapi.json, built by a fresh interpreter as the server's own is.
 
-    return schemathesis.openapi.from_dict(create_app().openapi())
+    (This test process may have imported test-only tasks that a server never registers.)
+    """
+    build = "import json; from pipeline.api.factory import create_app; print(json.dumps(create_app().openapi()))"
+    out = subprocess.run([sys.executable, "-c", build], cwd=ROOT, capture_output=True, text=True, check=True)
+    return schemathesis.openapi.from_dict(json.loads(out.stdout))
 
 
 schema = app_schema()

@@ -6,7 +6,8 @@
 
 const TOKEN_KEY = "pipeline.token";
 const JOBS_KEY = "pipeline.jobs";
-const FINAL = new Set(["succeeded", "dead_lettered", "unknown"]);
+// The server ends a stream at these states (at "failed" after a grace in which it may become dead_lettered).
+const FINAL = new Set(["succeeded", "dead_lettered", "failed", "unknown"]);
 const MAX_STREAMS = 4; // browsers allow ~6 connections per host: keep some for ordinary calls
 const MAX_JOBS = 30;
 
@@ -234,7 +235,7 @@ function render(id) {
 
 function follow(id) {
   const job = state.jobs.get(id);
-  if (!job || FINAL.has(job.status.state) || state.streams.has(id)) return;
+  if (!token() || !job || FINAL.has(job.status.state) || state.streams.has(id)) return;
   if (state.streams.size >= MAX_STREAMS) {
     setTimeout(() => poll(id), 2000);
     return;
@@ -418,7 +419,10 @@ async function start() {
   await loadKinds();
   loadDlq();
   loadQueues();
-  if (started) return; // a new token after a refusal: the rest is already running
+  if (started) {
+    for (const id of state.jobs.keys()) follow(id); // a new token after a refusal: resume following
+    return;
+  }
   started = true;
   const saved = JSON.parse(sessionStorage.getItem(JOBS_KEY) || "[]");
   for (const job of saved) track(job.id, job.kind, job.added);
