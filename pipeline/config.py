@@ -29,6 +29,7 @@ from pipeline.retry import RetryPolicy
 
 #: Where `pipeline run` starts its embedded Redis when REDIS_URL is not set; also the default REDIS_URL.
 LOCAL_REDIS_PORT = 6390
+API_TOKEN_MIN_LENGTH = 16
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 
 
@@ -110,6 +111,15 @@ class Settings(BaseSettings):
     s3_access_key_id: str | None = None
     s3_secret_access_key: SecretStr | None = None
 
+    # --- Producer API ---------------------------------------------------------------------------
+    #: Bearer token every API call must carry. Unset: the API refuses to start (`pipeline run` makes one).
+    api_token: SecretStr | None = None
+    api_max_body_bytes: int = Field(default=512 * 1024, ge=1024)
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8000, ge=1, le=65535)
+    #: Seconds a client is told to wait (Retry-After) when the broker is unreachable.
+    api_retry_after: int = Field(default=5, ge=1, le=3600)
+
     # --- Local stack and logs -----------------------------------------------------------------
     data_dir: Path = Path(".data")
     environment: str = "development"
@@ -162,6 +172,8 @@ class Settings(BaseSettings):
                 f"PROMETHEUS_MULTIPROC_DIR: {self.prometheus_multiproc_dir} is not a directory "
                 "(the start scripts create it; unset it to run without multiprocess metrics)"
             )
+        if self.api_token is not None and len(self.api_token.get_secret_value()) < API_TOKEN_MIN_LENGTH:
+            raise ValueError(f"API_TOKEN must be at least {API_TOKEN_MIN_LENGTH} characters (use a random secret)")
         if self.redis_tls_ca_file is not None and not self.redis_tls_ca_file.is_file():
             raise ValueError(f"REDIS_TLS_CA_FILE: no such file {self.redis_tls_ca_file}")
         return self

@@ -35,6 +35,8 @@ TASK_MODULES: Final = ("pipeline.maintenance", "pipeline.probe", "tasks.email", 
 KEY_PREFIX: Final = "pipeline:"
 #: `SET NX` guard that turns a repeated enqueue with the same idempotency key into the first job's id.
 ENQUEUE_IDEMPOTENCY_KEY: Final = KEY_PREFIX + "enqueue:{task}:{key}"
+#: Written before a job is published (task name, accepted time, ETA) so status can tell queued from unknown.
+JOB_RECORD_KEY: Final = KEY_PREFIX + "job:{id}"
 
 #: Message header stamped at publish time (epoch seconds, float) for queue-wait measurement.
 HEADER_PUBLISHED_AT: Final = "pipeline_published_at"

@@ -20,14 +20,14 @@ import importlib
 import json
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from celery import Task
 from celery.result import AsyncResult
 from pydantic import BaseModel, ValidationError
 
-from pipeline import enqueue_guard
+from pipeline import enqueue_guard, jobs
 from pipeline.app import app
 from pipeline.config import get_settings
 from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT
@@ -155,12 +155,18 @@ class TypedTask(Generic[P, R]):
             if idempotency_key:
                 headers[HEADER_IDEMPOTENCY_KEY] = idempotency_key
             options: dict[str, Any] = {"countdown": countdown, "eta": eta}
-            self.task.apply_async(
-                (job.model_dump(mode="json"),),
-                task_id=claim.task_id,
-                headers=headers,
-                **{k: v for k, v in options.items() if v is not None},
-            )
+            run_at = eta or (datetime.now(UTC) + timedelta(seconds=countdown) if countdown else None)
+            jobs.record_accepted(claim.task_id, self.name, run_at)  # first, so the id is never "unknown"
+            try:
+                self.task.apply_async(
+                    (job.model_dump(mode="json"),),
+                    task_id=claim.task_id,
+                    headers=headers,
+                    **{k: v for k, v in options.items() if v is not None},
+                )
+            except BaseException:
+                jobs.forget_accepted(claim.task_id)
+                raise
             return claim.task_id
 
     def result(self, task_id: str, timeout: float | None = None) -> R:

@@ -26,7 +26,18 @@ MAX_RECIPIENTS = 50
 
 
 class EmailJob(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "to": ["ada@example.com"],
+                    "template_id": "welcome",
+                    "variables": {"name": "Ada", "product": "pipeline", "action_url": "https://example.com/start"},
+                }
+            ]
+        },
+    )
 
     to: list[EmailStr] = Field(min_length=1, max_length=MAX_RECIPIENTS)
     #: Overrides the template's subject; one of the two is required.

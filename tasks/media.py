@@ -29,7 +29,10 @@ AUDIO_ARGS = ["-c:a", "aac", "-b:a", "128k", "-ac", "2"]
 
 
 class TranscodeJob(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # The example's source is a file you put in MEDIA_ROOT (default DATA_DIR/media).
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"source_uri": "sample.mp4", "preset": "480p"}]}
+    )
 
     #: A path under MEDIA_ROOT (relative to it, absolute, or file://), or an http/https URL.
     source_uri: str = Field(min_length=1, max_length=4096)

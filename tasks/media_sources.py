@@ -30,11 +30,14 @@ def local_source(value: str) -> Path:
     if ".." in PurePosixPath(raw).parts:
         raise ValueError("source_uri must not contain '..'")
     root = Path(os.path.realpath(get_settings().media_path))
-    real = Path(os.path.realpath(root / raw))  # an absolute `raw` replaces root; symlinks are followed
-    if not real.is_relative_to(root):
-        raise ValueError(f"source_uri must resolve inside MEDIA_ROOT ({root})")
-    if not real.is_file():
-        raise ValueError(f"no such file under MEDIA_ROOT: {raw}")
+    try:
+        real = Path(os.path.realpath(root / raw))  # an absolute `raw` replaces root; symlinks are followed
+        if not real.is_relative_to(root):
+            raise ValueError(f"source_uri must resolve inside MEDIA_ROOT ({root})")
+        if not real.is_file():
+            raise ValueError(f"no such file under MEDIA_ROOT: {raw}")
+    except OSError as exc:  # a name too long...: a bad payload, not a server error (found by the API fuzzing)
+        raise ValueError(f"source_uri is not a usable path: {exc.strerror or exc}") from None
     return real
 
 

@@ -36,6 +36,7 @@ def test_install_is_idempotent_and_uninstall_disconnects() -> None:
 
     signals.install()
     signals.install()
+
     def ours() -> list[object]:
         return [r for r in celery_signals.task_failure.receivers if r[0][0] == "pipeline.on_task_failure"]
 
