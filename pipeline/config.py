@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     redis_sentinel_password: SecretStr | None = None
     redis_tls_cert_reqs: Literal["required", "optional", "none"] = "required"
     redis_tls_ca_file: Path | None = None
-    visibility_timeout: int = Field(default=3600, ge=10)
+    visibility_timeout: int = Field(default=3600, ge=2)
     unacked_restore_interval: int = Field(default=10, ge=1)
 
     # --- Tasks ------------------------------------------------------------------------------
@@ -61,6 +61,10 @@ class Settings(BaseSettings):
     retry_jitter: float = Field(default=0.2, ge=0, lt=1)
     enqueue_idempotency_ttl: int = Field(default=86400, ge=1)
     max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
+
+    # --- Scheduling: delayed jobs ----------------------------------------------------------------
+    delayed_poll_interval: float = Field(default=1.0, gt=0, le=60)
+    delayed_release_ahead: float = Field(default=2.0, ge=0)
 
     # --- Worker -------------------------------------------------------------------------------
     worker_prefetch_multiplier: int = Field(default=1, ge=1)
@@ -88,6 +92,16 @@ class Settings(BaseSettings):
         if self.visibility_timeout <= self.task_time_limit:
             raise ValueError(
                 "VISIBILITY_TIMEOUT must exceed TASK_TIME_LIMIT, or Redis redelivers running tasks to a second worker"
+            )
+        if self.delayed_release_ahead + self.task_time_limit >= self.visibility_timeout:
+            raise ValueError(
+                "DELAYED_RELEASE_AHEAD + TASK_TIME_LIMIT must stay below VISIBILITY_TIMEOUT, "
+                "or a released job could be redelivered before it has run"
+            )
+        if self.retry_max_delay * (1 + self.retry_jitter) + self.task_time_limit >= self.visibility_timeout:
+            raise ValueError(
+                "RETRY_MAX_DELAY (plus jitter) + TASK_TIME_LIMIT must stay below VISIBILITY_TIMEOUT: "
+                "a retry waits in the worker, and Redis would redeliver it meanwhile"
             )
         if self.retry_max_delay < self.retry_base_delay:
             raise ValueError("RETRY_MAX_DELAY must be at least RETRY_BASE_DELAY")

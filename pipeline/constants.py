@@ -36,6 +36,11 @@ KEY_PREFIX: Final = "pipeline:"
 #: `SET NX` guard that turns a repeated enqueue with the same idempotency key into the first job's id.
 ENQUEUE_IDEMPOTENCY_KEY: Final = KEY_PREFIX + "enqueue:{task}:{key}"
 
+#: Parked delayed jobs: ZSET task id → due time (epoch s), and hashes task id → kombu envelope / queue list key.
+DELAYED_KEY: Final = KEY_PREFIX + "delayed"
+DELAYED_MESSAGE_KEY: Final = KEY_PREFIX + "delayed:message"
+DELAYED_DEST_KEY: Final = KEY_PREFIX + "delayed:dest"
+
 #: Message header stamped at publish time (epoch seconds, float) for queue-wait measurement.
 HEADER_PUBLISHED_AT: Final = "pipeline_published_at"
 #: Message header carrying the caller's idempotency key, if any.

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from celery.result import AsyncResult
 
 from pipeline.app import app
 
-#: Celery state → pipeline state. PENDING is "queued": Celery cannot tell a queued job from an unknown id.
+#: Celery state → pipeline state. PENDING is "queued" (Celery cannot tell a queued job from an unknown id),
+#: or "scheduled" while the job is parked by `pipeline.delayed`. THROTTLED: waiting for a rate-limit slot.
 STATES = {
     "PENDING": "queued",
     "RECEIVED": "queued",
@@ -18,12 +20,13 @@ STATES = {
     "SUCCESS": "succeeded",
     "FAILURE": "failed",
     "REVOKED": "failed",
+    "THROTTLED": "scheduled",
 }
 
 
 def job_status(task_id: str) -> dict[str, Any]:
     """State, progress, result or error, attempts and timestamps of one job."""
-    from pipeline import dlq_admin
+    from pipeline import delayed, dlq_admin
 
     result: AsyncResult[Any] = AsyncResult(task_id, app=app)
     meta = result.backend.get_task_meta(task_id)
@@ -46,6 +49,10 @@ def job_status(task_id: str) -> dict[str, Any]:
             "type": type(result.result).__name__ if isinstance(result.result, BaseException) else celery_state,
             "message": str(result.result),
         }
+    if celery_state == "PENDING":
+        due = delayed.parked_due(task_id)
+        if due is not None:
+            status.update(state="scheduled", due_at=datetime.fromtimestamp(due, UTC).isoformat())
     if celery_state == "SUCCESS":
         status["progress"] = {"percent": 100.0, "eta_s": 0}
     if celery_state == "FAILURE":

@@ -84,12 +84,30 @@ def on_worker_ready(**_: Any) -> None:
     dlq_capture.on_worker_ready()
 
 
+@guarded
+def start_delayed_releaser(**_: Any) -> None:
+    """Worker main process and beat: release parked delayed jobs when due (see `pipeline.delayed`)."""
+    from pipeline import delayed
+
+    delayed.start_releaser()
+
+
+@guarded
+def stop_delayed_releaser(**_: Any) -> None:
+    from pipeline import delayed
+
+    delayed.stop_releaser()
+
+
 _HANDLERS: list[tuple[Signal, Callable[..., None]]] = [
     (signals.before_task_publish, on_before_task_publish),
     (signals.task_failure, on_task_failure),
     (signals.task_rejected, on_task_rejected),
     (signals.task_unknown, on_task_unknown),
     (signals.worker_ready, on_worker_ready),
+    (signals.worker_ready, start_delayed_releaser),
+    (signals.beat_init, start_delayed_releaser),
+    (signals.worker_shutdown, stop_delayed_releaser),
 ]
 
 

@@ -20,14 +20,14 @@ import importlib
 import json
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
 from celery import Task
 from celery.result import AsyncResult
 from pydantic import BaseModel, ValidationError
 
-from pipeline import enqueue_guard
+from pipeline import delayed, enqueue_guard
 from pipeline.app import app
 from pipeline.config import get_settings
 from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT
@@ -92,6 +92,15 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
             raise self.retry(exc=exc, countdown=countdown, max_retries=self.policy.max_retries) from exc
 
 
+def due_time(countdown: float | None, eta: datetime | None) -> float | None:
+    """Epoch seconds a job is due, from a countdown or an ETA (naive ETAs are UTC); None: now."""
+    if eta is not None:
+        return (eta if eta.tzinfo else eta.replace(tzinfo=UTC)).timestamp()
+    if countdown is not None and countdown > 0:
+        return time.time() + countdown
+    return None
+
+
 def _single_payload(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if len(args) != 1 or kwargs:
         raise PayloadInvalid(name, [{"loc": (), "msg": "takes exactly one positional argument: the payload object"}])
@@ -146,6 +155,8 @@ class TypedTask(Generic[P, R]):
 
         Nothing reaches the broker if validation fails (`PayloadInvalid`). With an `idempotency_key`, a
         second enqueue with the same key (within ENQUEUE_IDEMPOTENCY_TTL) returns the first job's id.
+        A `countdown` or `eta` further ahead than DELAYED_RELEASE_AHEAD parks the job in Redis until it
+        is due (`pipeline.delayed`), so any delay is safe beyond the visibility timeout.
         """
         job = self.validate(payload)
         headers: dict[str, Any] = {HEADER_PUBLISHED_AT: time.time()}
@@ -154,13 +165,13 @@ class TypedTask(Generic[P, R]):
                 return claim.existing_id
             if idempotency_key:
                 headers[HEADER_IDEMPOTENCY_KEY] = idempotency_key
-            options: dict[str, Any] = {"countdown": countdown, "eta": eta}
-            self.task.apply_async(
-                (job.model_dump(mode="json"),),
-                task_id=claim.task_id,
-                headers=headers,
-                **{k: v for k, v in options.items() if v is not None},
-            )
+            args = (job.model_dump(mode="json"),)
+
+            def send(producer: Any, at: datetime | None) -> None:
+                timing: dict[str, Any] = {"eta": at} if at is not None else {}
+                self.task.apply_async(args, task_id=claim.task_id, headers=headers, producer=producer, **timing)
+
+            delayed.schedule(send, claim.task_id, due_time(countdown, eta))
             return claim.task_id
 
     def result(self, task_id: str, timeout: float | None = None) -> R:

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from signal import SIGKILL
 
 import redis
 
@@ -174,7 +175,7 @@ class Worker:
     def signal(self, sig: int) -> None:
         os.kill(self.pid, sig)
 
-    def kill_group(self, sig: int = signal.SIGKILL) -> None:
+    def kill_group(self, sig: int = SIGKILL) -> None:
         """Signal the worker's whole process group (main process and pool children)."""
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError):
