@@ -26,6 +26,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from pipeline.constants import ROUTES, WORK_QUEUES
 from pipeline.errors import ConfigError
 from pipeline.retry import RetryPolicy
+from pipeline.schedule import BeatEntry, beat_conf
 
 #: Where `pipeline run` starts its embedded Redis when REDIS_URL is not set; also the default REDIS_URL.
 LOCAL_REDIS_PORT = 6390
@@ -66,6 +67,14 @@ class Settings(BaseSettings):
     delayed_poll_interval: float = Field(default=1.0, gt=0, le=60)
     delayed_release_ahead: float = Field(default=2.0, ge=0)
 
+    # --- Scheduling: beat --------------------------------------------------------------------------
+    #: The active beat's lease on the leader lock; a standby takes over this long after it dies.
+    beat_lock_timeout: int = Field(default=30, ge=2, le=600)
+    #: Longest sleep between beat ticks (each tick renews the lease).
+    beat_max_loop_interval: float = Field(default=5.0, gt=0, le=300)
+    #: The deployment's own beat entries (JSON object: name → {task, cron | every, payload, queue}).
+    beat_schedule: dict[str, BeatEntry] = Field(default_factory=dict)
+
     # --- Worker -------------------------------------------------------------------------------
     worker_prefetch_multiplier: int = Field(default=1, ge=1)
     worker_soft_shutdown_timeout: float = Field(default=25.0, ge=0)
@@ -103,6 +112,8 @@ class Settings(BaseSettings):
                 "RETRY_MAX_DELAY (plus jitter) + TASK_TIME_LIMIT must stay below VISIBILITY_TIMEOUT: "
                 "a retry waits in the worker, and Redis would redeliver it meanwhile"
             )
+        if self.beat_lock_timeout < 2 * self.beat_max_loop_interval:
+            raise ValueError("BEAT_LOCK_TIMEOUT must be at least twice BEAT_MAX_LOOP_INTERVAL, or the lease lapses")
         if self.retry_max_delay < self.retry_base_delay:
             raise ValueError("RETRY_MAX_DELAY must be at least RETRY_BASE_DELAY")
         if self.redis_tls_ca_file is not None and not self.redis_tls_ca_file.is_file():
@@ -213,6 +224,7 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
         "worker_consumer": "pipeline.consumer:DeadLetteringConsumer",
         "worker_hijack_root_logger": False,
     }
+    conf.update(beat_conf(settings))
     if settings.worker_max_memory_per_child:
         conf["worker_max_memory_per_child"] = settings.worker_max_memory_per_child
     if settings.broker_url.startswith("rediss://"):

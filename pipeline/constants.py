@@ -41,6 +41,12 @@ DELAYED_KEY: Final = KEY_PREFIX + "delayed"
 DELAYED_MESSAGE_KEY: Final = KEY_PREFIX + "delayed:message"
 DELAYED_DEST_KEY: Final = KEY_PREFIX + "delayed:dest"
 
+#: celery-redbeat's keys: entries `pipeline:beat:<name>`, `pipeline:beat::schedule`, the lock `pipeline:beat::lock`.
+BEAT_KEY_PREFIX: Final = KEY_PREFIX + "beat:"
+#: Hash refreshed every minute by `pipeline.queue_health`: `<queue>.depth`, `<queue>.oldest_age_s`,
+#: `delayed.parked`, `updated_at` (epoch s). Read by the metrics exporter.
+QUEUE_HEALTH_KEY: Final = KEY_PREFIX + "queue_health"
+
 #: Message header stamped at publish time (epoch seconds, float) for queue-wait measurement.
 HEADER_PUBLISHED_AT: Final = "pipeline_published_at"
 #: Message header carrying the caller's idempotency key, if any.

@@ -127,9 +127,8 @@ def plan(settings: Settings, with_api: bool) -> list[Child]:
         )
     shutdown = settings.worker_soft_shutdown_timeout + 15
     children.append(Child("worker", [*celery, "worker", "-l", "INFO", "-n", "local@%h"], grace=shutdown))
-    children.append(
-        Child("beat", [*celery, "beat", "-l", "INFO", "-s", str((settings.data_dir / "celerybeat-schedule").resolve())])
-    )
+    # The schedule and its leader lock live in Redis (celery-redbeat, see pipeline/schedule.py): no state file.
+    children.append(Child("beat", [*celery, "beat", "-l", "INFO"]))
     children.append(Child("flower", [*celery, "flower", f"--port={FLOWER_PORT}", "--address=127.0.0.1"]))
     if with_api and importlib.util.find_spec("pipeline.api") is not None:
         children.append(
