@@ -16,11 +16,11 @@ import os
 import ssl
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from kombu import Queue
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, model_validator
+from pydantic import AliasChoices, Field, SecretStr, StringConstraints, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline.constants import ROUTES, WORK_QUEUES
@@ -30,6 +30,8 @@ from pipeline.schedule import BeatEntry, beat_conf
 
 #: Where `pipeline run` starts its embedded Redis when REDIS_URL is not set; also the default REDIS_URL.
 LOCAL_REDIS_PORT = 6390
+#: Celery's rate syntax: tasks per second, minute or hour ("10/s", "100/m", "0.5/h").
+RATE_PATTERN = r"^\d+(\.\d+)?/[smh]$"
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 
 
@@ -74,6 +76,12 @@ class Settings(BaseSettings):
     beat_max_loop_interval: float = Field(default=5.0, gt=0, le=300)
     #: The deployment's own beat entries (JSON object: name → {task, cron | every, payload, queue}).
     beat_schedule: dict[str, BeatEntry] = Field(default_factory=dict)
+
+    # --- Rate limits ----------------------------------------------------------------------------
+    #: Per-worker limits overriding the tasks' own `rate_limit` (JSON: task name → "100/m").
+    task_rate_limits: dict[str, Annotated[str, StringConstraints(pattern=RATE_PATTERN)]] = Field(
+        default_factory=dict
+    )
 
     # --- Worker -------------------------------------------------------------------------------
     worker_prefetch_multiplier: int = Field(default=1, ge=1)
@@ -225,6 +233,9 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
     }
     conf.update(beat_conf(settings))
+    if settings.task_rate_limits:
+        # Celery applies annotations over the task's own options: an override needs no code change.
+        conf["task_annotations"] = {name: {"rate_limit": rate} for name, rate in settings.task_rate_limits.items()}
     if settings.worker_max_memory_per_child:
         conf["worker_max_memory_per_child"] = settings.worker_max_memory_per_child
     if settings.broker_url.startswith("rediss://"):
