@@ -52,6 +52,13 @@ HEADER_PUBLISHED_AT: Final = "pipeline_published_at"
 #: Message header carrying the caller's idempotency key, if any.
 HEADER_IDEMPOTENCY_KEY: Final = "pipeline_idempotency_key"
 
+#: A job deferred by the cluster-wide rate limiter carries the slot it was given (epoch s), and how many
+#: times it was deferred; `pipeline.ratelimit` owns both.
+HEADER_RATE_SLOT: Final = "pipeline_rate_slot"
+HEADER_THROTTLED: Final = "pipeline_throttled"
+#: GCRA state of a cluster-wide limit: the theoretical arrival time (ms), per task and optional key.
+RATE_LIMIT_KEY: Final = KEY_PREFIX + "ratelimit:{task}"
+
 #: kombu's separator and steps for priority sub-queues on Redis: `<queue>\x06\x16<priority>`.
 PRIORITY_SEPARATOR: Final = "\x06\x16"
 PRIORITY_STEPS: Final = (0, 3, 6, 9)

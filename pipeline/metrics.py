@@ -13,3 +13,9 @@ signal_handler_errors = Counter(
     "Exceptions raised inside pipeline signal handlers (Celery would otherwise swallow them).",
     ["handler"],
 )
+
+rate_limit_throttled = Counter(
+    "pipeline_rate_limit_throttled",
+    "Jobs deferred by a cluster-wide rate limit to a later slot (not failures, not retries).",
+    ["task"],
+)

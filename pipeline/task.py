@@ -27,11 +27,12 @@ from celery import Task
 from celery.result import AsyncResult
 from pydantic import BaseModel, ValidationError
 
-from pipeline import delayed, enqueue_guard
+from pipeline import delayed, enqueue_guard, ratelimit
 from pipeline.app import app
 from pipeline.config import get_settings
-from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT
+from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT, HEADER_RATE_SLOT
 from pipeline.errors import PayloadInvalid, PermanentError
+from pipeline.ratelimit import ClusterLimit
 from pipeline.retry import RetryPolicy
 
 P = TypeVar("P", bound=BaseModel)
@@ -60,6 +61,8 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
     """Base class of every pipeline task: carries the retry policy `typed_task` gave it."""
 
     policy: RetryPolicy = RetryPolicy()
+    #: A limit shared by every worker (`typed_task(cluster_rate=...)`), or None.
+    cluster_limit: ClusterLimit | None = None
 
     def job_context(self) -> JobContext:
         request = self.request
@@ -80,6 +83,8 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
         kwargs: dict[str, Any],
     ) -> dict[str, Any]:
         job = validate_payload(self.name, model, _single_payload(self.name, args, kwargs))
+        if self.cluster_limit is not None:
+            ratelimit.enforce(self, self.cluster_limit, job)  # raises Ignore after deferring the job
         try:
             return fn(job, self.job_context()).model_dump(mode="json")
         except PermanentError:
@@ -89,7 +94,11 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
                 raise
             countdown = self.policy.delay(self.request.retries or 0)
             # Past max_retries Celery re-raises `exc` itself: the job fails with its real error and is dead-lettered.
-            raise self.retry(exc=exc, countdown=countdown, max_retries=self.policy.max_retries) from exc
+            # A retry asks the rate limiter again: drop the slot a deferred job carried.
+            headers = {k: v for k, v in (self.request.headers or {}).items() if k != HEADER_RATE_SLOT}
+            raise self.retry(
+                exc=exc, countdown=countdown, max_retries=self.policy.max_retries, headers=headers
+            ) from exc
 
 
 def due_time(countdown: float | None, eta: datetime | None) -> float | None:
@@ -195,16 +204,23 @@ def typed_task(
     kind: str | None = None,
     transient: tuple[type[BaseException], ...] = (),
     max_attempts: int | None = None,
+    cluster_rate: str | None = None,
+    cluster_burst: int = 1,
+    rate_key: Callable[[P], str] | None = None,
     **options: Any,
 ) -> Callable[[Callable[[P, JobContext], R]], TypedTask[P, R]]:
     """Register `fn(payload, ctx) -> result` as the Celery task `name` (see the module docstring).
 
     `kind` is the short name for the CLI and API (default: the part of `name` before the dot);
     `transient` adds exceptions that retry besides `TransientError`; `max_attempts` overrides the
-    default policy; other `options` go to Celery (`soft_time_limit`, `time_limit`, `rate_limit`, ...).
+    default policy; `cluster_rate` ("20/s"), `cluster_burst` and `rate_key(job)` declare a limit shared
+    by every worker (`pipeline.ratelimit`); other `options` go to Celery (`soft_time_limit`,
+    `time_limit`, `rate_limit` — per worker, overridable by TASK_RATE_LIMITS —, ...).
     """
     base = get_settings().retry_policy()
     policy = dataclasses.replace(base, transient=transient, max_attempts=max_attempts or base.max_attempts)
+
+    limit = ClusterLimit(cluster_rate, cluster_burst, rate_key) if cluster_rate else None
 
     def decorate(fn: Callable[[P, JobContext], R]) -> TypedTask[P, R]:
         def run(self: PipelineTask, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -212,7 +228,7 @@ def typed_task(
 
         run.__doc__ = fn.__doc__
         options.setdefault("default_retry_delay", policy.base_delay)  # the wait after a killed pool child
-        register: Any = app.task(name=name, bind=True, base=PipelineTask, policy=policy, **options)
+        register: Any = app.task(name=name, bind=True, base=PipelineTask, policy=policy, cluster_limit=limit, **options)
         task: PipelineTask = register(run)
         return TypedTask(task, payload, result, kind or name.split(".")[0])
 

@@ -18,7 +18,7 @@ from pipeline import app
 from pipeline.config import get_settings
 from pipeline.errors import PermanentError, TransientError
 from pipeline.task import JobContext, typed_task
-from tests.support import ticks  # noqa: F401  (registers test.tick)
+from tests.support import limited, ticks  # noqa: F401  (registers test.limited, test.tick)
 
 __all__ = ["app"]
 
