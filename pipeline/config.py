@@ -12,6 +12,7 @@ Usage::
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import ssl
 from functools import lru_cache
@@ -20,7 +21,15 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from kombu import Queue
-from pydantic import AliasChoices, Field, SecretStr, StringConstraints, ValidationError, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline.constants import ROUTES, WORK_QUEUES
@@ -79,9 +88,18 @@ class Settings(BaseSettings):
 
     # --- Rate limits ----------------------------------------------------------------------------
     #: Per-worker limits overriding the tasks' own `rate_limit` (JSON: task name → "100/m").
-    task_rate_limits: dict[str, Annotated[str, StringConstraints(pattern=RATE_PATTERN)]] = Field(
-        default_factory=dict
-    )
+    task_rate_limits: dict[str, Annotated[str, StringConstraints(pattern=RATE_PATTERN)]] = Field(default_factory=dict)
+
+    # --- Webhooks ---------------------------------------------------------------------------------
+    #: HMAC-SHA256 key signing every delivery; required when ENVIRONMENT=production.
+    webhook_signing_secret: SecretStr | None = None
+    #: Hosts (exact names) and networks (CIDR) that may be delivered to although private/loopback/reserved.
+    webhook_allowed_hosts: list[str] = Field(default_factory=list)
+    webhook_connect_timeout: float = Field(default=5.0, gt=0, le=60)
+    #: Seconds to wait for each read/write of a delivery (the whole request is bounded by the task limits).
+    webhook_timeout: float = Field(default=15.0, gt=0, le=300)
+    #: Cluster-wide limit per destination host, N/s, N/m or N/h.
+    webhook_rate_per_host: str = Field(default="10/s", pattern=RATE_PATTERN)
 
     # --- Worker -------------------------------------------------------------------------------
     worker_prefetch_multiplier: int = Field(default=1, ge=1)
@@ -98,6 +116,11 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".data")
     environment: str = "development"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("webhook_signing_secret", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
@@ -122,6 +145,10 @@ class Settings(BaseSettings):
             )
         if self.beat_lock_timeout < 2 * self.beat_max_loop_interval:
             raise ValueError("BEAT_LOCK_TIMEOUT must be at least twice BEAT_MAX_LOOP_INTERVAL, or the lease lapses")
+        if self.environment == "production" and self.webhook_signing_secret is None:
+            raise ValueError("WEBHOOK_SIGNING_SECRET is required in production")
+        for entry in self.webhook_allowed_hosts:
+            check_allowed_host(entry)
         if self.retry_max_delay < self.retry_base_delay:
             raise ValueError("RETRY_MAX_DELAY must be at least RETRY_BASE_DELAY")
         if self.redis_tls_ca_file is not None and not self.redis_tls_ca_file.is_file():
@@ -155,6 +182,17 @@ def check_redis_url(name: str, url: str, sentinel_master: str | None) -> None:
         raise ValueError(f"{name} is a sentinel:// URL: set REDIS_SENTINEL_MASTER to the monitored master's name")
     if scheme in ("redis", "rediss") and not urlsplit(url).hostname and "socket" not in url:
         raise ValueError(f"{name} has no host: {url!r}")
+
+
+def check_allowed_host(entry: str) -> None:
+    """A WEBHOOK_ALLOWED_HOSTS entry: a host name, an IP address or a CIDR network."""
+    if "/" in entry or entry.replace(".", "").isdigit() or ":" in entry:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ValueError(f"WEBHOOK_ALLOWED_HOSTS: {entry!r} is not an address or CIDR network") from None
+    elif not entry or any(c in entry for c in " @?#"):
+        raise ValueError(f"WEBHOOK_ALLOWED_HOSTS: {entry!r} is not a host name")
 
 
 def _ssl_options(settings: Settings) -> dict[str, Any]:

@@ -23,11 +23,12 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from celery.result import denied_join_result
 from kombu import Producer
 
 from pipeline.app import app
@@ -82,26 +83,39 @@ class Captured:
 
 
 def capture(send: Callable[[Producer], Any]) -> Captured:
-    """What `send(producer)` would write to Redis, recorded without publishing.
+    """What `send(producer)` would write to Redis, recorded without publishing it."""
+    return capture_many([send])[0]
 
-    Uses kombu 5.7's batch hook on the producer (the per-thread slot `Producer.batch()` fills), so the
+
+def capture_many(sends: Iterable[Callable[[Producer], Any]]) -> list[Captured]:
+    """Record what each `send(producer)` would write to Redis, on one producer, publishing nothing.
+
+    Uses kombu 5.7's batch hook on the producer (the per-thread slot `Producer.batch()` fills), so each
     envelope is byte for byte kombu's own: routing, priority, serialization and body encoding included.
     """
-    recorder = _Recorder()
-    with app.producer_or_acquire() as producer:
+    captured = []
+    # Celery's Redis result backend subscribes to each new task's result channel when it is sent (two
+    # round trips per job); a recorded message is not sent yet, and `result()` fetches stored results.
+    with denied_join_result(), app.producer_or_acquire() as producer:
         slot = producer._batch_local
         previous = getattr(slot, "current", None)
-        slot.current = recorder
         try:
-            send(producer)
+            for send in sends:
+                recorder = slot.current = _Recorder()
+                send(producer)
+                captured.append(_one_message(recorder.commands))
         finally:
             slot.current = previous
             if previous is None:
                 del slot.current
-    pushes = [args for name, args in recorder.commands if name == "lpush"]
-    extra = tuple((name, args) for name, args in recorder.commands if name != "lpush")
+    return captured
+
+
+def _one_message(commands: list[tuple[str, tuple[Any, ...]]]) -> Captured:
+    pushes = [args for name, args in commands if name == "lpush"]
+    extra = tuple((name, args) for name, args in commands if name != "lpush")
     if len(pushes) != 1 or any(name != "publish" for name, _ in extra):
-        raise RuntimeError(f"a delayed job must route to exactly one Redis queue, got {recorder.commands!r}")
+        raise RuntimeError(f"a job must route to exactly one Redis queue, got {commands!r}")
     key, body = pushes[0]
     return Captured(str(key), body.decode() if isinstance(body, bytes) else str(body), extra)
 

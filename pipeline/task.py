@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
 from celery import Task
+from celery.exceptions import Retry
 from celery.result import AsyncResult
 from pydantic import BaseModel, ValidationError
 
@@ -92,13 +93,24 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
         except Exception as exc:
             if not self.policy.is_transient(exc):
                 raise
-            countdown = self.policy.delay(self.request.retries or 0)
-            # Past max_retries Celery re-raises `exc` itself: the job fails with its real error and is dead-lettered.
-            # A retry asks the rate limiter again: drop the slot a deferred job carried.
-            headers = {k: v for k, v in (self.request.headers or {}).items() if k != HEADER_RATE_SLOT}
-            raise self.retry(
-                exc=exc, countdown=countdown, max_retries=self.policy.max_retries, headers=headers
-            ) from exc
+            raise self.retry_transient(exc) from exc
+
+    def retry_transient(self, exc: Exception) -> BaseException:
+        """Schedule the next attempt after `exc` (policy backoff, or longer if the error asks); return Retry."""
+        retries = int(self.request.retries or 0)
+        countdown = max(self.policy.delay(retries), getattr(exc, "retry_after", None) or 0.0)
+        # A retry asks the rate limiter again: drop the slot a deferred job carried.
+        headers = {k: v for k, v in (self.request.headers or {}).items() if k != HEADER_RATE_SLOT}
+        settings = get_settings()
+        if countdown <= settings.retry_max_delay * (1 + settings.retry_jitter) or retries >= self.policy.max_retries:
+            # Celery's own retry (held by a worker; the settings keep it inside the visibility timeout).
+            # Past max_retries it re-raises `exc`: the job fails with its real error and is dead-lettered.
+            return self.retry(exc=exc, countdown=countdown, max_retries=self.policy.max_retries, headers=headers)
+        # Longer than a worker may hold a message: the next attempt is parked until it is due.
+        again = self.signature_from_request(retries=retries + 1, headers=headers)
+        due = time.time() + countdown
+        delayed.schedule(lambda producer, eta: again.apply_async(producer=producer, eta=eta), str(self.request.id), due)
+        return Retry(exc=exc, when=datetime.fromtimestamp(due, UTC))
 
 
 def due_time(countdown: float | None, eta: datetime | None) -> float | None:

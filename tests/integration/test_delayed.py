@@ -105,3 +105,15 @@ def test_five_thousand_parked_jobs_do_not_grow_worker_memory(make_worker: Any) -
         assert after - before < 8 * 1024, f"worker RSS grew by {after - before} KiB"
     finally:
         unpark(ids)
+
+
+def test_retry_longer_than_a_worker_may_hold_is_parked(session_worker: Any) -> None:
+    """A Retry-After beyond RETRY_MAX_DELAY (10 s in tests) is parked, then runs once, no sooner."""
+    key = f"retry-after-{uuid.uuid4().hex}"
+    task_id = ledger.enqueue({"key": key, "fail": "transient", "fail_times": 1, "retry_after": 11})
+    wait_for(lambda: delayed.is_parked(task_id), 20, 0.05, what="the retry to be parked")
+    assert job_status(task_id)["state"] == "retrying"
+    wait_for(lambda: len(attempts(key)) >= 2, 40, 0.1, what="the second attempt")
+    first, second = attempts(key)
+    assert second["t"] - first["t"] >= 11
+    assert ledger.result(task_id, timeout=10).attempt == 2

@@ -28,6 +28,8 @@ class LedgerJob(BaseModel):
     fail: Literal["none", "transient", "permanent", "crash"] = "none"
     fail_times: int = Field(default=0, ge=0)
     sleep_s: float = 0.0
+    #: With fail="transient": the error asks for at least this long before the next attempt.
+    retry_after: float | None = None
 
 
 class LedgerResult(BaseModel):
@@ -52,7 +54,7 @@ def ledger(job: LedgerJob, ctx: JobContext) -> LedgerResult:
         time.sleep(job.sleep_s)
     failing = job.fail_times == 0 or ctx.attempt <= job.fail_times
     if job.fail == "transient" and failing:
-        raise TransientError(f"transient failure on attempt {ctx.attempt}")
+        raise TransientError(f"transient failure on attempt {ctx.attempt}", retry_after=job.retry_after)
     if job.fail == "permanent":
         raise PermanentError("permanent failure")
     if job.fail == "crash" and failing:

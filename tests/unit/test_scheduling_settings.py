@@ -23,3 +23,12 @@ def test_release_ahead_plus_time_limit_must_fit_in_the_visibility_timeout() -> N
         load_settings(**SHORT, delayed_release_ahead=2)
     settings = load_settings(**SHORT, delayed_release_ahead=1)
     assert settings.visibility_timeout == 4
+
+
+def test_webhook_settings() -> None:
+    assert load_settings(webhook_signing_secret="").webhook_signing_secret is None
+    with pytest.raises(ConfigError, match="WEBHOOK_SIGNING_SECRET"):
+        load_settings(environment="production", webhook_signing_secret=None)
+    with pytest.raises(ConfigError, match="WEBHOOK_ALLOWED_HOSTS"):
+        load_settings(webhook_allowed_hosts=["10.0.0.0/33"])
+    assert load_settings(webhook_allowed_hosts=["hooks.internal", "10.0.0.0/8"]).webhook_allowed_hosts
