@@ -65,7 +65,7 @@ def test_parked_job_is_scheduled_and_released_as_celery_would_publish_it() -> No
         assert envelope["headers"]["task"] == "test.ledger"
         assert envelope["headers"]["id"] == task_id
         assert envelope["headers"]["eta"]  # the worker's timer starts it at the due time
-        assert envelope["body"][0] == [{"key": key, "fail": "none", "fail_times": 0, "sleep_s": 0.0}]
+        assert envelope["body"][0][0]["key"] == key
         assert envelope["properties"]["delivery_info"]["routing_key"] == "default"
     finally:
         unpark([task_id])
