@@ -153,3 +153,23 @@ def test_concurrent_releasers_release_each_entry_exactly_once(redis_server: Any)
     finally:
         client.delete(dest)
         unpark(ids)
+
+
+def test_cli_delay_parks_the_job_and_status_says_scheduled() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app as cli
+
+    runner = CliRunner()
+    enqueued = runner.invoke(cli, ["enqueue", "probe", "--set", "message=later", "--delay", "3600", "--json"])
+    assert enqueued.exit_code == 0, enqueued.output
+    task_id = json.loads(enqueued.output)["id"]
+    try:
+        shown = runner.invoke(cli, ["status", task_id, "--json"])
+        status = json.loads(shown.output)
+        assert status["state"] == "scheduled"
+        assert status["due_at"].startswith(time.strftime("%Y-%m-%d", time.gmtime(time.time() + 3600)))
+    finally:
+        unpark([task_id])
