@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import time
 import uuid
 from typing import Any
 
@@ -55,3 +56,54 @@ def test_limit_holds_across_four_processes_and_nothing_fails(
     assert all(r.attempt == 1 for r in results), "a throttled job was counted as a failed attempt"
     assert all(AsyncResult(i, app=app).state == "SUCCESS" for i in ids)
     assert redis_server.client().llen("dead_letter") == 0
+
+
+class StubTask:
+    """What `enforce` needs of a Celery task: its request, name, state updates and a re-publish."""
+
+    def __init__(self, headers: dict[str, Any] | None = None) -> None:
+        self.name = f"test.stub-{uuid.uuid4().hex[:8]}"
+        self.request = type("Request", (), {"id": uuid.uuid4().hex, "headers": headers, "retries": 0})()
+        self.states: list[tuple[str, dict[str, Any]]] = []
+        self.published: list[dict[str, Any]] = []
+
+    def update_state(self, state: str, meta: dict[str, Any]) -> None:
+        self.states.append((state, meta))
+
+    def signature_from_request(self, request: Any, **options: Any) -> Any:
+        stub = self
+
+        class Sig:
+            def apply_async(self, **more: Any) -> None:
+                stub.published.append({**options, **more})
+
+        return Sig()
+
+
+def test_throttled_job_is_republished_for_its_slot_and_counted(redis_server: RedisServer) -> None:
+    from celery.exceptions import Ignore
+
+    from pipeline import metrics
+    from pipeline.constants import HEADER_RATE_SLOT, HEADER_THROTTLED
+    from pipeline.ratelimit import enforce
+
+    limit = ClusterLimit("1/s", key=lambda job: str(job))
+    first, second, other = StubTask(), StubTask(), StubTask()
+    second.name = other.name = first.name
+    enforce(first, limit, "host-a")  # the first token: runs now
+    assert first.published == []
+    enforce(other, limit, "host-b")  # another key has its own limit
+    assert other.published == []
+    with pytest.raises(Ignore):
+        enforce(second, limit, "host-a")
+    [again] = second.published
+    slot = again["headers"][HEADER_RATE_SLOT]
+    assert again["headers"][HEADER_THROTTLED] == 1
+    assert 0.5 < slot - time.time() <= 1.01
+    assert abs(again["eta"].timestamp() - slot) < 0.001
+    assert second.states[0][0] == "THROTTLED"
+    counted = metrics.rate_limit_throttled.labels(task=second.name)._value.get()
+    assert counted == 1
+    # The deferred message, arriving on its slot, runs without asking the limiter again.
+    enforce(StubTask({HEADER_RATE_SLOT: time.time()}), limit, "host-a")
+    redis_server.client().delete(limit.redis_key(first.name, "host-a"), limit.redis_key(first.name, "host-b"))
