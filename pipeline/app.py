@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from pipeline import signals
+from pipeline import flower_auth, signals
 from pipeline.config import celery_conf, get_settings
 from pipeline.constants import TASK_MODULES
 
@@ -17,6 +17,7 @@ def create_app() -> Celery:
     celery = Celery("pipeline", include=list(TASK_MODULES))
     celery.conf.update(celery_conf(settings))
     signals.install()
+    flower_auth.install()
     return celery
 
 

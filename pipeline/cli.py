@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from pipeline import cli_dlq
-from pipeline.cli_format import emit_json, fail, parse_time, read_payload
+from pipeline.cli_format import broker_errors, emit_json, fail, parse_time, read_payload
 from pipeline.errors import PayloadInvalid
 
 app = typer.Typer(
@@ -143,6 +143,20 @@ def queues(as_json: JsonOpt = False) -> None:
 
 
 @app.command()
+def exporter(
+    port: Annotated[int | None, typer.Option(help="Port to serve /metrics on (default: EXPORTER_PORT).")] = None,
+    address: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",  # noqa: S104  # scraped remotely
+    queue: Annotated[list[str] | None, typer.Option("--queue", "-q", help="Queue to report (repeatable).")] = None,
+) -> None:
+    """Serve queue depth, in-flight jobs, oldest job age and DLQ size for Prometheus (run one)."""
+    from pipeline.config import get_settings
+    from pipeline.constants import WORK_QUEUES
+    from pipeline.exporter import run_exporter
+
+    run_exporter(port or get_settings().exporter_port, address, queue or list(WORK_QUEUES))
+
+
+@app.command()
 def kinds(as_json: JsonOpt = False) -> None:
     """List the job kinds `enqueue` accepts, with their task names and queues."""
     from pipeline.app import app as celery_app
@@ -160,4 +174,9 @@ def kinds(as_json: JsonOpt = False) -> None:
 
 
 def main() -> None:
-    app()
+    with broker_errors():
+        app()
+
+
+if __name__ == "__main__":
+    main()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,32 @@ def fail(message: str, code: int = 1, as_json: bool = False) -> typer.Exit:
     else:
         typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     return typer.Exit(code)
+
+
+def redact(url: str) -> str:
+    """A URL with its password replaced, fit for messages and logs."""
+    return re.sub(r"(://[^:/@]*:)[^@/]+@", r"\1***@", url)
+
+
+@contextmanager
+def broker_errors() -> Iterator[None]:
+    """Turn 'Redis is unreachable' (from kombu, redis-py or Celery's result backend) into one clear error."""
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from pipeline.config import get_settings
+
+    try:
+        yield
+    except (OperationalError, RedisConnectionError, RedisTimeoutError, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError) and "result store" not in str(exc):
+            raise
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        typer.secho(
+            f"error: cannot reach Redis at {redact(get_settings().broker_url)}: {reason}", fg=typer.colors.RED, err=True
+        )
+        raise SystemExit(3) from None
 
 
 def _set_path(target: dict[str, Any], dotted: str, value: Any) -> None:

@@ -47,7 +47,9 @@ _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "non
 class Settings(BaseSettings):
     """Every setting of the pipeline. Field names are the environment variables, upper-cased."""
 
-    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_file=".env", env_file_encoding="utf-8", extra="ignore", frozen=True, env_ignore_empty=True
+    )
 
     # --- Broker and result backend -------------------------------------------------------------
     #: Unset: the embedded development Redis that `pipeline run` starts on 127.0.0.1:LOCAL_REDIS_PORT.
@@ -60,7 +62,8 @@ class Settings(BaseSettings):
     redis_sentinel_password: SecretStr | None = None
     redis_tls_cert_reqs: Literal["required", "optional", "none"] = "required"
     redis_tls_ca_file: Path | None = None
-    visibility_timeout: int = Field(default=3600, ge=2)
+    #: Must exceed the longest hard time limit (TRANSCODE_TIME_LIMIT by default): see docs/tasks.md.
+    visibility_timeout: int = Field(default=11400, ge=2)
     unacked_restore_interval: int = Field(default=10, ge=1)
 
     # --- Tasks ------------------------------------------------------------------------------
@@ -112,10 +115,64 @@ class Settings(BaseSettings):
     dlq_max_age: int = Field(default=7 * 86400, ge=60)
     dlq_max_entries: int = Field(default=10_000, ge=1)
 
+    # --- Email (tasks.email) ----------------------------------------------------------------------
+    smtp_host: str = "localhost"
+    #: Unset: 25 (none), 587 (starttls) or 465 (tls).
+    smtp_port: int | None = Field(default=None, ge=1, le=65535)
+    smtp_username: str | None = None
+    smtp_password: SecretStr | None = None
+    smtp_from: str = "pipeline@localhost"
+    smtp_security: Literal["none", "starttls", "tls"] = "starttls"
+    smtp_timeout: float = Field(default=30.0, gt=0, le=600)
+    #: CA bundle to verify the SMTP server's certificate (unset: the system's trust store).
+    smtp_tls_ca_file: Path | None = None
+    email_idempotency_ttl: int = Field(default=7 * 86400, ge=60)
+
+    # --- Media (tasks.media) ---------------------------------------------------------------------
+    #: Local transcode sources must resolve inside this directory. Unset: `<DATA_DIR>/media`.
+    media_root: Path | None = None
+    #: Unset: `ffmpeg` on PATH, else the binary the imageio-ffmpeg wheel ships.
+    ffmpeg_binary: str | None = None
+    #: Allow http(s) sources on private, loopback and link-local addresses (in-cluster media servers).
+    media_allow_private_urls: bool = False
+    transcode_soft_time_limit: int = Field(default=10200, ge=1)
+    transcode_time_limit: int = Field(default=10800, ge=2)
+
+    # --- Storage of task outputs (PDFs, transcodes) --------------------------------------------
+    storage_backend: Literal["local", "s3"] = "local"
+    #: Unset: `<DATA_DIR>/storage`.
+    storage_dir: Path | None = None
+    s3_bucket: str | None = None
+    s3_prefix: str = ""
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: SecretStr | None = None
+
     # --- Local stack and logs -----------------------------------------------------------------
     data_dir: Path = Path(".data")
     environment: str = "development"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    # --- Observability --------------------------------------------------------------------------
+    #: Port of the worker node's /metrics endpoint (one per node, served by the main process). Unset: none.
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_address: str = "0.0.0.0"  # noqa: S104  # scraped from other hosts; restrict by network policy
+    #: prometheus-client's multiprocess directory; set and wiped by the start scripts, never by Python.
+    prometheus_multiproc_dir: Path | None = None
+    metrics_sweep_interval: float = Field(default=30.0, gt=0)
+    #: Port of `pipeline exporter` (queue depth, in-flight, oldest age, DLQ size).
+    exporter_port: int = Field(default=9809, ge=1, le=65535)
+    log_format: Literal["auto", "json", "text"] = "auto"
+    #: Flower's basic auth, `user:password[,user2:password2]`. Required unless FLOWER_UNAUTHENTICATED.
+    flower_basic_auth: SecretStr | None = None
+    #: Development only: let Flower start without authentication (`pipeline run` sets it).
+    flower_unauthenticated: bool = False
+    #: Empty: Sentry is off.
+    sentry_dsn: SecretStr | None = None
+    sentry_traces_sample_rate: float = Field(default=0.0, ge=0, le=1)
+    #: Release name for error reports (e.g. the image tag or git sha). Empty: the package version.
+    release: str | None = Field(default=None, validation_alias=AliasChoices("RELEASE", "SENTRY_RELEASE"))
 
     @field_validator("webhook_signing_secret", mode="before")
     @classmethod
@@ -129,19 +186,37 @@ class Settings(BaseSettings):
             check_redis_url("RESULT_BACKEND_URL", self.result_backend_url, self.redis_sentinel_master)
         if self.task_soft_time_limit >= self.task_time_limit:
             raise ValueError("TASK_SOFT_TIME_LIMIT must be below TASK_TIME_LIMIT, so tasks can clean up")
-        if self.visibility_timeout <= self.task_time_limit:
+        if self.transcode_soft_time_limit >= self.transcode_time_limit:
+            raise ValueError("TRANSCODE_SOFT_TIME_LIMIT must be below TRANSCODE_TIME_LIMIT, so ffmpeg can be stopped")
+        if self.visibility_timeout <= max(self.task_time_limit, self.transcode_time_limit):
             raise ValueError(
-                "VISIBILITY_TIMEOUT must exceed TASK_TIME_LIMIT, or Redis redelivers running tasks to a second worker"
+                "VISIBILITY_TIMEOUT must exceed TASK_TIME_LIMIT and TRANSCODE_TIME_LIMIT, or Redis redelivers "
+                "running tasks to a second worker"
             )
-        if self.delayed_release_ahead + self.task_time_limit >= self.visibility_timeout:
+        self._check_scheduling()
+        if self.retry_max_delay < self.retry_base_delay:
+            raise ValueError("RETRY_MAX_DELAY must be at least RETRY_BASE_DELAY")
+        if self.smtp_username and self.smtp_password is None:
+            raise ValueError("SMTP_USERNAME is set: set SMTP_PASSWORD too")
+        if self.smtp_tls_ca_file is not None and not self.smtp_tls_ca_file.is_file():
+            raise ValueError(f"SMTP_TLS_CA_FILE: no such file {self.smtp_tls_ca_file}")
+        if self.storage_backend == "s3" and not self.s3_bucket:
+            raise ValueError("STORAGE_BACKEND=s3 needs S3_BUCKET")
+        if self.prometheus_multiproc_dir is not None and not self.prometheus_multiproc_dir.is_dir():
             raise ValueError(
-                "DELAYED_RELEASE_AHEAD + TASK_TIME_LIMIT must stay below VISIBILITY_TIMEOUT, "
-                "or a released job could be redelivered before it has run"
+                f"PROMETHEUS_MULTIPROC_DIR: {self.prometheus_multiproc_dir} is not a directory "
+                "(the start scripts create it; unset it to run without multiprocess metrics)"
             )
-        if self.retry_max_delay * (1 + self.retry_jitter) + self.task_time_limit >= self.visibility_timeout:
+        if self.redis_tls_ca_file is not None and not self.redis_tls_ca_file.is_file():
+            raise ValueError(f"REDIS_TLS_CA_FILE: no such file {self.redis_tls_ca_file}")
+        return self
+
+    def _check_scheduling(self) -> None:
+        longest = max(self.task_time_limit, self.transcode_time_limit)
+        if self.delayed_release_ahead + longest >= self.visibility_timeout:
             raise ValueError(
-                "RETRY_MAX_DELAY (plus jitter) + TASK_TIME_LIMIT must stay below VISIBILITY_TIMEOUT: "
-                "a retry waits in the worker, and Redis would redeliver it meanwhile"
+                "DELAYED_RELEASE_AHEAD + the longest time limit (TASK_TIME_LIMIT, TRANSCODE_TIME_LIMIT) must stay "
+                "below VISIBILITY_TIMEOUT, or a released job could be redelivered before it has run"
             )
         if self.beat_lock_timeout < 2 * self.beat_max_loop_interval:
             raise ValueError("BEAT_LOCK_TIMEOUT must be at least twice BEAT_MAX_LOOP_INTERVAL, or the lease lapses")
@@ -149,11 +224,13 @@ class Settings(BaseSettings):
             raise ValueError("WEBHOOK_SIGNING_SECRET is required in production")
         for entry in self.webhook_allowed_hosts:
             check_allowed_host(entry)
-        if self.retry_max_delay < self.retry_base_delay:
-            raise ValueError("RETRY_MAX_DELAY must be at least RETRY_BASE_DELAY")
-        if self.redis_tls_ca_file is not None and not self.redis_tls_ca_file.is_file():
-            raise ValueError(f"REDIS_TLS_CA_FILE: no such file {self.redis_tls_ca_file}")
-        return self
+
+    @property
+    def worker_hold_limit(self) -> float:
+        """The longest wait a worker may hold a message for (a retry's countdown) before running it: the
+        visibility timeout minus the longest time limit and DELAYED_RELEASE_AHEAD. Longer waits are parked."""
+        longest = max(self.task_time_limit, self.transcode_time_limit)
+        return max(0.0, self.visibility_timeout - longest - self.delayed_release_ahead)
 
     @property
     def broker_url(self) -> str:
@@ -162,6 +239,20 @@ class Settings(BaseSettings):
     @property
     def result_url(self) -> str:
         return self.result_backend_url or self.broker_url
+
+    @property
+    def smtp_port_or_default(self) -> int:
+        return self.smtp_port or {"none": 25, "starttls": 587, "tls": 465}[self.smtp_security]
+
+    @property
+    def media_path(self) -> Path:
+        """Root that local transcode sources must resolve inside."""
+        return self.media_root or self.data_dir / "media"
+
+    @property
+    def storage_path(self) -> Path:
+        """Root of the local storage backend."""
+        return self.storage_dir or self.data_dir / "storage"
 
     def retry_policy(self) -> RetryPolicy:
         """The default retry policy; tasks override fields of it with `dataclasses.replace`."""

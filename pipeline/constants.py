@@ -29,7 +29,14 @@ ROUTES: Final = {
 }
 
 #: Modules holding the product's tasks, imported by the worker (by string: `pipeline` never imports `tasks`).
-TASK_MODULES: Final = ("pipeline.maintenance", "pipeline.probe", "tasks.webhooks")
+TASK_MODULES: Final = (
+    "pipeline.maintenance",
+    "pipeline.probe",
+    "tasks.email",
+    "tasks.pdf",
+    "tasks.media",
+    "tasks.webhooks",
+)
 
 #: Every Redis key the pipeline owns starts with this (kombu's own keys keep kombu's names).
 KEY_PREFIX: Final = "pipeline:"

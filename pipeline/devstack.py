@@ -28,6 +28,8 @@ from pipeline.config import Settings, get_settings
 
 FLOWER_PORT = 5555
 API_PORT = 8000
+WORKER_METRICS_PORT = 9808
+EXPORTER_PORT = 9809
 
 
 @dataclass
@@ -35,12 +37,14 @@ class Child:
     name: str
     argv: list[str]
     grace: float = 10.0
+    #: Variables for this child only, on top of the stack's environment.
+    env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self, env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
             self.argv,
-            env=env,
+            env={**env, **self.env},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -96,9 +100,24 @@ def _wait_for_port(port: int, timeout: float = 15) -> bool:
     return False
 
 
+def _worker_metrics(settings: Settings) -> dict[str, str]:
+    """The worker's /metrics: prometheus-client's multiprocess directory, emptied before the worker starts
+    (what deploy/docker/start-worker does in the image)."""
+    directory = (settings.data_dir / "metrics").resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("*.db"):
+        stale.unlink()
+    return {
+        "PROMETHEUS_MULTIPROC_DIR": str(directory),
+        "METRICS_PORT": str(WORKER_METRICS_PORT),
+        "METRICS_ADDRESS": "127.0.0.1",
+    }
+
+
 def plan(settings: Settings, with_api: bool) -> list[Child]:
     """The processes of the stack, in start order (Redis first when embedded)."""
     celery = [sys.executable, "-m", "celery", "-A", "pipeline"]
+    pipeline_cli = [sys.executable, "-c", "from pipeline.cli import main; main()"]
     children = []
     if settings.redis_url is None:
         directory = (settings.data_dir / "redis").resolve()
@@ -126,7 +145,14 @@ def plan(settings: Settings, with_api: bool) -> list[Child]:
             )
         )
     shutdown = settings.worker_soft_shutdown_timeout + 15
-    children.append(Child("worker", [*celery, "worker", "-l", "INFO", "-n", "local@%h"], grace=shutdown))
+    children.append(
+        Child(
+            "worker", [*celery, "worker", "-l", "INFO", "-n", "local@%h"], grace=shutdown, env=_worker_metrics(settings)
+        )
+    )
+    children.append(
+        Child("metrics", [*pipeline_cli, "exporter", "--port", str(EXPORTER_PORT), "--address", "127.0.0.1"])
+    )
     # The schedule and its leader lock live in Redis (celery-redbeat, see pipeline/schedule.py): no state file.
     children.append(Child("beat", [*celery, "beat", "-l", "INFO"]))
     children.append(Child("flower", [*celery, "flower", f"--port={FLOWER_PORT}", "--address=127.0.0.1"]))
@@ -149,6 +175,8 @@ def _banner(settings: Settings, children: list[Child]) -> str:
         + ("  (embedded, AOF in " + str(settings.data_dir / "redis") + ")" if "redis" in names else ""),
         "  worker  every queue; logs below",
         f"  flower  http://127.0.0.1:{FLOWER_PORT}",
+        f"  metrics http://127.0.0.1:{WORKER_METRICS_PORT}/metrics (worker), "
+        f"http://127.0.0.1:{EXPORTER_PORT}/metrics (queues)",
     ]
     if "api" in names:
         lines.append(f"  api     http://127.0.0.1:{API_PORT}  (docs at /docs)")
@@ -173,7 +201,14 @@ def run_stack(with_api: bool = True) -> int:
             file=sys.stderr,
         )
         return 2
-    env = {**os.environ, "REDIS_URL": settings.broker_url, "REMAP_SIGTERM": "SIGQUIT", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "REDIS_URL": settings.broker_url,
+        "REMAP_SIGTERM": "SIGQUIT",
+        "PYTHONUNBUFFERED": "1",
+        # Local only: Flower on 127.0.0.1 without a password (deployments set FLOWER_BASIC_AUTH).
+        "FLOWER_UNAUTHENTICATED": "true",
+    }
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())

@@ -25,6 +25,7 @@ from typing import Any, Literal
 from kombu import Exchange, Queue
 from pydantic import BaseModel, Field
 
+from pipeline import metrics
 from pipeline.app import app
 from pipeline.config import get_settings
 from pipeline.constants import DEAD_LETTER_QUEUE
@@ -89,6 +90,8 @@ def publish(entry: DeadLetter) -> None:
         path.write_text(json.dumps(body))
         log.exception("dead-letter publish failed; envelope %s spooled to %s", entry.id, path)
         raise
+    task = entry.task_name if entry.task_name in app.tasks else metrics.UNREGISTERED  # bounded label set
+    metrics.tasks.labels(task=task, queue=entry.queue or "unknown", outcome="dead_lettered").inc()
     log.warning(
         "dead-lettered %s[%s] (%s: %s)",
         entry.task_name,

@@ -2,20 +2,67 @@
 
 Names use base units and `_total` for counters; labels are `task`, `queue`, `outcome`, `exception`
 (and `handler` for the signal-handler error counter) — never ids, addresses or host names.
+
+Two kinds of figures:
+
+* per-process families below (task outcomes, runtimes, queue wait, ...). Worker processes record
+  them; under the prefork pool prometheus-client's multiprocess mode (`PROMETHEUS_MULTIPROC_DIR`,
+  set and wiped by `deploy/docker/start-worker*`) sums the children's files and the worker's main
+  process serves them (`pipeline.metrics_server`).
+* queue-level gauges (`QUEUE_FAMILIES`), read from Redis at scrape time by the single-process
+  `pipeline exporter` (`pipeline.exporter`): custom collectors do not work in multiprocess mode.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from typing import Final
 
+from prometheus_client import Counter, Gauge, Histogram
+
+#: Outcomes of `pipeline_tasks_total`.
+OUTCOMES: Final = ("succeeded", "failed", "retried", "rejected", "revoked", "dead_lettered")
+#: Task label for messages whose name is not a registered task (keeps the label set bounded).
+UNREGISTERED: Final = "unregistered"
+
+tasks = Counter(
+    "pipeline_tasks",
+    "Task executions by outcome: succeeded, failed, retried, rejected, revoked, dead_lettered.",
+    ["task", "queue", "outcome"],
+)
+task_runtime = Histogram(
+    "pipeline_task_runtime_seconds",
+    "Wall time of one task attempt, from start to end, whatever its outcome.",
+    ["task", "queue"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+)
+task_queue_wait = Histogram(
+    "pipeline_task_queue_wait_seconds",
+    "Time from publish (or from its countdown/ETA, when later) to start of an attempt.",
+    ["task", "queue"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
+)
 signal_handler_errors = Counter(
     "pipeline_signal_handler_errors",
     "Exceptions raised inside pipeline signal handlers (Celery would otherwise swallow them).",
     ["handler"],
 )
-
+workers_up = Gauge(
+    "pipeline_workers_up",
+    "Worker nodes up and consuming each queue (1 per node; summed across a node's processes).",
+    ["queue"],
+    multiprocess_mode="livesum",
+)
 rate_limit_throttled = Counter(
     "pipeline_rate_limit_throttled",
-    "Jobs deferred by a cluster-wide rate limit to a later slot (not failures, not retries).",
+    "Attempts the cluster-wide rate limiter made wait (the task was deferred, not failed).",
     ["task"],
 )
+
+#: name → (help, labels) of the gauges `pipeline exporter` serves; read from Redis on every scrape.
+QUEUE_FAMILIES: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
+    "pipeline_queue_depth": ("Jobs waiting in the queue, summed over its priority sub-queues.", ("queue",)),
+    "pipeline_queue_in_flight": ("Jobs delivered to workers and not yet acknowledged (all queues).", ()),
+    "pipeline_queue_oldest_age_seconds": ("Age of the oldest waiting job (0 when the queue is empty).", ("queue",)),
+    "pipeline_dlq_size": ("Envelopes in the dead-letter queue.", ()),
+    "pipeline_broker_up": ("1 when the exporter could read the broker on this scrape, else 0.", ()),
+}

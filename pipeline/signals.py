@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-from celery import signals
+from celery import current_app, signals
 from celery.utils.dispatch import Signal
 
-from pipeline import metrics
+from pipeline import metrics, task_metrics
 from pipeline.constants import HEADER_PUBLISHED_AT
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,90 @@ def stop_delayed_releaser(**_: Any) -> None:
     delayed.stop_releaser()
 
 
+@guarded
+def on_task_prerun(sender: Any = None, task_id: str = "", **_: Any) -> None:
+    task_metrics.started(sender, task_id)
+
+
+@guarded
+def on_task_postrun(sender: Any = None, task_id: str = "", **_: Any) -> None:
+    task_metrics.finished(sender, task_id)
+
+
+@guarded
+def on_task_success(sender: Any = None, **_: Any) -> None:
+    task_metrics.task_outcome(sender, "succeeded")
+
+
+@guarded
+def on_task_failure_metrics(sender: Any = None, **_: Any) -> None:
+    task_metrics.task_outcome(sender, "failed")
+
+
+@guarded
+def on_task_retry(sender: Any = None, request: Any = None, **_: Any) -> None:
+    task_metrics.task_outcome(sender, "retried", request)
+
+
+@guarded
+def on_task_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    task_metrics.task_outcome(sender, "revoked", request)
+
+
+@guarded
+def on_task_rejected_metrics(sender: Any = None, message: Any = None, **_: Any) -> None:
+    task_metrics.message_outcome(message, "rejected", set(getattr(sender, "app", current_app).tasks))
+
+
+@guarded
+def on_worker_ready_metrics(sender: Any = None, **_: Any) -> None:
+    from pipeline import metrics_server
+
+    metrics_server.serve_worker_metrics(sender)
+
+
+@guarded
+def on_worker_process_shutdown(pid: int | None = None, **_: Any) -> None:
+    from pipeline import metrics_server
+
+    metrics_server.mark_dead(pid if pid is not None else os.getpid())
+
+
+@guarded
+def on_setup_logging(loglevel: Any = None, logfile: str | None = None, **_: Any) -> None:
+    """Connected, so Celery leaves logging to us: structured lines with the task bound (worker, children, beat)."""
+    from pipeline import observability
+
+    observability.configure_logging(loglevel or None, logfile or None)
+
+
+@guarded
+def on_celeryd_init(**_: Any) -> None:
+    from pipeline import observability
+
+    observability.init_sentry("worker")
+
+
+@guarded
+def on_beat_init(**_: Any) -> None:
+    from pipeline import observability
+
+    observability.init_sentry("beat")
+
+
 _HANDLERS: list[tuple[Signal, Callable[..., None]]] = [
+    (signals.setup_logging, on_setup_logging),
+    (signals.celeryd_init, on_celeryd_init),
+    (signals.beat_init, on_beat_init),
+    (signals.task_prerun, on_task_prerun),
+    (signals.task_postrun, on_task_postrun),
+    (signals.task_success, on_task_success),
+    (signals.task_failure, on_task_failure_metrics),
+    (signals.task_retry, on_task_retry),
+    (signals.task_revoked, on_task_revoked),
+    (signals.task_rejected, on_task_rejected_metrics),
+    (signals.worker_ready, on_worker_ready_metrics),
+    (signals.worker_process_shutdown, on_worker_process_shutdown),
     (signals.before_task_publish, on_before_task_publish),
     (signals.task_failure, on_task_failure),
     (signals.task_rejected, on_task_rejected),

@@ -101,9 +101,8 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
         countdown = max(self.policy.delay(retries), getattr(exc, "retry_after", None) or 0.0)
         # A retry asks the rate limiter again: drop the slot a deferred job carried.
         headers = {k: v for k, v in (self.request.headers or {}).items() if k != HEADER_RATE_SLOT}
-        settings = get_settings()
-        if countdown <= settings.retry_max_delay * (1 + settings.retry_jitter) or retries >= self.policy.max_retries:
-            # Celery's own retry (held by a worker; the settings keep it inside the visibility timeout).
+        if countdown <= get_settings().worker_hold_limit or retries >= self.policy.max_retries:
+            # Celery's own retry: a worker holds it, and it runs and ends within the visibility timeout.
             # Past max_retries it re-raises `exc`: the job fails with its real error and is dead-lettered.
             return self.retry(exc=exc, countdown=countdown, max_retries=self.policy.max_retries, headers=headers)
         # Longer than a worker may hold a message: the next attempt is parked until it is due.
@@ -239,7 +238,9 @@ def typed_task(
             return self.run_typed(fn, payload, args, kwargs)
 
         run.__doc__ = fn.__doc__
-        options.setdefault("default_retry_delay", policy.base_delay)  # the wait after a killed pool child
+        # A killed pool child is retried like any transient failure (task_retry_on_worker_lost).
+        options.setdefault("default_retry_delay", policy.base_delay)
+        options.setdefault("max_retries", policy.max_retries)
         register: Any = app.task(name=name, bind=True, base=PipelineTask, policy=policy, cluster_limit=limit, **options)
         task: PipelineTask = register(run)
         return TypedTask(task, payload, result, kind or name.split(".")[0])

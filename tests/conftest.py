@@ -1,4 +1,4 @@
-"""Session set-up: a throwaway redis-server on a free port, and the environment every process reads.
+"""Session set-up: a throwaway redis-server and an SMTP server on free ports, and the environment every process reads.
 
 Redis starts in `pytest_configure`, before any test module imports `pipeline` (which reads settings
 at import). It is stopped by PID when the session ends. Tests never flush the database (that would
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import RedisServer, Worker
+from tests.support.procs import RedisServer, Worker, free_port
+from tests.support.smtp import SmtpServer
 
 _state: dict[str, object] = {}
 
@@ -38,8 +39,12 @@ TEST_ENV = {
 def pytest_configure(config: pytest.Config) -> None:
     base = Path(tempfile.mkdtemp(prefix="pipeline-tests-"))
     server = RedisServer(base / "redis").start()
-    _state.update(base=base, redis=server)
+    smtp = SmtpServer(free_port()).start()
+    _state.update(base=base, redis=server, smtp=smtp)
     os.environ.update(TEST_ENV)
+    os.environ.update(SMTP_HOST="127.0.0.1", SMTP_PORT=str(smtp.port), SMTP_SECURITY="none")
+    os.environ["SMTP_FROM"] = "Pipeline Tests <tests@pipeline.test>"
+    os.environ["MEDIA_ROOT"] = str(base / "media")
     os.environ["REDIS_URL"] = server.url
     os.environ["DATA_DIR"] = str(base / "data")
     os.environ.pop("RESULT_BACKEND_URL", None)
@@ -48,6 +53,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    smtp = _state.get("smtp")
+    if isinstance(smtp, SmtpServer):
+        smtp.stop()
     server = _state.get("redis")
     if isinstance(server, RedisServer):
         server.stop()
@@ -58,6 +66,14 @@ def redis_server() -> RedisServer:
     server = _state["redis"]
     assert isinstance(server, RedisServer)
     return server
+
+
+@pytest.fixture(scope="session")
+def smtp_server() -> SmtpServer:
+    """The aiosmtpd server every worker delivers to (SMTP_HOST/SMTP_PORT point at it)."""
+    smtp = _state["smtp"]
+    assert isinstance(smtp, SmtpServer)
+    return smtp
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,10 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from signal import SIGKILL
 
 import redis
+
+SIGKILL = signal.SIGKILL  # a module name: `Worker.signal` shadows `signal` inside the class body
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -172,7 +173,7 @@ class Worker:
         assert self.proc is not None
         return self.proc.pid
 
-    def signal(self, sig: int) -> None:
+    def send_signal(self, sig: int) -> None:
         os.kill(self.pid, sig)
 
     def kill_group(self, sig: int = SIGKILL) -> None:

@@ -12,30 +12,43 @@ import time
 from typing import Literal
 
 import redis
+from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import BaseModel, Field
 
 from pipeline import app
 from pipeline.config import get_settings
 from pipeline.errors import PermanentError, TransientError
 from pipeline.task import JobContext, typed_task
-from tests.support import limited, ticks  # noqa: F401  (registers test.limited, test.tick)
+from tests.support import limited, obs_tasks, ticks  # noqa: F401  # registers test.limited, test.leaky, test.tick
 
 __all__ = ["app"]
 
 
 class LedgerJob(BaseModel):
     key: str
-    fail: Literal["none", "transient", "permanent", "crash"] = "none"
+    #: "flag" fails permanently while the Redis key test:flag:<key> exists; "hang" ignores the soft time limit.
+    fail: Literal["none", "transient", "permanent", "crash", "flag", "hang"] = "none"
     fail_times: int = Field(default=0, ge=0)
     sleep_s: float = 0.0
     #: With fail="transient": the error asks for at least this long before the next attempt.
     retry_after: float | None = None
+    #: Sleep only on the first delivery (a redelivered copy finishes at once).
+    sleep_once: bool = False
 
 
 class LedgerResult(BaseModel):
     key: str
     attempt: int
     pid: int
+
+
+def _sleep_through_soft_limit(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            time.sleep(0.1)
+        except SoftTimeLimitExceeded:
+            continue  # a task that ignores its soft limit: only the hard limit stops it
 
 
 def ledger_client() -> redis.Redis:
@@ -50,8 +63,12 @@ def attempts(key: str) -> list[dict[str, float]]:
 def ledger(job: LedgerJob, ctx: JobContext) -> LedgerResult:
     record = {"attempt": ctx.attempt, "t": time.time(), "pid": os.getpid(), "task_id": ctx.task_id}
     ledger_client().rpush(f"test:ledger:{job.key}", json.dumps(record))
-    if job.sleep_s:
+    if job.fail == "hang":
+        _sleep_through_soft_limit(job.sleep_s or 3600)
+    elif job.sleep_s and (not job.sleep_once or len(attempts(job.key)) == 1):
         time.sleep(job.sleep_s)
+    if job.fail == "flag" and ledger_client().exists(f"test:flag:{job.key}"):
+        raise PermanentError("flag is set")
     failing = job.fail_times == 0 or ctx.attempt <= job.fail_times
     if job.fail == "transient" and failing:
         raise TransientError(f"transient failure on attempt {ctx.attempt}", retry_after=job.retry_after)

@@ -8,14 +8,27 @@ from pipeline.config import load_settings
 from pipeline.errors import ConfigError
 
 
-def test_retry_wait_plus_time_limit_must_fit_in_the_visibility_timeout() -> None:
-    with pytest.raises(ConfigError, match="RETRY_MAX_DELAY"):
-        load_settings(visibility_timeout=400, task_time_limit=300, task_soft_time_limit=200, retry_max_delay=100)
-    ok = load_settings(visibility_timeout=450, task_time_limit=300, task_soft_time_limit=200, retry_max_delay=100)
-    assert ok.retry_max_delay == 100
+def test_worker_hold_limit_leaves_room_for_the_longest_run() -> None:
+    settings = load_settings(
+        visibility_timeout=1000,
+        task_time_limit=300,
+        task_soft_time_limit=200,
+        transcode_time_limit=600,
+        transcode_soft_time_limit=500,
+        delayed_release_ahead=2,
+    )
+    assert settings.worker_hold_limit == 1000 - 600 - 2
+    # A retry that waits longer than this is parked rather than held by a worker (see PipelineTask).
 
 
-SHORT = {"visibility_timeout": 4, "task_time_limit": 2, "task_soft_time_limit": 1, "retry_max_delay": 0.5}
+SHORT = {
+    "visibility_timeout": 4,
+    "task_time_limit": 2,
+    "task_soft_time_limit": 1,
+    "transcode_time_limit": 2,
+    "transcode_soft_time_limit": 1,
+    "retry_max_delay": 0.5,
+}
 
 
 def test_release_ahead_plus_time_limit_must_fit_in_the_visibility_timeout() -> None:

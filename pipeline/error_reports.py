@@ -1,0 +1,108 @@
+"""Sentry: initialisation per component and the scrubber every event passes through.
+
+`init_sentry(component)` does nothing when SENTRY_DSN is empty. Workers call it from `celeryd_init`
+(main process, before the pool forks: the SDK re-creates its sender thread in each child), beat
+from `beat_init` (so Sentry Crons monitors the beat entries), the API from its start-up.
+
+Nothing secret leaves the process: `send_default_pii=False` (task args/kwargs are sent as
+"[Filtered]"), `include_local_variables=False` (frame locals hold payloads and passwords), and
+`scrub_event` rewrites every string of the event: the value of every secret setting (any
+`SecretStr` field of `Settings`: SMTP password, tokens, signing keys, ...), credentials inside URLs,
+`password=...`-style pairs, and e-mail addresses.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import sentry_sdk
+from pydantic import SecretStr
+from sentry_sdk.integrations.celery import CeleryIntegration
+from sentry_sdk.scrubber import DEFAULT_DENYLIST, EventScrubber
+
+from pipeline.config import Settings, get_settings
+
+FILTERED = "[Filtered]"
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^\s/@:]*:[^\s/@]+@")
+_PAIRS = re.compile(
+    r"(?i)\b(?P<key>password|passwd|pwd|secret|token|api[_-]?key|authorization|auth)"
+    r"(?P<sep>[\"']?\s*[:=]\s*[\"']?)(?:Bearer\s+|Basic\s+)?[^\s\"'&,;]+"
+)
+_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
+_DENYLIST = [*DEFAULT_DENYLIST, "smtp_password", "signing_key", "dsn", "broker_url", "redis_url"]
+
+
+def secret_values(settings: Settings) -> list[str]:
+    """The values of every secret setting, longest first (so overlapping secrets are all removed)."""
+    values = []
+    for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if isinstance(value, SecretStr) and len(value.get_secret_value()) >= 4:
+            raw = value.get_secret_value()
+            values += [raw, *(part for part in re.split(r"[,:]", raw) if len(part) >= 4)]
+    return sorted(set(values), key=len, reverse=True)
+
+
+def scrub_text(text: str, secrets: list[str], *, emails: bool = True) -> str:
+    """`text` without the `secrets`, URL credentials, `password=...` values and (with `emails`) addresses."""
+    for secret in secrets:
+        text = text.replace(secret, FILTERED)
+    text = _URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{FILTERED}@", text)
+    text = _PAIRS.sub(lambda m: f"{m.group('key')}{m.group('sep')}{FILTERED}", text)
+    return _EMAIL.sub("[email]", text) if emails else text
+
+
+def _walk(value: Any, fix: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return fix(value)
+    if isinstance(value, dict):
+        return {k: _walk(v, fix) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_walk(v, fix) for v in value]
+    return value
+
+
+def scrub_event(event: dict[str, Any], _hint: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Remove secrets, e-mail addresses and task payloads from an event before it is sent."""
+    job = event.get("extra", {}).get("celery-job")
+    if isinstance(job, dict):
+        job["args"] = job["kwargs"] = FILTERED
+        if job.get("task_name"):
+            event.setdefault("tags", {})["celery_task_name"] = job["task_name"]
+    secrets = secret_values(get_settings())
+    scrubbed: dict[str, Any] = _walk(event, lambda s: scrub_text(s, secrets))
+    return scrubbed
+
+
+def _release(settings: Settings) -> str:
+    if settings.release:
+        return settings.release
+    try:
+        return f"pipeline@{version('pipeline')}"
+    except PackageNotFoundError:
+        return "pipeline@unknown"
+
+
+def init_sentry(component: str) -> bool:
+    """Start error reporting for `component` (worker, beat, api, ...); False when SENTRY_DSN is empty."""
+    settings = get_settings()
+    if settings.sentry_dsn is None or not settings.sentry_dsn.get_secret_value():
+        return False
+    sentry_sdk.init(
+        dsn=settings.sentry_dsn.get_secret_value(),
+        environment=settings.environment,
+        release=_release(settings),
+        send_default_pii=False,
+        include_local_variables=False,
+        max_request_body_size="never",
+        event_scrubber=EventScrubber(denylist=_DENYLIST, recursive=True),
+        before_send=scrub_event,  # type: ignore[arg-type]  # the SDK's Event is a TypedDict of these keys
+        before_send_transaction=scrub_event,  # type: ignore[arg-type]  # same
+        traces_sample_rate=settings.sentry_traces_sample_rate,
+        integrations=[CeleryIntegration(monitor_beat_tasks=component == "beat", propagate_traces=True)],
+    )
+    sentry_sdk.set_tag("component", component)
+    return True

@@ -1,0 +1,82 @@
+"""`pipeline exporter`: queue-level gauges read from Redis at each scrape, in one ordinary process.
+
+Serves `QUEUE_FAMILIES` of `pipeline.metrics`: depth per queue (all priority sub-queues), jobs in
+flight (kombu's `unacked` hash), age of the oldest waiting job per queue, the dead-letter queue's size
+and whether the broker could be read. Run exactly one per deployment (any number is harmless, but
+every one reads Redis on every scrape). It is a custom collector on a registry of its own, so it
+never mixes with the multiprocess files a worker writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import redis
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from pipeline import broker
+from pipeline.constants import DEAD_LETTER_QUEUE, WORK_QUEUES
+from pipeline.metrics import QUEUE_FAMILIES
+
+log = logging.getLogger(__name__)
+
+
+def _family(name: str) -> GaugeMetricFamily:
+    help_text, labels = QUEUE_FAMILIES[name]
+    return GaugeMetricFamily(name, help_text, labels=list(labels))
+
+
+class QueueCollector(Collector):
+    def __init__(self, queues: Sequence[str] = WORK_QUEUES) -> None:
+        self.queues = tuple(queues)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        up = _family("pipeline_broker_up")
+        try:
+            stats = broker.queue_stats((*self.queues, DEAD_LETTER_QUEUE))
+            in_flight = broker.unacked_count()
+        except (redis.RedisError, OSError) as exc:
+            log.warning("exporter could not read the broker: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        depth, age = _family("pipeline_queue_depth"), _family("pipeline_queue_oldest_age_seconds")
+        dlq = _family("pipeline_dlq_size")
+        for s in stats:
+            if s.name == DEAD_LETTER_QUEUE:
+                dlq.add_metric([], s.depth)
+                continue
+            depth.add_metric([s.name], s.depth)
+            age.add_metric([s.name], s.oldest_age_s or 0.0)
+        flight = _family("pipeline_queue_in_flight")
+        flight.add_metric([], in_flight)
+        up.add_metric([], 1)
+        yield from (depth, age, dlq, flight, up)
+
+
+def registry_for(queues: Sequence[str]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(QueueCollector(queues))
+    return registry
+
+
+def run_exporter(port: int, address: str, queues: Sequence[str]) -> None:
+    """Serve until SIGTERM/SIGINT."""
+    stop = threading.Event()
+
+    def on_signal(*_: Any) -> None:
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    server, _thread = start_http_server(port, address, registry_for(queues))
+    log.info("exporter on http://%s:%d/metrics for queues %s", address, port, ", ".join(queues))
+    print(f"pipeline exporter listening on http://{address}:{port}/metrics", flush=True)
+    stop.wait()
+    server.shutdown()

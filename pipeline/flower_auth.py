@@ -1,0 +1,59 @@
+"""Flower refuses to run open: `celery -A pipeline flower` takes its basic auth from our settings.
+
+Flower (flower/command.py) builds its options with tornado.options: FLOWER_* environment variables,
+then `flowerconfig.py`, then its command line, then `parse_command_line()` runs tornado's parse
+callbacks, before the web application exists. We register one such callback when the app is loaded
+inside a `celery` command process that has Flower's options defined (`celery` imports every
+sub-command, Flower's included, before it loads the app); other processes never parse tornado
+options, so the callback is inert there.
+
+The callback fills `basic_auth` from FLOWER_BASIC_AUTH (`user:password[,user2:password2]`, from the
+environment, `.env` or the secrets directory) unless Flower was given `--basic_auth` or `--auth`
+itself, and stops Flower with exit status 2 when no authentication is configured — unless
+FLOWER_UNAUTHENTICATED=true, a development flag that `pipeline run` sets.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from pipeline.config import get_settings
+
+log = logging.getLogger(__name__)
+REFUSAL = (
+    "pipeline: Flower refuses to start without authentication: set FLOWER_BASIC_AUTH=user:password "
+    "(or pass --basic_auth/--auth). For a local development stack only, set FLOWER_UNAUTHENTICATED=true."
+)
+_installed: list[Any] = []
+
+
+def check_auth(options: Any) -> None:
+    """Apply FLOWER_BASIC_AUTH to Flower's options, or refuse to run without authentication."""
+    settings = get_settings()
+    # An empty FLOWER_BASIC_AUTH reaches Flower as [""]: that is no credential at all.
+    options.basic_auth = [c.strip() for c in options.basic_auth or () if c.strip()]
+    if not (options.basic_auth or options.auth) and settings.flower_basic_auth is not None:
+        credentials = settings.flower_basic_auth.get_secret_value()
+        options.basic_auth = [c.strip() for c in credentials.split(",") if c.strip()]
+    if any(":" not in credential for credential in options.basic_auth or ()):
+        raise SystemExit("pipeline: FLOWER_BASIC_AUTH must be user:password[,user2:password2]")
+    if options.basic_auth or options.auth:
+        return
+    if settings.flower_unauthenticated:
+        log.warning("Flower runs WITHOUT authentication (FLOWER_UNAUTHENTICATED=true): development only")
+        return
+    raise SystemExit(REFUSAL)
+
+
+def install() -> None:
+    """Register the check with Flower's option parsing, when this process runs a `celery` command with Flower."""
+    if _installed or "flower.options" not in sys.modules:
+        return
+    from tornado.options import options
+
+    if "basic_auth" not in options:
+        return
+    options.add_parse_callback(lambda: check_auth(options))
+    _installed.append(options)

@@ -1,0 +1,115 @@
+"""The worker's `/metrics` endpoint: one HTTP server per worker node, in the worker's main process.
+
+Started from `worker_ready` (after the pool has forked) on `METRICS_PORT`. Under the prefork pool the
+children's figures reach it through prometheus-client's multiprocess mode: the start scripts
+(`deploy/docker/start-worker*`) set `PROMETHEUS_MULTIPROC_DIR` and wipe it *before* Python starts,
+because the library picks its storage when it is first imported and the children inherit it.
+
+A worker started by hand without that directory:
+
+* prefork pool: each child would count into its own memory, and an endpoint in the main process would
+  report (almost) nothing. So metrics are **off**, and the worker logs a warning saying so and how to
+  turn them on, rather than serve numbers that undercount.
+* threads / solo / gevent pools: one process records everything; the ordinary registry is served.
+
+Dead children: `worker_process_shutdown` (in the child, not guaranteed to run) marks the child dead,
+and a sweep thread here marks every PID whose files remain but whose process is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, multiprocess, start_http_server
+
+from pipeline import metrics
+from pipeline.config import get_settings
+
+log = logging.getLogger(__name__)
+_PID_FILE = re.compile(r"_(\d+)\.db$")
+_state: dict[str, Any] = {}
+
+
+def multiprocess_dir() -> Path | None:
+    return get_settings().prometheus_multiproc_dir
+
+
+def _is_prefork(consumer: Any) -> bool:
+    return type(getattr(consumer, "pool", None)).__module__ == "celery.concurrency.prefork"
+
+
+def _consumed_queues(consumer: Any) -> list[str]:
+    return sorted(str(name) for name in consumer.app.amqp.queues.consume_from)
+
+
+def serve_worker_metrics(consumer: Any) -> None:
+    """Start the endpoint for this worker node (no-op when METRICS_PORT is unset)."""
+    settings = get_settings()
+    if settings.metrics_port is None:
+        log.info("METRICS_PORT is not set: this worker serves no /metrics endpoint")
+        return
+    directory = multiprocess_dir()
+    if directory is None and _is_prefork(consumer):
+        log.warning(
+            "worker metrics are OFF: the prefork pool needs PROMETHEUS_MULTIPROC_DIR (an empty directory, "
+            "set before the worker starts) so that its child processes' figures can be added up. "
+            "Start workers with deploy/docker/start-worker*, which set it."
+        )
+        return
+    registry: CollectorRegistry = REGISTRY
+    if directory is not None:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=str(directory))  # type: ignore[no-untyped-call]  # untyped
+        _start_sweeper(directory, settings.metrics_sweep_interval)
+    server, _thread = start_http_server(settings.metrics_port, settings.metrics_address, registry)
+    _state["server"] = server
+    for queue in _consumed_queues(consumer):
+        metrics.workers_up.labels(queue=queue).set(1)
+    log.info("worker metrics on http://%s:%d/metrics", settings.metrics_address, settings.metrics_port)
+
+
+def mark_dead(pid: int) -> None:
+    """Drop a finished process's live gauges (its counters stay, so totals never go backwards)."""
+    directory = multiprocess_dir()
+    if directory is not None:
+        multiprocess.mark_process_dead(pid, str(directory))  # type: ignore[no-untyped-call]  # untyped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep(directory: Path, swept: set[int]) -> list[int]:
+    """Mark every PID with files in `directory` whose process is gone; return the PIDs marked now."""
+    found = {int(m.group(1)) for f in directory.glob("*.db") if (m := _PID_FILE.search(f.name))}
+    dead = sorted(pid for pid in found - swept if pid != os.getpid() and not _alive(pid))
+    for pid in dead:
+        multiprocess.mark_process_dead(pid, str(directory))  # type: ignore[no-untyped-call]  # untyped
+        swept.add(pid)
+    return dead
+
+
+def _start_sweeper(directory: Path, interval: float) -> None:
+    swept: set[int] = set()
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            try:
+                sweep(directory, swept)
+            except OSError:
+                log.exception("metrics sweep of %s failed", directory)
+
+    stop = threading.Event()
+    _state["stop"] = stop
+    threading.Thread(target=loop, name="metrics-sweeper", daemon=True).start()

@@ -1,0 +1,163 @@
+"""Where task outputs (PDFs, transcodes) are kept: a small interface, a local directory, and a factory.
+
+Every write goes to a temporary name first and is moved under its final key only when it completed,
+so a crash, a time limit or a revoke never leaves a half file under the final name::
+
+    storage = get_storage()
+    with storage.open_write("pdf/<id>/invoice.pdf") as out:     # a binary file object
+        out.write(...)
+    with storage.writing("media/<id>/out.mp4") as path:          # a local path, for tools like ffmpeg
+        run_ffmpeg(..., path)
+    storage.uri("pdf/<id>/invoice.pdf")                          # file:///... or s3://bucket/...
+
+`purge_older_than(seconds)` removes outputs (and stale partial files) older than that; the nightly
+artifact purge calls it. STORAGE_BACKEND selects `LocalStorage` (STORAGE_DIR) or the S3-compatible
+`pipeline.storage_s3.S3Storage` (the `s3` extra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import BinaryIO, NamedTuple
+
+from pipeline.config import Settings, get_settings
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+#: Partial files of the local backend live here, on the same filesystem, so the final move is atomic.
+PARTIAL_DIR = ".partial"
+
+
+class StoredObject(NamedTuple):
+    key: str
+    size: int
+    #: Last modification, epoch seconds.
+    modified: float
+
+
+def check_key(key: str) -> str:
+    """`key` if it is a safe relative key (`a/b/c.pdf`: no `..`, no absolute path, no hidden parts)."""
+    parts = key.split("/")
+    if not key or len(key) > 1024 or not all(_SEGMENT.match(p) and p not in (".", "..") for p in parts):
+        raise ValueError(f"invalid storage key {key!r}: use segments of letters, digits, '.', '_', '-'")
+    return key
+
+
+class Storage(ABC):
+    """Write-then-rename storage of task outputs, addressed by relative keys."""
+
+    @abstractmethod
+    def writing(self, key: str) -> contextlib.AbstractContextManager[Path]:
+        """A temporary local path to write; stored under `key` when the block ends without error, else removed."""
+
+    @abstractmethod
+    def uri(self, key: str) -> str:
+        """Where a stored object can be found (`file://` or `s3://`)."""
+
+    @abstractmethod
+    def delete(self, key: str) -> bool:
+        """Remove `key`; False if it did not exist."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> Iterator[StoredObject]:
+        """Every stored object whose key starts with `prefix`."""
+
+    @contextlib.contextmanager
+    def open_write(self, key: str) -> Iterator[BinaryIO]:
+        """A binary file to stream into; stored under `key` only if the block completes."""
+        with self.writing(key) as path, path.open("wb") as out:
+            yield out
+
+    def stat(self, key: str) -> StoredObject | None:
+        return next((o for o in self.list(key) if o.key == key), None)
+
+    def purge_older_than(self, seconds: float) -> int:
+        """Delete objects last modified more than `seconds` ago; return how many were removed."""
+        cutoff = time.time() - seconds
+        return sum(1 for obj in list(self.list()) if obj.modified < cutoff and self.delete(obj.key))
+
+
+class LocalStorage(Storage):
+    """Outputs as files under `root` (STORAGE_DIR)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    def path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    @contextlib.contextmanager
+    def writing(self, key: str) -> Iterator[Path]:
+        final = self.path(key)
+        partial_dir = self.root / PARTIAL_DIR
+        partial_dir.mkdir(parents=True, exist_ok=True)
+        temp = partial_dir / f"{uuid.uuid4().hex}-{final.name}"
+        try:
+            yield temp
+            if not temp.exists():
+                raise FileNotFoundError(f"nothing was written for {key!r}")
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(temp, final)
+        finally:
+            temp.unlink(missing_ok=True)
+
+    def uri(self, key: str) -> str:
+        return self.path(key).as_uri()
+
+    def delete(self, key: str) -> bool:
+        path = self.path(key)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        with contextlib.suppress(OSError):  # prune now-empty directories up to the root
+            for parent in path.parents:
+                if parent == self.root:
+                    break
+                parent.rmdir()
+        return True
+
+    def list(self, prefix: str = "") -> Iterator[StoredObject]:
+        if not self.root.is_dir():
+            return
+        for path in sorted(self.root.rglob("*")):
+            rel = path.relative_to(self.root).as_posix()
+            if rel.startswith(PARTIAL_DIR + "/") or rel == PARTIAL_DIR or not path.is_file():
+                continue
+            if rel.startswith(prefix):
+                st = path.stat()
+                yield StoredObject(rel, st.st_size, st.st_mtime)
+
+    def purge_older_than(self, seconds: float) -> int:
+        """Old outputs, plus partial files a killed process left behind."""
+        removed = super().purge_older_than(seconds)
+        cutoff = time.time() - seconds
+        partial_dir = self.root / PARTIAL_DIR
+        for temp in partial_dir.iterdir() if partial_dir.is_dir() else ():
+            with contextlib.suppress(FileNotFoundError):
+                if temp.stat().st_mtime < cutoff:
+                    temp.unlink()
+                    removed += 1
+        return removed
+
+
+def make_storage(settings: Settings) -> Storage:
+    """The backend STORAGE_BACKEND names, configured from `settings`."""
+    if settings.storage_backend == "s3":
+        from pipeline.storage_s3 import S3Storage
+
+        return S3Storage.from_settings(settings)
+    return LocalStorage(settings.storage_path)
+
+
+@lru_cache(maxsize=1)
+def get_storage() -> Storage:
+    """The process's storage backend."""
+    return make_storage(get_settings())

@@ -1,0 +1,113 @@
+"""`email.send`: render a transactional email from a template and deliver it over SMTP, once.
+
+The payload names a template (`tasks/templates/email/<id>/`) and its variables; a missing template
+or variable is refused at enqueue. Delivery is guarded by `pipeline.once`: a retry or a redelivery of
+a job that already sent returns the stored result instead of sending again (see docs/tasks.md for the
+one window where the outcome cannot be known, and what happens then).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from email.message import EmailMessage
+from email.utils import format_datetime, parseaddr
+
+from pydantic import BaseModel, ConfigDict, EmailStr, Field, model_validator
+
+from pipeline.broker import broker_redis
+from pipeline.config import get_settings
+from pipeline.errors import PermanentError
+from pipeline.once import Once
+from pipeline.task import JobContext, typed_task
+from tasks import email_templates, mailer
+
+MAX_RECIPIENTS = 50
+
+
+class EmailJob(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    to: list[EmailStr] = Field(min_length=1, max_length=MAX_RECIPIENTS)
+    #: Overrides the template's subject; one of the two is required.
+    subject: str | None = Field(default=None, min_length=1, max_length=998, pattern=r"^[^\r\n]*$")
+    template_id: str = Field(pattern=email_templates.TEMPLATE_ID.pattern)
+    variables: dict[str, str] = Field(default_factory=dict, max_length=200)
+    cc: list[EmailStr] = Field(default_factory=list, max_length=MAX_RECIPIENTS)
+    bcc: list[EmailStr] = Field(default_factory=list, max_length=MAX_RECIPIENTS)
+    reply_to: EmailStr | None = None
+    #: Same key → sent once. Default: the job's idempotency key (the enqueue key, else the task id).
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @model_validator(mode="after")
+    def _renders(self) -> EmailJob:
+        if len(self.to) + len(self.cc) + len(self.bcc) > MAX_RECIPIENTS:
+            raise ValueError(f"at most {MAX_RECIPIENTS} recipients in to, cc and bcc together")
+        rendered = email_templates.render(self.template_id, self.variables)  # TemplateError is a ValueError
+        if not (self.subject or rendered.subject):
+            raise ValueError(f"template {self.template_id!r} has no subject.txt: pass a subject")
+        return self
+
+    @property
+    def recipients(self) -> list[str]:
+        return list(dict.fromkeys([*self.to, *self.cc, *self.bcc]))
+
+
+class EmailResult(BaseModel):
+    message_id: str
+    #: ISO 8601, UTC.
+    sent_at: datetime
+    #: The recipients the server accepted.
+    recipients: list[str]
+
+
+def build_message(job: EmailJob, key: str) -> EmailMessage:
+    """The MIME message (text + HTML alternatives). Its Message-ID derives from `key`, so it is stable."""
+    settings = get_settings()
+    rendered = email_templates.render(job.template_id, job.variables)
+    domain = parseaddr(settings.smtp_from)[1].rpartition("@")[2] or "localhost"
+    message = EmailMessage()
+    message["From"] = settings.smtp_from
+    message["To"] = ", ".join(job.to)
+    if job.cc:
+        message["Cc"] = ", ".join(job.cc)
+    if job.reply_to:
+        message["Reply-To"] = job.reply_to
+    message["Subject"] = job.subject or rendered.subject or ""
+    message["Date"] = format_datetime(datetime.now(UTC))
+    message["Message-ID"] = f"<{hashlib.sha256(key.encode()).hexdigest()[:32]}@{domain}>"
+    message.set_content(rendered.text)
+    message.add_alternative(rendered.html, subtype="html")
+    return message
+
+
+def deliver(job: EmailJob, ctx: JobContext) -> EmailResult:
+    """Send `job` unless a job with its idempotency key already did; return what was (or had been) sent."""
+    settings = get_settings()
+    key = job.idempotency_key or ctx.idempotency_key
+    message = build_message(job, key)
+    with broker_redis() as client:
+        once = Once(client, "email.send", key, ctx.task_id, settings.email_idempotency_ttl)
+        stored = once.claim()
+        if stored is not None:
+            return EmailResult.model_validate(stored)
+        try:
+            accepted = mailer.send(settings, message, job.recipients, before_data=once.committing)
+        except mailer.NotDelivered:
+            once.release()
+            raise
+        if not accepted:
+            once.release()
+            raise PermanentError("the server accepted none of the recipients")
+        result = EmailResult(message_id=str(message["Message-ID"]), sent_at=datetime.now(UTC), recipients=accepted)
+        once.done(result.model_dump(mode="json"))
+        return result
+
+
+@typed_task("email.send", kind="email", payload=EmailJob, result=EmailResult)
+def send(job: EmailJob, ctx: JobContext) -> EmailResult:
+    """Render and deliver one email (at most once per idempotency key)."""
+    return deliver(job, ctx)
+
+
+enqueue = send.enqueue

@@ -1,0 +1,128 @@
+"""Workers dying or stopping mid-task: nothing is lost, each failure path ends done or dead-lettered.
+
+These tests use their own workers on a queue of their own ("faults"), so the session worker never
+takes their messages.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from pipeline import dlq_admin
+from tests.support.procs import wait_for
+from tests.support.worker_app import attempts, ledger, ledger_client
+
+pytestmark = pytest.mark.faults
+QUEUE = "faults"
+#: A short visibility timeout so a killed worker's job comes back within the test; the time limits must
+#: stay below it (the settings validator insists).
+FAST_REDELIVERY = {
+    "VISIBILITY_TIMEOUT": "8",
+    "TASK_SOFT_TIME_LIMIT": "5",
+    "TASK_TIME_LIMIT": "6",
+    "TRANSCODE_SOFT_TIME_LIMIT": "5",
+    "TRANSCODE_TIME_LIMIT": "6",
+}
+
+
+def send(limits: tuple[int, int] | None = None, **payload: Any) -> str:
+    """Publish a ledger job to the faults queue. Time limits travel in the message (Celery's protocol),
+    so tests that exercise them set them here, as the producer of such a job would."""
+    options: dict[str, Any] = {"soft_time_limit": limits[0], "time_limit": limits[1]} if limits else {}
+    return str(ledger.task.apply_async((payload,), queue=QUEUE, **options).id)
+
+
+def done(key: str) -> list[bytes]:
+    return list(ledger_client().lrange(f"test:done:{key}", 0, -1))
+
+
+def started(key: str, n: int = 1, timeout: float = 30) -> None:
+    wait_for(lambda: len(attempts(key)) >= n, timeout, 0.05, what=f"{n} start(s) of {key}")
+
+
+def dead_letter(task_id: str, timeout: float = 60) -> dlq_admin.DeadLetter:
+    def find() -> dlq_admin.DeadLetter | None:
+        try:
+            return dlq_admin.get(task_id)
+        except dlq_admin.DeadLetterNotFound:
+            return None
+
+    entry = wait_for(find, timeout, 0.1, what=f"dead-letter entry for {task_id}")
+    assert isinstance(entry, dlq_admin.DeadLetter)
+    return entry
+
+
+def test_sigkilled_worker_task_runs_again_on_a_new_worker(make_worker: Any) -> None:
+    """acks_late: the job stays unacknowledged in Redis and is redelivered after VISIBILITY_TIMEOUT (8 s here)."""
+    key = "sigkill"
+    w1 = make_worker("kill1", env=FAST_REDELIVERY, queues=QUEUE, concurrency=1)
+    send(key=key, sleep_s=4, sleep_once=True)
+    started(key)
+    w1.kill_group(signal.SIGKILL)
+    w1.wait(10)
+    assert done(key) == []
+    make_worker("kill2", env=FAST_REDELIVERY, queues=QUEUE, concurrency=1)
+    wait_for(lambda: done(key), 45, 0.1, what="the redelivered job to finish")
+    runs = attempts(key)
+    assert len(runs) == 2 and len(done(key)) == 1
+    redelivered_after = runs[1]["t"] - runs[0]["t"]
+    assert 8 <= redelivered_after <= 8 + 20, redelivered_after
+
+
+def test_sigterm_requeues_a_long_task_within_the_soft_shutdown_bound(make_worker: Any) -> None:
+    key = "sigterm-requeue"
+    env = {**FAST_REDELIVERY, "WORKER_SOFT_SHUTDOWN_TIMEOUT": "2"}
+    w1 = make_worker("term1", env=env, queues=QUEUE, concurrency=1)
+    task_id = send(key=key, sleep_s=30, sleep_once=True)
+    started(key)
+    begun = time.monotonic()
+    w1.send_signal(signal.SIGTERM)
+    w1.wait(30)
+    stopped_after = time.monotonic() - begun
+    assert stopped_after < 2 + 10, stopped_after  # soft-shutdown bound plus process teardown
+    assert done(key) == []
+    assert ledger_client().llen(QUEUE) == 1  # requeued at once, not left for the visibility timeout
+    make_worker("term2", env=env, queues=QUEUE, concurrency=1)
+    assert ledger.result(task_id, timeout=30).key == key
+    assert len(attempts(key)) == 2 and len(done(key)) == 1
+
+
+def test_sigterm_lets_a_short_task_finish(make_worker: Any) -> None:
+    key = "sigterm-finish"
+    w1 = make_worker("term3", env={"WORKER_SOFT_SHUTDOWN_TIMEOUT": "8"}, queues=QUEUE, concurrency=1)
+    send(key=key, sleep_s=1.5)
+    started(key)
+    w1.send_signal(signal.SIGTERM)
+    w1.wait(30)
+    assert len(done(key)) == 1 and len(attempts(key)) == 1
+    assert ledger_client().llen(QUEUE) == 0
+
+
+def test_killed_pool_child_is_retried_then_dead_lettered_from_the_main_process(make_worker: Any) -> None:
+    key = "child-crash"
+    make_worker("crash", queues=QUEUE, concurrency=1)
+    task_id = send(key=key, fail="crash")
+    entry = dead_letter(task_id)
+    assert entry.exception_type == "billiard.exceptions.WorkerLostError"
+    assert entry.attempts == 5 and len(attempts(key)) == 5
+    assert entry.queue == QUEUE and entry.payload["key"] == key
+
+
+def test_soft_time_limit_fails_the_job_into_the_dlq(make_worker: Any) -> None:
+    key = "soft-limit"
+    make_worker("soft", queues=QUEUE, concurrency=1)
+    entry = dead_letter(send((1, 4), key=key, sleep_s=10))
+    assert entry.exception_type == "billiard.exceptions.SoftTimeLimitExceeded"
+    assert entry.attempts == 1
+
+
+def test_hard_time_limit_kill_is_dead_lettered(make_worker: Any) -> None:
+    key = "hard-limit"
+    make_worker("hard", queues=QUEUE, concurrency=1)
+    entry = dead_letter(send((1, 2), key=key, fail="hang"))
+    assert entry.exception_type == "billiard.exceptions.TimeLimitExceeded"
+    assert entry.payload["key"] == key and entry.task_name == "test.ledger"

@@ -1,0 +1,69 @@
+"""`pipeline run` (what `make run` calls): the stack starts, runs a job, and Ctrl-C leaves no process behind."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support.procs import free_port, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_local_stack_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "LOCAL_REDIS_PORT": str(port), "DATA_DIR": str(tmp_path / "data")}
+    env.pop("REDIS_URL")
+    log = (tmp_path / "stack.log").open("w+")
+    stack = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "run", "--no-api"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    children: list[psutil.Process] = []
+    try:
+        wait_for(lambda: " ready." in Path(log.name).read_text(), 90, 0.2, what="the stack's worker")
+        children = psutil.Process(stack.pid).children(recursive=True)
+        assert len(children) >= 4  # redis, worker (+ pool), beat, flower
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "enqueue",
+                "probe",
+                "--set",
+                "message=local",
+                "--wait",
+                "--json",
+                "--timeout",
+                "60",
+            ],
+            env={**env, "REDIS_URL": f"redis://127.0.0.1:{port}/0"},
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["result"]["message"] == "local"
+        assert (tmp_path / "data" / "redis" / "appendonlydir").is_dir()  # AOF persistence on
+
+        stack.send_signal(signal.SIGINT)
+        assert stack.wait(60) == 0
+        _gone, alive = psutil.wait_procs(children, timeout=10)
+        assert alive == []
+    finally:  # on failure, leave nothing behind: the launcher and every process it started, by PID
+        for proc_ in [psutil.Process(stack.pid), *children] if stack.poll() is None else children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc_.kill()

@@ -1,0 +1,115 @@
+"""`celery -A pipeline flower`: refuses to run open, enforces FLOWER_BASIC_AUTH, shows tasks that ran."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.probe import probe
+from tests.support.procs import ROOT, Worker, free_port, wait_for
+
+pytestmark = pytest.mark.integration
+CREDENTIALS = "ops:s3cret-flower-pw"
+
+
+def _flower(port: int, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    import os
+
+    argv = [sys.executable, "-m", "celery", "-A", "pipeline", "flower", f"--port={port}", "--address=127.0.0.1"]
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            argv, cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def _get(port: int, path: str, credentials: str | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    if credentials:
+        request.add_header("Authorization", "Basic " + base64.b64encode(credentials.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310  # http to loopback only
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+    except OSError:
+        return 0, b""
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@pytest.fixture
+def flower(work_dir: Path) -> Iterator[int]:
+    port = free_port()
+    proc = _flower(port, {"FLOWER_BASIC_AUTH": CREDENTIALS}, work_dir / "flower.log")
+    try:
+        wait_for(lambda: _get(port, "/healthcheck")[0] == 200, 30, 0.2, what="flower to listen")
+        yield port
+    finally:
+        _stop(proc)
+
+
+def test_flower_requires_auth_and_lists_a_task_that_ran(flower: int, session_worker: Worker) -> None:
+    status, _ = _get(flower, "/api/tasks")
+    assert status == 401
+    assert _get(flower, "/api/tasks", "ops:wrong")[0] == 401
+
+    ids: list[str] = []
+
+    def listed() -> dict[str, object] | None:
+        ids.append(probe.task.apply_async(({"message": "flower"},)).id)
+        probe.task.AsyncResult(ids[-1]).get(timeout=30)
+        status, body = _get(flower, "/api/tasks", CREDENTIALS)
+        assert status == 200
+        tasks = json.loads(body)
+        # A task whose first events Flower missed has no name; its success event may still be on its way.
+        seen = [tasks[i] for i in ids if i in tasks and tasks[i].get("name") and tasks[i]["state"] == "SUCCESS"]
+        return seen[0] if seen else None
+
+    # Flower only knows tasks whose events it received: retry until its event receiver is connected.
+    task = wait_for(listed, 60, 0.5, what="Flower to list a task that ran")
+    assert isinstance(task, dict)
+    assert task["name"] == "pipeline.probe"
+    assert task["state"] == "SUCCESS"
+
+
+@pytest.mark.parametrize(
+    ("auth", "message"),
+    [("", "refuses to start without authentication"), ("no-colon", "must be user:password")],
+)
+def test_flower_refuses_to_start_without_auth(auth: str, message: str, work_dir: Path) -> None:
+    port = free_port()
+    log = work_dir / "flower-refused.log"
+    proc = _flower(port, {"FLOWER_BASIC_AUTH": auth}, log)
+    try:
+        code = proc.wait(30)
+    finally:
+        _stop(proc)
+    assert code != 0
+    assert message in log.read_text()
+    assert _get(port, "/healthcheck")[0] == 0, "nothing listens"
+
+
+def test_flower_development_flag_allows_an_open_ui(work_dir: Path) -> None:
+    port = free_port()
+    proc = _flower(port, {"FLOWER_BASIC_AUTH": "", "FLOWER_UNAUTHENTICATED": "true"}, work_dir / "flower-open.log")
+    try:
+        wait_for(lambda: _get(port, "/healthcheck")[0] == 200, 30, 0.2, what="flower to listen")
+        assert _get(port, "/")[0] == 200
+    finally:
+        _stop(proc)

@@ -1,0 +1,166 @@
+"""Worker metrics over HTTP from a real prefork worker (concurrency 2) started by the real start script.
+
+The classic bug this guards against: an endpoint in the worker's main process that sees only its own
+registry reports fewer tasks than ran (each pool child counted into its own memory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.probe import probe
+from tests.support.procs import ROOT, RedisServer, Worker, free_port, wait_for
+from tests.support.scrape import Samples, scrape, try_scrape, value
+from tests.support.worker_app import attempts, ledger
+
+pytestmark = pytest.mark.integration
+QUEUE = "obs-metrics"
+
+
+class MetricsWorker(Worker):
+    port: int
+
+
+@pytest.fixture(scope="module")
+def metrics_worker(work_dir: Path) -> Iterator[MetricsWorker]:
+    multiproc = work_dir / "metrics-multiproc"
+    multiproc.mkdir(parents=True, exist_ok=True)
+    stale = multiproc / "counter_999999.db"
+    stale.write_bytes(b"stale file from an earlier run")
+    port = free_port()
+    env = {
+        "METRICS_PORT": str(port),
+        "METRICS_ADDRESS": "127.0.0.1",
+        "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
+        "CELERY_APP": "tests.support.worker_app",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "METRICS_SWEEP_INTERVAL": "1",
+    }
+    worker = MetricsWorker("metrics", work_dir / "logs", env)
+    worker.port = port
+    script = ROOT / "deploy" / "docker" / "start-worker"
+    worker.argv = [str(script), "-n", "metrics@%h", "-Q", QUEUE, "-P", "prefork", "-c", "2", "--without-gossip"]
+    worker.start()
+    try:
+        assert not stale.exists(), "the start script must wipe the multiprocess directory"
+        wait_for(lambda: try_scrape(port), 20, 0.2, what="worker /metrics endpoint")
+        yield worker
+    finally:
+        worker.stop()
+
+
+def _wait_value(port: int, name: str, expected: float, timeout: float = 20, **labels: str) -> Samples:
+    def reached() -> Samples | None:
+        samples = scrape(port)
+        return samples if value(samples, name, **labels) == expected else None
+
+    try:
+        return wait_for(reached, timeout, 0.2, what=f"{name}{labels} == {expected}")  # type: ignore[return-value]
+    except TimeoutError:
+        raise AssertionError(f"{name}{labels} is {value(scrape(port), name, **labels)}, expected {expected}") from None
+
+
+def test_prefork_counts_every_task_exactly(metrics_worker: MetricsWorker, redis_server: RedisServer) -> None:
+    key = uuid.uuid4().hex
+    n = 16
+    for _ in range(n):
+        ledger.task.apply_async(({"key": key, "sleep_s": 0.1},), queue=QUEUE)
+    wait_for(lambda: redis_server.client().llen(f"test:done:{key}") == n, 60, 0.1, what=f"{n} tasks done")
+    pids = {record["pid"] for record in attempts(key)}
+    assert len(pids) >= 2, f"both pool children should have run tasks, saw pids {pids}"
+
+    labels = {"task": "test.ledger", "queue": QUEUE}
+    samples = _wait_value(metrics_worker.port, "pipeline_tasks_total", n, outcome="succeeded", **labels)
+    assert value(samples, "pipeline_task_runtime_seconds_count", **labels) == n
+    assert value(samples, "pipeline_task_queue_wait_seconds_count", **labels) == n
+    runtime_sum = value(samples, "pipeline_task_runtime_seconds_sum", **labels)
+    assert runtime_sum is not None
+    assert runtime_sum >= n * 0.1 * 0.9
+    assert value(samples, "pipeline_workers_up", queue=QUEUE) == 1
+    # A later scrape still says n: nothing is counted twice.
+    assert value(scrape(metrics_worker.port), "pipeline_tasks_total", outcome="succeeded", **labels) == n
+
+
+def test_failures_retries_and_dead_letters_are_counted(
+    metrics_worker: MetricsWorker, redis_server: RedisServer, clean_dlq: None
+) -> None:
+    base = scrape(metrics_worker.port)
+    labels = {"task": "test.ledger", "queue": QUEUE}
+
+    def before(outcome: str) -> float:
+        return value(base, "pipeline_tasks_total", outcome=outcome, **labels) or 0
+
+    ids = [ledger.task.apply_async(({"key": uuid.uuid4().hex, "fail": "permanent"},), queue=QUEUE).id for _ in range(2)]
+    retry_key = uuid.uuid4().hex
+    ledger.task.apply_async(({"key": retry_key, "fail": "transient", "fail_times": 1},), queue=QUEUE)
+    wait_for(lambda: redis_server.client().llen(f"test:done:{retry_key}") == 1, 30, 0.1, what="retried task done")
+    _wait_value(metrics_worker.port, "pipeline_tasks_total", before("failed") + 2, outcome="failed", **labels)
+    _wait_value(
+        metrics_worker.port, "pipeline_tasks_total", before("dead_lettered") + 2, outcome="dead_lettered", **labels
+    )
+    samples = _wait_value(
+        metrics_worker.port, "pipeline_tasks_total", before("retried") + 1, outcome="retried", **labels
+    )
+    assert value(samples, "pipeline_tasks_total", outcome="succeeded", **labels) == before("succeeded") + 1
+    envelopes = [json.loads(raw) for raw in redis_server.client().lrange("dead_letter", 0, -1)]
+    assert len(envelopes) == 2, ids
+
+
+def test_queue_wait_excludes_countdown_and_includes_real_waiting(
+    metrics_worker: MetricsWorker, redis_server: RedisServer
+) -> None:
+    labels = {"task": "pipeline.probe", "queue": QUEUE}
+    base = scrape(metrics_worker.port)
+    count0 = value(base, "pipeline_task_queue_wait_seconds_count", **labels) or 0
+    sum0 = value(base, "pipeline_task_queue_wait_seconds_sum", **labels) or 0
+
+    # A 2 s countdown is the producer's wish, not waiting: the observed wait stays well under it.
+    probe.task.apply_async(({"message": "later"},), queue=QUEUE, countdown=2).get(timeout=30)
+    samples = _wait_value(metrics_worker.port, "pipeline_task_queue_wait_seconds_count", count0 + 1, **labels)
+    countdown_wait = (value(samples, "pipeline_task_queue_wait_seconds_sum", **labels) or 0) - sum0
+    assert 0 <= countdown_wait < 1.5
+
+    # Both pool children busy for 2.5 s: a job published now waits about that long before it starts.
+    key = uuid.uuid4().hex
+    for _ in range(2):
+        ledger.task.apply_async(({"key": key, "sleep_s": 2.5},), queue=QUEUE)
+    wait_for(lambda: len(attempts(key)) == 2, 20, 0.05, what="both children busy")
+    probe.task.apply_async(({"message": "blocked"},), queue=QUEUE).get(timeout=30)
+    samples = _wait_value(metrics_worker.port, "pipeline_task_queue_wait_seconds_count", count0 + 2, **labels)
+    blocked_wait = (value(samples, "pipeline_task_queue_wait_seconds_sum", **labels) or 0) - sum0 - countdown_wait
+    assert 1.5 <= blocked_wait < 15
+
+
+def test_prefork_worker_without_multiprocess_dir_says_metrics_are_off(make_worker: object) -> None:
+    port = free_port()
+    worker = make_worker(  # type: ignore[operator]
+        "nometrics", env={"METRICS_PORT": str(port), "PROMETHEUS_MULTIPROC_DIR": ""}, queues="obs-none"
+    )
+    wait_for(lambda: "worker metrics are OFF" in worker.log(), 20, 0.1, what="the metrics-off warning")
+    assert try_scrape(port) is None
+
+
+def test_revoked_and_rejected_are_counted(metrics_worker: MetricsWorker, clean_dlq: None) -> None:
+    from pipeline.app import app
+
+    labels = {"task": "test.ledger", "queue": QUEUE}
+    base = scrape(metrics_worker.port)
+    revoked0 = value(base, "pipeline_tasks_total", outcome="revoked", **labels) or 0
+    rejected0 = value(base, "pipeline_tasks_total", outcome="rejected", **labels) or 0
+    dead0 = value(base, "pipeline_tasks_total", outcome="dead_lettered", **labels) or 0
+
+    result = ledger.task.apply_async(({"key": uuid.uuid4().hex},), queue=QUEUE, countdown=2)
+    app.control.revoke(result.id)
+    _wait_value(metrics_worker.port, "pipeline_tasks_total", revoked0 + 1, outcome="revoked", **labels)
+
+    # Pickle is refused by the worker (JSON only): rejected, and dead-lettered.
+    app.send_task("test.ledger", args=({"key": "pickled"},), queue=QUEUE, serializer="pickle")
+    _wait_value(metrics_worker.port, "pipeline_tasks_total", rejected0 + 1, outcome="rejected", **labels)
+    _wait_value(metrics_worker.port, "pipeline_tasks_total", dead0 + 1, outcome="dead_lettered", **labels)

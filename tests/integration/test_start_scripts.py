@@ -1,0 +1,49 @@
+"""The worker profile scripts of the image, run for real: pool, queues and metrics as documented."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import ROOT, RedisServer, Worker, free_port, wait_for
+from tests.support.scrape import scrape, try_scrape, value
+from tests.support.worker_app import ledger
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize(("script", "pool"), [("start-worker-io", "thread"), ("start-worker-cpu", "prefork")])
+def test_profile_script_runs_a_worker_with_metrics(
+    script: str, pool: str, work_dir: Path, redis_server: RedisServer
+) -> None:
+    queue = f"obs-{script}-{uuid.uuid4().hex[:6]}"
+    port = free_port()
+    multiproc = work_dir / f"multiproc-{script}"
+    env = {
+        "CELERY_APP": "tests.support.worker_app",
+        "WORKER_QUEUES": queue,
+        "WORKER_CONCURRENCY": "2",
+        "METRICS_PORT": str(port),
+        "METRICS_ADDRESS": "127.0.0.1",
+        "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    worker = Worker(script, work_dir / "logs", env)
+    worker.argv = [str(ROOT / "deploy" / "docker" / script), "--without-gossip", "--without-mingle"]
+    worker.start()
+    try:
+        assert f"concurrency: 2 ({pool})" in worker.log()
+        wait_for(lambda: try_scrape(port), 20, 0.2, what=f"{script} /metrics")
+        key = uuid.uuid4().hex
+        for _ in range(3):
+            ledger.task.apply_async(({"key": key},), queue=queue)
+        wait_for(lambda: redis_server.client().llen(f"test:done:{key}") == 3, 30, 0.1, what="3 tasks done")
+        labels = {"task": "test.ledger", "queue": queue, "outcome": "succeeded"}
+        wait_for(lambda: value(scrape(port), "pipeline_tasks_total", **labels) == 3, 15, 0.2, what="3 counted")
+        assert value(scrape(port), "pipeline_workers_up", queue=queue) == 1
+    finally:
+        worker.stop()

@@ -1,0 +1,43 @@
+"""A test-only task that leaks on purpose: it logs, and fails with secrets and an e-mail address in its error.
+
+Used by the observability tests to prove that logs and error reports carry the task's identity and
+none of its secrets.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import BaseModel
+
+from pipeline.config import get_settings
+from pipeline.errors import PermanentError
+from pipeline.task import JobContext, typed_task
+
+log = logging.getLogger("tests.obs")
+
+
+class LeakyJob(BaseModel):
+    email: str
+    smtp_password: str
+    note: str
+    fail: bool = True
+
+
+class LeakyResult(BaseModel):
+    ok: bool
+
+
+@typed_task("test.leaky", kind="test-leaky", payload=LeakyJob, result=LeakyResult)
+def leaky(job: LeakyJob, ctx: JobContext) -> LeakyResult:
+    settings = get_settings()
+    flower = settings.flower_basic_auth.get_secret_value() if settings.flower_basic_auth else ""
+    sentinel = settings.redis_sentinel_password.get_secret_value() if settings.redis_sentinel_password else ""
+    log.info("rendering the report", extra={"report_kind": "weekly"})
+    log.warning("retrying smtp://mailer:%s@smtp.example.com with sentinel password %s", job.smtp_password, sentinel)
+    if not job.fail:
+        return LeakyResult(ok=True)
+    raise PermanentError(
+        f"SMTP login refused for {job.email} via smtp://mailer:{job.smtp_password}@smtp.example.com; "
+        f"flower auth {flower}; sentinel {sentinel}; password={job.smtp_password}"
+    )

@@ -1,0 +1,77 @@
+"""A real SMTP server (aiosmtpd) in the test process that records what it receives and can misbehave on cue.
+
+The recipient's local part picks the behaviour, so tests running against one server stay independent:
+`flaky-*` answers DATA with 421 twice then accepts; `reject-*` answers 550; anything else is accepted.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from email import message_from_bytes, policy
+from email.message import EmailMessage
+from typing import Any, cast
+
+from aiosmtpd.controller import Controller
+
+
+@dataclass
+class Received:
+    mail_from: str
+    rcpt_tos: list[str]
+    message: EmailMessage
+    #: Whether the session was encrypted (STARTTLS or implicit TLS).
+    tls: bool = False
+
+
+@dataclass
+class Recorder:
+    received: list[Received] = field(default_factory=list)
+    #: DATA commands seen, by first recipient.
+    attempts: Counter[str] = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: EHLO commands seen: one per SMTP connection a client opened.
+    connections: int = 0
+
+    async def handle_EHLO(
+        self, server: Any, session: Any, envelope: Any, hostname: str, responses: list[str]
+    ) -> list[str]:
+        with self.lock:
+            self.connections += 1
+        session.host_name = hostname
+        return responses
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        first = envelope.rcpt_tos[0]
+        with self.lock:
+            self.attempts[first] += 1
+            count = self.attempts[first]
+        if first.startswith("flaky-") and count <= 2:
+            return "421 4.3.0 try again later"
+        if first.startswith("reject-"):
+            return "550 5.1.1 no such user"
+        parsed = cast(EmailMessage, message_from_bytes(envelope.original_content, policy=policy.default))
+        with self.lock:
+            # session.ssl: STARTTLS; the transport's ssl_object: implicit TLS.
+            tls = session.ssl is not None or server.transport.get_extra_info("ssl_object") is not None
+            self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos), parsed, tls))
+        return "250 2.0.0 OK"
+
+    def delivered_to(self, address: str) -> list[Received]:
+        with self.lock:
+            return [r for r in self.received if address in r.rcpt_tos]
+
+
+class SmtpServer:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.recorder = Recorder()
+        self.controller = Controller(self.recorder, hostname="127.0.0.1", port=port)
+
+    def start(self) -> SmtpServer:
+        self.controller.start()
+        return self
+
+    def stop(self) -> None:
+        self.controller.stop()
