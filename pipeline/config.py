@@ -212,12 +212,6 @@ class Settings(BaseSettings):
         return self
 
     def _check_scheduling(self) -> None:
-        longest = max(self.task_time_limit, self.transcode_time_limit)
-        if self.delayed_release_ahead + longest >= self.visibility_timeout:
-            raise ValueError(
-                "DELAYED_RELEASE_AHEAD + the longest time limit (TASK_TIME_LIMIT, TRANSCODE_TIME_LIMIT) must stay "
-                "below VISIBILITY_TIMEOUT, or a released job could be redelivered before it has run"
-            )
         if self.beat_lock_timeout < 2 * self.beat_max_loop_interval:
             raise ValueError("BEAT_LOCK_TIMEOUT must be at least twice BEAT_MAX_LOOP_INTERVAL, or the lease lapses")
         if self.environment == "production" and self.webhook_signing_secret is None:
@@ -226,11 +220,20 @@ class Settings(BaseSettings):
             check_allowed_host(entry)
 
     @property
+    def _slack(self) -> float:
+        """Seconds of the visibility timeout a message does not need for running: a worker may hold it that long."""
+        return max(0.0, self.visibility_timeout - max(self.task_time_limit, self.transcode_time_limit))
+
+    @property
+    def release_ahead(self) -> float:
+        """DELAYED_RELEASE_AHEAD, capped at half the slack so a released job always runs within the timeout."""
+        return min(self.delayed_release_ahead, self._slack / 2)
+
+    @property
     def worker_hold_limit(self) -> float:
         """The longest wait a worker may hold a message for (a retry's countdown) before running it: the
-        visibility timeout minus the longest time limit and DELAYED_RELEASE_AHEAD. Longer waits are parked."""
-        longest = max(self.task_time_limit, self.transcode_time_limit)
-        return max(0.0, self.visibility_timeout - longest - self.delayed_release_ahead)
+        visibility timeout minus the longest time limit and the release-ahead window. Longer waits are parked."""
+        return max(0.0, self._slack - self.release_ahead)
 
     @property
     def broker_url(self) -> str:

@@ -14,7 +14,8 @@ never given to a worker early:
   a releaser thread (`Releaser`) polling each DELAYED_POLL_INTERVAL seconds, so there is no single point
   of failure and no leader to elect.
 * **On time.** Released jobs keep their ETA, so the worker's timer starts them at the due time; a
-  worker holds a job at most DELAYED_RELEASE_AHEAD seconds (validated below the visibility timeout).
+  worker holds a job at most DELAYED_RELEASE_AHEAD seconds (capped at half of what the visibility
+  timeout leaves after the longest time limit, `Settings.release_ahead`).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def _one_message(commands: list[tuple[str, tuple[Any, ...]]]) -> Captured:
 
 def schedule(send: Send, task_id: str, due: float | None) -> bool:
     """Publish now (or with a short ETA) when `due` is near, else park; True when parked."""
-    if due is None or due - time.time() <= get_settings().delayed_release_ahead:
+    if due is None or due - time.time() <= get_settings().release_ahead:
         send(None, _eta(due) if due is not None and due > time.time() else None)
         return False
     message = capture(lambda producer: send(producer, _eta(due)))
@@ -159,7 +160,7 @@ def parked_count() -> int:
 
 def release_due(now: float | None = None, limit: int = 500) -> int:
     """Move up to `limit` jobs due within DELAYED_RELEASE_AHEAD onto their queues; return how many."""
-    horizon = (time.time() if now is None else now) + get_settings().delayed_release_ahead
+    horizon = (time.time() if now is None else now) + get_settings().release_ahead
     with broker_redis() as client:
         released = client.eval(_RELEASE, 3, DELAYED_KEY, DELAYED_MESSAGE_KEY, DELAYED_DEST_KEY, horizon, limit)
     return int(released)

@@ -17,6 +17,7 @@ def test_worker_hold_limit_leaves_room_for_the_longest_run() -> None:
         transcode_soft_time_limit=500,
         delayed_release_ahead=2,
     )
+    assert settings.release_ahead == 2
     assert settings.worker_hold_limit == 1000 - 600 - 2
     # A retry that waits longer than this is parked rather than held by a worker (see PipelineTask).
 
@@ -31,11 +32,11 @@ SHORT = {
 }
 
 
-def test_release_ahead_plus_time_limit_must_fit_in_the_visibility_timeout() -> None:
-    with pytest.raises(ConfigError, match="DELAYED_RELEASE_AHEAD"):
-        load_settings(**SHORT, delayed_release_ahead=2)
+def test_release_ahead_is_capped_to_fit_the_visibility_timeout() -> None:
+    assert load_settings(**SHORT, delayed_release_ahead=2).release_ahead == 1  # (4 - 2) / 2
+    assert load_settings(**SHORT, delayed_release_ahead=0.5).release_ahead == 0.5
     settings = load_settings(**SHORT, delayed_release_ahead=1)
-    assert settings.visibility_timeout == 4
+    assert settings.worker_hold_limit == 4 - 2 - 1
 
 
 def test_webhook_settings() -> None:
