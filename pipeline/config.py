@@ -81,6 +81,9 @@ class Settings(BaseSettings):
     delayed_poll_interval: float = Field(default=1.0, gt=0, le=60)
     delayed_release_ahead: float = Field(default=2.0, ge=0)
 
+    #: Stored outputs (STORAGE_BACKEND) older than this are removed by the nightly purge; seconds.
+    artifact_max_age: int = Field(default=30 * 86400, ge=3600)
+
     # --- Scheduling: beat --------------------------------------------------------------------------
     #: The active beat's lease on the leader lock; a standby takes over this long after it dies.
     beat_lock_timeout: int = Field(default=30, ge=2, le=600)

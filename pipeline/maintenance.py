@@ -1,5 +1,5 @@
 """Housekeeping tasks the beat schedule runs (`pipeline.schedule`): dead-letter retention and the envelope
-spool (nightly), queue-health figures for the metrics exporter (every minute)."""
+spool, the purge of stored artifacts (nightly), queue-health figures for the metrics exporter (every minute)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import time
 from pydantic import BaseModel, ConfigDict
 
 from pipeline import broker, delayed, dlq, dlq_admin
+from pipeline.config import get_settings
 from pipeline.constants import QUEUE_HEALTH_KEY
+from pipeline.storage import get_storage
 from pipeline.task import JobContext, typed_task
 
 
@@ -49,3 +51,13 @@ def queue_health(_: NoPayload, ctx: JobContext) -> QueueHealthResult:
         pipe.hset(QUEUE_HEALTH_KEY, items=[part for pair in figures.items() for part in pair])
         pipe.execute()
     return QueueHealthResult(queues=len(stats), parked=parked)
+
+
+class PurgeResult(BaseModel):
+    removed: int
+
+
+@typed_task("pipeline.artifact_purge", kind="artifact-purge", payload=NoPayload, result=PurgeResult)
+def artifact_purge(_: NoPayload, ctx: JobContext) -> PurgeResult:
+    """Delete stored outputs (and abandoned partial files) older than ARTIFACT_MAX_AGE."""
+    return PurgeResult(removed=get_storage().purge_older_than(get_settings().artifact_max_age))

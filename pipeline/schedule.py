@@ -29,10 +29,6 @@ if TYPE_CHECKING:
 #: Every schedule is read in this timezone (Celery's `timezone` and `enable_utc` agree).
 TIMEZONE = "UTC"
 
-#: Hook for the nightly artifact purge: set to the storage purge task's name once `pipeline.storage`
-#: provides one; `maintenance_entries()` then schedules it next to the dead-letter retention.
-ARTIFACT_PURGE_TASK: str | None = None
-
 
 class BeatEntry(BaseModel):
     """One user entry of BEAT_SCHEDULE: a task, when (`cron` or `every`), and its payload."""
@@ -74,15 +70,14 @@ def parse_cron(expression: str) -> crontab:
 
 
 def maintenance_entries() -> dict[str, dict[str, Any]]:
-    """The pipeline's own housekeeping: nightly retention at 00:00 UTC, queue health every minute."""
+    """The pipeline's own housekeeping: nightly retention and artifact purge at 00:00 UTC, queue health
+    every minute."""
     nightly = crontab(minute="0", hour="0")
-    entries: dict[str, dict[str, Any]] = {
+    return {
         "pipeline.dlq-retention": {"task": "pipeline.dlq_retention", "schedule": nightly, "args": ({},)},
+        "pipeline.artifact-purge": {"task": "pipeline.artifact_purge", "schedule": nightly, "args": ({},)},
         "pipeline.queue-health": {"task": "pipeline.queue_health", "schedule": crontab(), "args": ({},)},
     }
-    if ARTIFACT_PURGE_TASK:
-        entries["pipeline.artifact-purge"] = {"task": ARTIFACT_PURGE_TASK, "schedule": nightly, "args": ({},)}
-    return entries
 
 
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:

@@ -93,3 +93,24 @@ def test_queue_health_refresh_writes_depth_and_oldest_age(
     assert figures["pdf.oldest_age_s"] == -1 or figures["pdf.depth"] > 0
     assert "delayed.parked" in figures
     assert time.time() - figures["updated_at"] < 30
+
+
+def test_artifact_purge_removes_outputs_past_their_age(session_worker: Any) -> None:
+    import os
+
+    from pipeline.maintenance import artifact_purge
+    from pipeline.storage import LocalStorage, get_storage
+
+    storage = get_storage()
+    assert isinstance(storage, LocalStorage)  # the tests' STORAGE_BACKEND
+    prefix = f"purge-test-{uuid.uuid4().hex}"
+    for name in ("old.pdf", "new.pdf"):
+        with storage.open_write(f"{prefix}/{name}") as out:
+            out.write(b"%PDF")
+    month_ago = time.time() - 31 * 86400
+    os.utime(storage.path(f"{prefix}/old.pdf"), (month_ago, month_ago))
+
+    result = artifact_purge.result(artifact_purge.enqueue({}), timeout=30)
+    assert result.removed >= 1
+    assert [o.key for o in storage.list(prefix)] == [f"{prefix}/new.pdf"]
+    storage.delete(f"{prefix}/new.pdf")

@@ -21,6 +21,8 @@ def test_maintenance_entries_run_nightly_at_midnight_utc_and_every_minute() -> N
     assert nightly["task"] == "pipeline.dlq_retention"
     assert nightly["schedule"] == crontab(minute="0", hour="0")
     assert entries["pipeline.queue-health"]["schedule"] == crontab()
+    purge = entries["pipeline.artifact-purge"]
+    assert (purge["task"], purge["schedule"]) == ("pipeline.artifact_purge", crontab(minute="0", hour="0"))
 
 
 def test_user_entries_come_from_the_beat_schedule_setting() -> None:
