@@ -102,3 +102,16 @@ def unacked_count() -> int:
     """Jobs delivered to a worker and not yet acknowledged (running or prefetched), all queues."""
     with broker_redis() as client:
         return int(client.hlen(UNACKED_KEY))
+
+
+def in_flight_by_queue() -> dict[str, int]:
+    """Delivered-but-unacknowledged jobs per queue (kombu keeps `[message, exchange, routing_key]` per tag)."""
+    counts: dict[str, int] = {}
+    with broker_redis() as client:
+        for raw in client.hvals(UNACKED_KEY):
+            try:
+                queue = str(json.loads(raw)[2])
+            except (ValueError, IndexError, TypeError):
+                continue
+            counts[queue] = counts.get(queue, 0) + 1
+    return counts

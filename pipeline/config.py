@@ -39,6 +39,7 @@ from pipeline.schedule import BeatEntry, beat_conf
 
 #: Where `pipeline run` starts its embedded Redis when REDIS_URL is not set; also the default REDIS_URL.
 LOCAL_REDIS_PORT = 6390
+API_TOKEN_MIN_LENGTH = 16
 #: Celery's rate syntax: tasks per second, minute or hour ("10/s", "100/m", "0.5/h").
 RATE_PATTERN = r"^\d+(\.\d+)?/[smh]$"
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
@@ -62,7 +63,7 @@ class Settings(BaseSettings):
     redis_sentinel_password: SecretStr | None = None
     redis_tls_cert_reqs: Literal["required", "optional", "none"] = "required"
     redis_tls_ca_file: Path | None = None
-    #: Must exceed the longest hard time limit (TRANSCODE_TIME_LIMIT by default): see docs/tasks.md.
+    #: Must exceed the longest hard time limit (TRANSCODE_TIME_LIMIT by default): see README, "The tasks".
     visibility_timeout: int = Field(default=11400, ge=2)
     unacked_restore_interval: int = Field(default=10, ge=1)
 
@@ -152,6 +153,15 @@ class Settings(BaseSettings):
     s3_access_key_id: str | None = None
     s3_secret_access_key: SecretStr | None = None
 
+    # --- Producer API ---------------------------------------------------------------------------
+    #: Bearer token every API call must carry. Unset: the API refuses to start (`pipeline run` makes one).
+    api_token: SecretStr | None = None
+    api_max_body_bytes: int = Field(default=512 * 1024, ge=1024)
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8000, ge=1, le=65535)
+    #: Seconds a client is told to wait (Retry-After) when the broker is unreachable.
+    api_retry_after: int = Field(default=5, ge=1, le=3600)
+
     # --- Local stack and logs -----------------------------------------------------------------
     data_dir: Path = Path(".data")
     environment: str = "development"
@@ -210,6 +220,8 @@ class Settings(BaseSettings):
                 f"PROMETHEUS_MULTIPROC_DIR: {self.prometheus_multiproc_dir} is not a directory "
                 "(the start scripts create it; unset it to run without multiprocess metrics)"
             )
+        if self.api_token is not None and len(self.api_token.get_secret_value()) < API_TOKEN_MIN_LENGTH:
+            raise ValueError(f"API_TOKEN must be at least {API_TOKEN_MIN_LENGTH} characters (use a random secret)")
         if self.redis_tls_ca_file is not None and not self.redis_tls_ca_file.is_file():
             raise ValueError(f"REDIS_TLS_CA_FILE: no such file {self.redis_tls_ca_file}")
         return self

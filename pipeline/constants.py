@@ -42,6 +42,8 @@ TASK_MODULES: Final = (
 KEY_PREFIX: Final = "pipeline:"
 #: `SET NX` guard that turns a repeated enqueue with the same idempotency key into the first job's id.
 ENQUEUE_IDEMPOTENCY_KEY: Final = KEY_PREFIX + "enqueue:{task}:{key}"
+#: Written before a job is published (task name, accepted time, ETA) so status can tell queued from unknown.
+JOB_RECORD_KEY: Final = KEY_PREFIX + "job:{id}"
 
 #: Parked delayed jobs: ZSET task id → due time (epoch s), and hashes task id → kombu envelope / queue list key.
 DELAYED_KEY: Final = KEY_PREFIX + "delayed"

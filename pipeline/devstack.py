@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -24,10 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from pipeline.config import Settings, get_settings
+from pipeline.config import API_TOKEN_MIN_LENGTH, Settings, get_settings
 
 FLOWER_PORT = 5555
-API_PORT = 8000
 WORKER_METRICS_PORT = 9808
 EXPORTER_PORT = 9809
 
@@ -160,13 +160,37 @@ def plan(settings: Settings, with_api: bool) -> list[Child]:
         children.append(
             Child(
                 "api",
-                [sys.executable, "-m", "uvicorn", "pipeline.api:app", "--host", "127.0.0.1", "--port", str(API_PORT)],
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "pipeline.api:app",
+                    "--host",
+                    settings.api_host,
+                    "--port",
+                    str(settings.api_port),
+                ],
             )
         )
     return children
 
 
-def _banner(settings: Settings, children: list[Child]) -> str:
+def dev_api_token(settings: Settings) -> str:
+    """API_TOKEN if set; else a random development token kept in DATA_DIR/api-token (owner-only)."""
+    if settings.api_token is not None:
+        return settings.api_token.get_secret_value()
+    path = settings.data_dir / "api-token"
+    if path.is_file() and len(path.read_text().strip()) >= API_TOKEN_MIN_LENGTH:
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    return token
+
+
+def _banner(settings: Settings, children: list[Child], api_token: str | None = None) -> str:
     names = {c.name for c in children}
     lines = [
         "",
@@ -179,12 +203,23 @@ def _banner(settings: Settings, children: list[Child]) -> str:
         f"http://127.0.0.1:{EXPORTER_PORT}/metrics (queues)",
     ]
     if "api" in names:
-        lines.append(f"  api     http://127.0.0.1:{API_PORT}  (docs at /docs)")
+        lines.append(f"  api     http://{settings.api_host}:{settings.api_port}  (job page at /, docs at /docs)")
+        if api_token and settings.api_token is None:
+            lines.append(f"  token   {api_token}  (development token, kept in {settings.data_dir / 'api-token'})")
     lines += [
         "first job, from another terminal:",
         "  .venv/bin/pipeline enqueue probe --set message=hello --wait",
         "a failure landing in the dead-letter queue, then replayed:",
         "  .venv/bin/pipeline enqueue probe --set fail=permanent && .venv/bin/pipeline dlq list",
+    ]
+    if "api" in names:
+        shown = api_token if api_token and settings.api_token is None else "$API_TOKEN"  # never echo a set secret
+        lines += [
+            "the same over HTTP (or open the job page):",
+            f"  curl -H 'Authorization: Bearer {shown}' -H 'Content-Type: application/json' "
+            f'-d \'{{"message": "hello"}}\' http://{settings.api_host}:{settings.api_port}/jobs/probe',
+        ]
+    lines += [
         "Ctrl-C stops everything.",
         "",
     ]
@@ -209,6 +244,9 @@ def run_stack(with_api: bool = True) -> int:
         # Local only: Flower on 127.0.0.1 without a password (deployments set FLOWER_BASIC_AUTH).
         "FLOWER_UNAUTHENTICATED": "true",
     }
+    api_token = dev_api_token(settings) if any(c.name == "api" for c in children) else None
+    if api_token:
+        env["API_TOKEN"] = api_token
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
@@ -219,7 +257,7 @@ def run_stack(with_api: bool = True) -> int:
             if child.name == "redis" and not _wait_for_port(settings.local_redis_port):
                 print("error: embedded redis-server did not start", file=sys.stderr)
                 return 1
-        print(_banner(settings, children), flush=True)
+        print(_banner(settings, children, api_token), flush=True)
         while not stopping.wait(0.5):
             dead = [c for c in children if not c.running()]
             if dead:

@@ -16,6 +16,7 @@ from typing import Any
 import redis
 from celery.utils import uuid
 
+from pipeline import jobs
 from pipeline.app import app
 from pipeline.broker import broker_redis, decode_message
 from pipeline.config import get_settings
@@ -85,6 +86,7 @@ def replay(ident: str) -> str:
             raise NotReplayable(f"{entry.id} is being replayed by another process")
         try:
             new_id = uuid()
+            jobs.record_accepted(new_id, entry.task_name)
             app.send_task(
                 entry.task_name,
                 args=entry.args,

@@ -17,9 +17,9 @@ from typing import Any
 from celery.utils import uuid
 from pydantic import BaseModel
 
-from pipeline import delayed
+from pipeline import delayed, jobs
 from pipeline.broker import broker_redis
-from pipeline.constants import HEADER_PUBLISHED_AT
+from pipeline.constants import HEADER_PUBLISHED_AT, JOB_RECORD_KEY
 from pipeline.errors import PayloadInvalid
 
 #: Messages per Redis round trip.
@@ -39,10 +39,10 @@ def _validate_all(typed: Any, payloads: Iterable[BaseModel | Mapping[str, Any]])
 
 def enqueue_many(typed: Any, payloads: Iterable[BaseModel | Mapping[str, Any]]) -> list[str]:
     """Publish one job of `typed` (a `TypedTask`) per payload; return their task ids in order."""
-    jobs = _validate_all(typed, payloads)
+    validated = _validate_all(typed, payloads)
     ids: list[str] = []
-    for start in range(0, len(jobs), CHUNK):
-        chunk = jobs[start : start + CHUNK]
+    for start in range(0, len(validated), CHUNK):
+        chunk = validated[start : start + CHUNK]
         chunk_ids = [uuid() for _ in chunk]
 
         def sender(job: BaseModel, task_id: str) -> Any:
@@ -51,8 +51,11 @@ def enqueue_many(typed: Any, payloads: Iterable[BaseModel | Mapping[str, Any]]) 
             return lambda producer: typed.task.apply_async(args, task_id=task_id, headers=headers, producer=producer)
 
         messages = delayed.capture_many(sender(job, task_id) for job, task_id in zip(chunk, chunk_ids, strict=True))
+        record, ttl = jobs.accepted_entry(typed.name)
         with broker_redis() as client:
             pipe = client.pipeline(transaction=False)
+            for task_id in chunk_ids:  # before the jobs, as `enqueue()` does: an id is never "unknown"
+                pipe.set(JOB_RECORD_KEY.format(id=task_id), record, ex=ttl)
             for dest, group in groupby(messages, key=lambda m: m.dest):
                 batch = list(group)
                 pipe.lpush(dest, *[m.body for m in batch])

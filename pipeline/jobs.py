@@ -1,16 +1,28 @@
-"""A job's status in the pipeline's words, from the result backend and the dead-letter queue."""
+"""A job's status in the pipeline's words, from the result backend, the accepted-job record and the DLQ.
+
+Celery answers PENDING for any id it never saw. So every producer path of the pipeline (`enqueue`,
+DLQ replay) records the job id in Redis (`pipeline:job:<id>`, JSON with task name, accepted time and
+ETA) *before* publishing, with a TTL of RESULT_EXPIRES past the ETA. A PENDING id with a record is
+`queued` (or `scheduled` while its ETA is ahead); without one it is `unknown`. A job accepted with a
+202 can therefore never read as unknown while its result is kept.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
 from datetime import UTC, datetime
 from typing import Any
 
 from celery.result import AsyncResult
 
 from pipeline.app import app
+from pipeline.broker import broker_redis
+from pipeline.config import get_settings
+from pipeline.constants import JOB_RECORD_KEY
 
-#: Celery state → pipeline state. PENDING is "queued" (Celery cannot tell a queued job from an unknown id),
-#: or "scheduled" while the job is parked by `pipeline.delayed`. THROTTLED: waiting for a rate-limit slot.
+#: Celery state → pipeline state. PENDING becomes queued, scheduled or unknown (see the module docstring);
+#: a job parked by `pipeline.delayed` is scheduled too. THROTTLED: waiting for a cluster rate-limit slot.
 STATES = {
     "PENDING": "queued",
     "RECEIVED": "queued",
@@ -22,6 +34,64 @@ STATES = {
     "REVOKED": "failed",
     "THROTTLED": "scheduled",
 }
+#: Every state `job_status` answers, in the order a job moves through them.
+ALL_STATES = (
+    "unknown",
+    "scheduled",
+    "queued",
+    "started",
+    "progress",
+    "retrying",
+    "succeeded",
+    "failed",
+    "dead_lettered",
+)
+#: States after which nothing changes any more (`failed` may still become `dead_lettered` shortly).
+FINAL_STATES = frozenset({"succeeded", "dead_lettered", "unknown"})
+
+
+def accepted_entry(task_name: str, eta: datetime | None = None) -> tuple[str, int]:
+    """The record `record_accepted` stores (JSON) and its time to live in seconds."""
+    now = datetime.now(UTC)
+    if eta is not None and eta.tzinfo is None:
+        eta = eta.replace(tzinfo=UTC)  # Celery reads a naive ETA as UTC (enable_utc)
+    ahead = max(0.0, (eta - now).total_seconds()) if eta is not None else 0.0
+    record = {"task": task_name, "accepted_at": now.isoformat(), "eta": eta.isoformat() if eta else None}
+    return json.dumps(record), get_settings().result_expires + int(ahead) + 1
+
+
+def record_accepted(task_id: str, task_name: str, eta: datetime | None = None) -> None:
+    """Remember that `task_id` was accepted; call before publishing it (raises if Redis is unreachable)."""
+    value, ttl = accepted_entry(task_name, eta)
+    with broker_redis() as client:
+        client.set(JOB_RECORD_KEY.format(id=task_id), value, ex=ttl)
+
+
+def forget_accepted(task_id: str) -> None:
+    """Drop the record of a job whose publish failed (best effort: Redis is likely the reason it failed)."""
+    with contextlib.suppress(Exception), broker_redis() as client:
+        client.delete(JOB_RECORD_KEY.format(id=task_id))
+
+
+def accepted_record(task_id: str) -> dict[str, Any] | None:
+    with broker_redis() as client:
+        raw = client.get(JOB_RECORD_KEY.format(id=task_id))
+    if raw is None:
+        return None
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _pending_state(record: dict[str, Any] | None) -> str:
+    if record is None:
+        return "unknown"
+    eta = record.get("eta")
+    if eta and datetime.fromisoformat(eta) > datetime.now(UTC):
+        return "scheduled"
+    return "queued"
 
 
 def job_status(task_id: str) -> dict[str, Any]:
@@ -30,19 +100,25 @@ def job_status(task_id: str) -> dict[str, Any]:
 
     result: AsyncResult[Any] = AsyncResult(task_id, app=app)
     meta = result.backend.get_task_meta(task_id)
+    record = accepted_record(task_id)
     celery_state = str(meta.get("status", "PENDING"))
-    state = STATES.get(celery_state, celery_state.lower())
+    state = _pending_state(record) if celery_state == "PENDING" else STATES.get(celery_state, celery_state.lower())
     info = meta.get("result")
+    waiting = state in ("unknown", "scheduled", "queued")
     status: dict[str, Any] = {
         "id": task_id,
         "state": state,
-        "task": meta.get("name"),
+        "task": meta.get("name") or (record or {}).get("task"),
         "queue": meta.get("queue"),
-        "attempts": (meta.get("retries") or 0) + (0 if state == "queued" else 1),
+        "worker": meta.get("worker"),
+        "attempts": (meta.get("retries") or 0) + (0 if waiting else 1),
         "progress": info if celery_state == "PROGRESS" and isinstance(info, dict) else None,
         "result": info if celery_state == "SUCCESS" else None,
         "error": None,
+        "accepted_at": (record or {}).get("accepted_at"),
+        "eta": (record or {}).get("eta"),
         "finished_at": str(meta["date_done"]) if meta.get("date_done") else None,
+        "dlq_id": None,
     }
     if celery_state in ("FAILURE", "RETRY", "REVOKED"):
         status["error"] = {

@@ -28,7 +28,7 @@ from celery.exceptions import Retry
 from celery.result import AsyncResult
 from pydantic import BaseModel, ValidationError
 
-from pipeline import delayed, enqueue_guard, ratelimit
+from pipeline import delayed, enqueue_guard, jobs, ratelimit
 from pipeline.app import app
 from pipeline.config import get_settings
 from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT, HEADER_RATE_SLOT
@@ -121,6 +121,10 @@ def due_time(countdown: float | None, eta: datetime | None) -> float | None:
     return None
 
 
+def _eta(due: float | None) -> datetime | None:
+    return None if due is None else datetime.fromtimestamp(due, UTC)
+
+
 def _single_payload(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if len(args) != 1 or kwargs:
         raise PayloadInvalid(name, [{"loc": (), "msg": "takes exactly one positional argument: the payload object"}])
@@ -186,12 +190,18 @@ class TypedTask(Generic[P, R]):
             if idempotency_key:
                 headers[HEADER_IDEMPOTENCY_KEY] = idempotency_key
             args = (job.model_dump(mode="json"),)
+            due = due_time(countdown, eta)
+            jobs.record_accepted(claim.task_id, self.name, _eta(due))  # first, so the id is never "unknown"
 
             def send(producer: Any, at: datetime | None) -> None:
                 timing: dict[str, Any] = {"eta": at} if at is not None else {}
                 self.task.apply_async(args, task_id=claim.task_id, headers=headers, producer=producer, **timing)
 
-            delayed.schedule(send, claim.task_id, due_time(countdown, eta))
+            try:
+                delayed.schedule(send, claim.task_id, due)
+            except BaseException:
+                jobs.forget_accepted(claim.task_id)
+                raise
             return claim.task_id
 
     def result(self, task_id: str, timeout: float | None = None) -> R:

@@ -2,7 +2,7 @@
 
 The payload names a template (`tasks/templates/email/<id>/`) and its variables; a missing template
 or variable is refused at enqueue. Delivery is guarded by `pipeline.once`: a retry or a redelivery of
-a job that already sent returns the stored result instead of sending again (see docs/tasks.md for the
+a job that already sent returns the stored result instead of sending again (see README, "The tasks" for the
 one window where the outcome cannot be known, and what happens then).
 """
 
@@ -26,7 +26,18 @@ MAX_RECIPIENTS = 50
 
 
 class EmailJob(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "to": ["ada@example.com"],
+                    "template_id": "welcome",
+                    "variables": {"name": "Ada", "product": "pipeline", "action_url": "https://example.com/start"},
+                }
+            ]
+        },
+    )
 
     to: list[EmailStr] = Field(min_length=1, max_length=MAX_RECIPIENTS)
     #: Overrides the template's subject; one of the two is required.

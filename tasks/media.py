@@ -4,7 +4,7 @@ Sources are files under MEDIA_ROOT (checked at enqueue and again on the worker: 
 leading out) or http(s) URLs. Output goes to `media/<task id>/<name>` in the storage backend, written
 under a temporary name and moved into place only when ffmpeg finished; on a soft time limit or a
 revoke ffmpeg's process group is killed and the partial file deleted. Long-running profile: the
-task's time limits are TRANSCODE_SOFT_TIME_LIMIT / TRANSCODE_TIME_LIMIT (see docs/tasks.md).
+task's time limits are TRANSCODE_SOFT_TIME_LIMIT / TRANSCODE_TIME_LIMIT (see README, "The tasks").
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ AUDIO_ARGS = ["-c:a", "aac", "-b:a", "128k", "-ac", "2"]
 
 
 class TranscodeJob(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # The example's source is a file you put in MEDIA_ROOT (default DATA_DIR/media).
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"source_uri": "sample.mp4", "preset": "480p"}]}
+    )
 
     #: A path under MEDIA_ROOT (relative to it, absolute, or file://), or an http/https URL.
     source_uri: str = Field(min_length=1, max_length=4096)

@@ -5,7 +5,7 @@ followed) must be a file inside MEDIA_ROOT. URLs are checked in two steps: at en
 network access (no literal private/loopback address, no `localhost`), and on the worker just before
 ffmpeg runs, by resolving the host: every address must be public. MEDIA_ALLOW_PRIVATE_URLS lifts the
 address rule (for in-cluster media servers). ffmpeg resolves the name again and follows redirects,
-so this stops direct requests to internal services, not a hostile DNS server; see docs/tasks.md.
+so this stops direct requests to internal services, not a hostile DNS server; see README, "The tasks".
 """
 
 from __future__ import annotations
@@ -30,11 +30,14 @@ def local_source(value: str) -> Path:
     if ".." in PurePosixPath(raw).parts:
         raise ValueError("source_uri must not contain '..'")
     root = Path(os.path.realpath(get_settings().media_path))
-    real = Path(os.path.realpath(root / raw))  # an absolute `raw` replaces root; symlinks are followed
-    if not real.is_relative_to(root):
-        raise ValueError(f"source_uri must resolve inside MEDIA_ROOT ({root})")
-    if not real.is_file():
-        raise ValueError(f"no such file under MEDIA_ROOT: {raw}")
+    try:
+        real = Path(os.path.realpath(root / raw))  # an absolute `raw` replaces root; symlinks are followed
+        if not real.is_relative_to(root):
+            raise ValueError(f"source_uri must resolve inside MEDIA_ROOT ({root})")
+        if not real.is_file():
+            raise ValueError(f"no such file under MEDIA_ROOT: {raw}")
+    except OSError as exc:  # a name too long...: a bad payload, not a server error (found by the API fuzzing)
+        raise ValueError(f"source_uri is not a usable path: {exc.strerror or exc}") from None
     return real
 
 

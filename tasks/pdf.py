@@ -20,7 +20,27 @@ from tasks.pdf_templates import TEMPLATES, draw_report
 
 
 class PdfJob(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "template_id": "invoice",
+                    "data": {
+                        "number": "INV-1001",
+                        "issued_on": "2026-11-29",
+                        "customer": {"name": "Ada Lovelace", "address": "12 Analytical Row, London"},
+                        "items": [
+                            {"description": "Consulting", "quantity": "3", "unit_price": "120.00"},
+                            {"description": "Support plan", "quantity": "1", "unit_price": "49.90"},
+                        ],
+                        "currency": "EUR",
+                    },
+                    "filename": "invoice-1001.pdf",
+                }
+            ]
+        },
+    )
 
     template_id: Literal["invoice", "report"]
     #: The template's data: see `tasks.pdf_templates.InvoiceData` / `ReportData`.

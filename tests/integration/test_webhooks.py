@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from pipeline import dlq_admin
+from pipeline.jobs import job_status
 from tasks import webhook_http, webhooks
 from tests.conftest import TEST_ENV
 from tests.support.http_peer import HttpPeer
@@ -113,6 +114,7 @@ def test_enqueue_many_publishes_every_delivery(session_worker: Any, peer: HttpPe
     ids = webhooks.enqueue_many(jobs)
 
     assert len(set(ids)) == 30
+    assert job_status(ids[-1])["state"] != "unknown"  # accepted before it was published, like enqueue()
     results = [webhooks.deliver.result(i, timeout=60) for i in ids]
     assert all(r.status_code == 200 for r in results)
     delivered = sorted(json.loads(r.body)["payload"]["n"] for r in peer.received(hook))

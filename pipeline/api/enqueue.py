@@ -1,0 +1,120 @@
+"""Building the `POST /jobs/<kind>` route function of one job kind.
+
+The body parameter is exactly the kind's payload model (so the same JSON works for the API, the CLI and
+`send_task`). Delay and ETA are query parameters, bounded by the visibility timeout; the
+`Idempotency-Key` header makes a repeated request return the first job's id. The function returns only
+after `enqueue()` did, i.e. after the publish to Redis returned; broker errors propagate to the 503
+handler in `pipeline.api.errors`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import Body, Header, HTTPException, Query, Response
+from pydantic import BeforeValidator
+
+from pipeline.api.models import Accepted
+from pipeline.config import get_settings
+from pipeline.task import TypedTask
+
+ETA_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?([Zz]|[+-]\d{2}:?\d{2})?$")
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,200}$"
+
+
+def status_path(job_id: str) -> str:
+    return f"/jobs/{job_id}"
+
+
+def max_delay_s() -> int:
+    """Longest delay the Redis broker honours safely: a countdown past the visibility timeout is redelivered."""
+    return get_settings().visibility_timeout
+
+
+def parse_eta(value: Any) -> Any:
+    """An ISO 8601 time only: pydantic alone would also read a bare number as a Unix timestamp."""
+    if isinstance(value, str) and not ETA_PATTERN.match(value):
+        raise ValueError("eta must be an ISO 8601 date-time, e.g. 2030-01-31T12:00:00Z")
+    return value
+
+
+IsoDateTime = Annotated[datetime, BeforeValidator(parse_eta)]
+
+
+def _run_at(delay_seconds: float | None, eta: datetime | None) -> tuple[float | None, datetime | None]:
+    if delay_seconds is not None and eta is not None:
+        raise HTTPException(
+            422, detail=[{"loc": ["query", "eta"], "msg": "give delay_seconds or eta, not both", "type": "value_error"}]
+        )
+    if eta is not None:
+        eta = eta if eta.tzinfo else eta.replace(tzinfo=UTC)
+        if eta - datetime.now(UTC) > timedelta(seconds=max_delay_s()):
+            raise HTTPException(
+                422,
+                detail=[
+                    {"loc": ["query", "eta"], "type": "value_error", "msg": f"eta is more than {max_delay_s()} s ahead"}
+                ],
+            )
+    return delay_seconds, eta
+
+
+def require_json(content_type: Annotated[str | None, Header(include_in_schema=False)] = None) -> None:
+    """415 for a body declared as anything but JSON (a missing Content-Type is read as JSON)."""
+    media = (content_type or "application/json").split(";")[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise HTTPException(415, detail="send the payload as JSON (Content-Type: application/json)")
+
+
+def enqueue_endpoint(typed: TypedTask[Any, Any]) -> Any:
+    """A route function whose body parameter is `typed`'s payload model (FastAPI reads `__signature__`)."""
+
+    def endpoint(
+        response: Response, payload: Any, delay_seconds: float | None, eta: datetime | None, idempotency_key: str | None
+    ) -> Accepted:
+        countdown, when = _run_at(delay_seconds, eta)
+        task_id = typed.enqueue(payload, countdown=countdown, eta=when, idempotency_key=idempotency_key)
+        response.headers["Location"] = status_path(task_id)
+        return Accepted(id=task_id, status_url=status_path(task_id))
+
+    params = [
+        inspect.Parameter("response", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Response),
+        inspect.Parameter(
+            "payload", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[typed.payload_model, Body()]
+        ),
+        inspect.Parameter(
+            "delay_seconds",
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=None,
+            annotation=Annotated[
+                float | None, Query(ge=0, le=max_delay_s(), description="Run no sooner than this many seconds.")
+            ],
+        ),
+        inspect.Parameter(
+            "eta",
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=None,
+            annotation=Annotated[
+                IsoDateTime | None,
+                Query(description="Run no sooner than this time (ISO 8601, UTC if no offset); not with delay_seconds."),
+            ],
+        ),
+        inspect.Parameter(
+            "idempotency_key",
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=None,
+            annotation=Annotated[
+                str | None,
+                Header(
+                    alias="Idempotency-Key",
+                    pattern=IDEMPOTENCY_KEY_PATTERN,
+                    description="The same key (per kind, within ENQUEUE_IDEMPOTENCY_TTL) returns the first job's id.",
+                ),
+            ],
+        ),
+    ]
+    endpoint.__signature__ = inspect.Signature(params, return_annotation=Accepted)  # type: ignore[attr-defined]  # FastAPI reads it
+    endpoint.__name__ = f"enqueue_{typed.kind.replace('-', '_')}"
+    return endpoint

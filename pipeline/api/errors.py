@@ -1,0 +1,82 @@
+"""How failures become HTTP answers: broker unreachable → 503 + Retry-After, bad input → 422 field errors.
+
+A request never turns a broker outage into a 500, and never gets a 202 for a job that was not stored:
+the enqueue path raises before answering, and these handlers translate what it raised.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.exceptions
+from celery.exceptions import BackendGetMetaError, BackendStoreError
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from kombu.exceptions import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pipeline.api.strict import documented_methods
+from pipeline.config import get_settings
+from pipeline.errors import PayloadInvalid
+
+#: What producer and status calls raise when Redis cannot be reached (or is still loading its AOF).
+BROKER_ERRORS: tuple[type[Exception], ...] = (
+    OperationalError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    BackendGetMetaError,
+    BackendStoreError,
+)
+BROKER_DOWN = "the broker is unreachable; nothing was stored, retry later"
+
+
+def broker_unavailable() -> JSONResponse:
+    return JSONResponse(
+        {"detail": BROKER_DOWN},
+        status_code=503,
+        headers={"Retry-After": str(get_settings().api_retry_after)},
+    )
+
+
+def _field_errors(errors: list[Any]) -> list[dict[str, Any]]:
+    """Pydantic/FastAPI errors without the echoed input: location, message and type only."""
+    return [
+        {
+            "loc": [str(p) if not isinstance(p, int) else p for p in e.get("loc", ())],
+            "msg": str(e.get("msg", "")),
+            "type": str(e.get("type", "value_error")),
+        }
+        for e in errors
+        if isinstance(e, dict)
+    ]
+
+
+async def _on_broker_error(request: Request, exc: Exception) -> JSONResponse:
+    return broker_unavailable()
+
+
+async def _on_payload_invalid(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": _field_errors(getattr(exc, "errors", []))}, status_code=422)
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    return JSONResponse({"detail": _field_errors(list(errors))}, status_code=422)
+
+
+async def _on_http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's answer, except that a 405's Allow lists every documented method of the path."""
+    response = await http_exception_handler(request, exc)  # type: ignore[arg-type]  # registered for HTTPException
+    if response.status_code == 405:
+        response.headers["Allow"] = ", ".join(sorted(documented_methods(request.app, request.url.path)))
+    return response
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    for error in BROKER_ERRORS:
+        app.add_exception_handler(error, _on_broker_error)
+    app.add_exception_handler(PayloadInvalid, _on_payload_invalid)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)

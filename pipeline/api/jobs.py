@@ -1,0 +1,77 @@
+"""Job routes: `POST /jobs/<kind>` for every registered kind, `GET /jobs/{id}`, `GET /kinds`.
+
+The enqueue routes are generated from `pipeline.task.REGISTRY` (see `pipeline.api.enqueue`), so OpenAPI
+documents each kind's payload model, and only registered kinds can be enqueued.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Path
+
+from pipeline.api.auth import require_token
+from pipeline.api.enqueue import enqueue_endpoint, require_json
+from pipeline.api.models import Accepted, JobStatus, Kind, Problem
+from pipeline.api.strict import reject_unknown_query
+from pipeline.app import app as celery_app
+from pipeline.jobs import job_status
+from pipeline.task import TypedTask
+
+JobId = Annotated[str, Path(min_length=1, max_length=255, description="The job's id (a Celery task id).")]
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "Missing or invalid bearer token."},
+    503: {"model": Problem, "description": "The broker is unreachable; see Retry-After."},
+}
+
+
+def kind_info(typed: TypedTask[Any, Any]) -> Kind:
+    schema = typed.payload_model.model_json_schema()
+    examples = schema.get("examples") or [{}]
+    return Kind(
+        kind=typed.kind,
+        task=typed.name,
+        queue=celery_app.amqp.router.route({}, typed.name)["queue"].name,
+        description=inspect.getdoc(typed.task) or "",
+        payload_schema=schema,
+        example=examples[0] if isinstance(examples[0], dict) else {},
+    )
+
+
+def router(registry: dict[str, TypedTask[Any, Any]]) -> APIRouter:
+    routes = APIRouter(dependencies=[Depends(require_token), Depends(reject_unknown_query)], responses=ERRORS)
+    kinds = sorted(registry)
+    for kind in kinds:
+        typed = registry[kind]
+        routes.add_api_route(
+            f"/jobs/{kind}",
+            enqueue_endpoint(typed),
+            methods=["POST"],
+            status_code=202,
+            response_model=Accepted,
+            response_description="The job is stored in the broker; `Location` is its status URL.",
+            tags=["jobs"],
+            summary=f"Enqueue a {kind} job ({typed.name})",
+            description=kind_info(typed).description,
+            dependencies=[Depends(require_json)],
+            responses={
+                400: {"model": Problem, "description": "The body is not UTF-8 text, or Content-Length is invalid."},
+                413: {"model": Problem, "description": "Request body too large."},
+                415: {"model": Problem, "description": "The body is not JSON."},
+            },
+        )
+
+    @routes.post("/jobs/{kind}", include_in_schema=False)
+    def unknown_kind(kind: str) -> None:
+        raise HTTPException(404, detail=f"unknown job kind {kind!r}; known: {', '.join(kinds)}")
+
+    @routes.get("/jobs/{job_id}", response_model=JobStatus, tags=["jobs"], summary="A job's state and result")
+    def get_job(job_id: JobId) -> dict[str, Any]:
+        return job_status(job_id)
+
+    @routes.get("/kinds", response_model=list[Kind], tags=["jobs"], summary="Job kinds, their schemas and examples")
+    def list_kinds() -> list[Kind]:
+        return [kind_info(registry[k]) for k in kinds]
+
+    return routes

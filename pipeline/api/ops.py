@@ -1,0 +1,155 @@
+"""Operations routes: queue depths, the dead-letter queue (list, show, replay, delete), health and readiness."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+import typer
+from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi.responses import JSONResponse
+
+from pipeline import dlq_admin
+from pipeline.api.auth import require_token
+from pipeline.api.enqueue import status_path
+from pipeline.api.errors import BROKER_ERRORS, broker_unavailable
+from pipeline.api.jobs import ERRORS
+from pipeline.api.models import DeadLetterRow, Deleted, Health, Problem, QueueInfo, Queues, Replayed
+from pipeline.api.strict import reject_unknown_query
+from pipeline.broker import broker_redis, in_flight_by_queue, queue_stats
+from pipeline.cli_format import parse_time
+from pipeline.dlq import DeadLetter
+
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": Problem, "description": "No dead-letter entry has this id."}
+}
+
+
+def row(entry: DeadLetter) -> DeadLetterRow:
+    return DeadLetterRow(
+        id=entry.id,
+        task_id=entry.task_id,
+        task=entry.task_name,
+        queue=entry.queue,
+        reason=entry.reason,
+        exception=entry.exception_type,
+        message=entry.exception_message,
+        attempts=entry.attempts,
+        failed_at=entry.failed_at.isoformat(),
+        replayable=entry.replayable,
+    )
+
+
+def _since(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return parse_time(text)
+    except (ValueError, OverflowError, typer.BadParameter):
+        raise HTTPException(
+            422,
+            detail=[
+                {
+                    "loc": ["query", "since"],
+                    "type": "value_error",
+                    "msg": "since must be an ISO 8601 time or an age like 90s, 15m, 12h, 7d",
+                }
+            ],
+        ) from None
+
+
+def _not_found(ident: str) -> HTTPException:
+    return HTTPException(404, detail=f"no dead-letter entry {ident}")
+
+
+def router() -> APIRouter:
+    routes = APIRouter(dependencies=[Depends(require_token), Depends(reject_unknown_query)], responses=ERRORS)
+
+    @routes.get("/queues", response_model=Queues, tags=["operations"], summary="Depth, in flight, oldest wait")
+    def queues() -> Queues:
+        flying = in_flight_by_queue()
+        infos = [
+            QueueInfo(name=s.name, depth=s.depth, in_flight=flying.get(s.name, 0), oldest_wait_s=s.oldest_age_s)
+            for s in queue_stats()
+        ]
+        return Queues(queues=infos, in_flight=sum(flying.values()))
+
+    @routes.get("/dlq", response_model=list[DeadLetterRow], tags=["dead letters"], summary="Dead-lettered jobs")
+    def list_dlq(
+        task: Annotated[str | None, Query(max_length=200, description="Task name or glob, e.g. 'email.*'.")] = None,
+        exception: Annotated[str | None, Query(max_length=200, description="Exception class name.")] = None,
+        since: Annotated[str | None, Query(max_length=64, description="ISO time, or an age like 1h / 2d.")] = None,
+        limit: Annotated[int, Query(ge=1, le=10_000, description="At most this many, newest first.")] = 100,
+    ) -> list[DeadLetterRow]:
+        filters = dlq_admin.Filters(task=task, exception=exception, since=_since(since))
+        return [row(e) for e in dlq_admin.list_entries(filters, limit)]
+
+    @routes.get(
+        "/dlq/{entry_id}",
+        response_model=DeadLetter,
+        responses=NOT_FOUND,
+        tags=["dead letters"],
+        summary="One entry whole: payload, error, traceback",
+    )
+    def get_entry(entry_id: str) -> DeadLetter:
+        try:
+            return dlq_admin.get(entry_id)
+        except dlq_admin.DeadLetterNotFound:
+            raise _not_found(entry_id) from None
+
+    @routes.post(
+        "/dlq/{entry_id}/replay",
+        response_model=Replayed,
+        status_code=202,
+        tags=["dead letters"],
+        summary="Run the job again (new id, original queue); the entry is removed once republished",
+        responses={**NOT_FOUND, 409: {"model": Problem, "description": "The entry cannot be replayed."}},
+    )
+    def replay(entry_id: str) -> Replayed:
+        try:
+            entry = dlq_admin.get(entry_id)
+            new_id = dlq_admin.replay(entry_id)
+        except dlq_admin.DeadLetterNotFound:
+            raise _not_found(entry_id) from None
+        except dlq_admin.NotReplayable as exc:
+            raise HTTPException(409, detail=str(exc)) from None
+        return Replayed(id=entry.id, new_task_id=new_id, status_url=status_path(new_id))
+
+    @routes.delete(
+        "/dlq/{entry_id}",
+        response_model=Deleted,
+        responses=NOT_FOUND,
+        tags=["dead letters"],
+        summary="Remove one entry without running it",
+    )
+    def delete_entry(entry_id: str) -> Deleted:
+        try:
+            return Deleted(deleted=dlq_admin.delete(entry_id).id)
+        except dlq_admin.DeadLetterNotFound:
+            raise _not_found(entry_id) from None
+
+    return routes
+
+
+def health_router() -> APIRouter:
+    routes = APIRouter(tags=["health"])
+
+    @routes.get("/healthz", response_model=Health, summary="The process is alive (no dependencies checked)")
+    def healthz() -> Health:
+        return Health(status="ok")
+
+    @routes.get(
+        "/readyz",
+        response_model=Health,
+        summary="The broker answers; 503 if not",
+        responses={503: {"model": Problem, "description": "The broker is unreachable."}},
+    )
+    def readyz() -> Health | JSONResponse:
+        try:
+            with broker_redis() as client:
+                client.ping()
+        except BROKER_ERRORS:
+            return broker_unavailable()
+        return Health(status="ready")
+
+    return routes

@@ -1,0 +1,190 @@
+"""The job page in a real browser: Debian's chromium driven by Playwright, against uvicorn, Redis and a worker.
+
+A person's path through the page: give the token, start a job with progress (a transcode of a 30 s
+clip; the probe when the transcode kind is absent), watch its bar reach 100 % and open its result;
+send a job that fails, replay it from the dead-letter queue. Screenshots of the page go to
+test-artifacts/. The browser is the system's (`scripts/ensure-system-deps` installs it); nothing is
+downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.support.api import ApiServer
+from tests.support.procs import ROOT, Worker, wait_for
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+@pytest.fixture(scope="module")
+def api(session_worker: Worker, work_dir: Path) -> Iterator[ApiServer]:
+    server = ApiServer("page", work_dir / "logs").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser, api: ApiServer) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1360, "height": 1000}, base_url=api.url)
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    problems: list[str] = []
+    # The sign-in step tries a wrong token on purpose; its 401 is the one error the console may show.
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" and "401" not in m.text else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    yield page
+    context.close()
+    assert problems == [], f"errors in the page (script errors or CSP violations): {problems}"
+
+
+def make_clip(name: str, seconds: int) -> Path:
+    """A 1280x720 test clip in MEDIA_ROOT (the API and the worker share DATA_DIR with this process)."""
+    from pipeline.config import get_settings
+
+    path = get_settings().media_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        subprocess.run(
+            ["ffmpeg", "-hide_banner", "-loglevel", "error", "-nostdin", "-y",
+             "-f", "lavfi", "-i", f"testsrc=size=1280x720:rate=25:duration={seconds}",
+             "-f", "lavfi", "-i", f"sine=frequency=440:sample_rate=48000:duration={seconds}",
+             "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-c:a", "aac", "-shortest", str(path)],
+            check=True,
+        )  # fmt: skip
+    return path
+
+
+def sign_in(page: Page, api: ApiServer) -> None:
+    page.goto("/")
+    dialog = page.locator("#token-dialog")
+    expect(dialog).to_be_visible()
+    page.fill("#token-input", "not-the-token-0000")
+    page.click("#token-form button[type=submit]")
+    expect(page.locator("#token-error")).to_contain_text("not valid")
+    page.fill("#token-input", api.token)
+    page.click("#token-form button[type=submit]")
+    expect(dialog).to_be_hidden()
+    expect(page.locator("#kinds .kind").first).to_be_visible()
+
+
+def enqueue(page: Page, kind: str, payload: dict[str, object] | None = None) -> str:
+    """Start a job from the form (the kind's example when `payload` is None); return its id."""
+    page.click(f"#kinds .kind[data-kind='{kind}']")
+    if payload is not None:
+        page.fill("#payload", json.dumps(payload))
+    before = page.locator("#job-list li").count()
+    page.click("#enqueue")
+    expect(page.locator("#form-message")).to_contain_text("Accepted")
+    expect(page.locator("#job-list li")).to_have_count(before + 1)
+    return str(page.locator("#job-list li").first.get_attribute("data-id"))
+
+
+def test_start_a_job_watch_it_finish_and_replay_a_dead_letter(page: Page, api: ApiServer, clean_dlq: None) -> None:
+    sign_in(page, api)
+    kinds = page.locator("#kinds .kind").evaluate_all("els => els.map(e => e.dataset.kind)")
+    assert "probe" in kinds
+
+    # A job with progress: record every value its progress bar shows.
+    with_progress = "transcode" if "transcode" in kinds else "probe"
+    if with_progress == "transcode":  # long enough for ffmpeg to report progress several times
+        payload = {"source_uri": make_clip("browser-clip.mp4", 30).name, "preset": "720p"}
+    else:
+        payload = {"message": "from the browser", "sleep_s": 4, "progress_steps": 8}
+    job_id = enqueue(page, with_progress, payload)
+    page.evaluate(
+        """id => {
+            window.__seen = [];
+            const list = document.getElementById('job-list');
+            new MutationObserver(() => {
+                const bar = list.querySelector(`li[data-id="${id}"] [role=progressbar]`);
+                if (bar) window.__seen.push(Number(bar.getAttribute('aria-valuenow')));
+            }).observe(list, {subtree: true, childList: true, attributes: true});
+        }""",
+        job_id,
+    )
+    # (page.wait_for_function would evaluate a string, which the page's CSP rightly forbids.)
+    wait_for(lambda: any(0 < v < 100 for v in page.evaluate("window.__seen")), 120, 0.1, what="a bar in progress")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "api-page-running.png"))
+    row = page.locator(f"#job-list li[data-id='{job_id}']")
+    expect(row.locator(".badge")).to_have_text("succeeded", timeout=120_000)
+    expect(row.locator("[role=progressbar]")).to_have_attribute("aria-valuenow", "100")
+    expect(row.locator(".percent")).to_have_text("100 %")
+    seen = page.evaluate("window.__seen")
+    assert any(0 < v < 100 for v in seen), f"the bar never showed progress between 0 and 100: {seen}"
+    assert seen == sorted(seen)
+    row.click()
+    expect(page.locator("#detail")).to_be_visible()
+    expect(page.locator("#detail-facts")).to_contain_text("succeeded")
+    if with_progress == "probe":
+        expect(page.locator("#detail-output")).to_contain_text('"message": "from the browser"')
+    else:
+        expect(page.locator("#detail-output")).to_contain_text('"height": 720')
+        expect(page.locator("#detail-output")).to_contain_text("browser-clip-720p.mp4")
+
+    # A job that fails for good lands in the dead-letter queue; replay it from there.
+    failing = enqueue(page, "probe", {"message": "bound to fail", "fail": "permanent"})
+    expect(page.locator(f"#job-list li[data-id='{failing}'] .badge")).to_have_text("dead lettered")
+    page.click("#dlq-refresh")
+    entry = page.locator(f"#dlq-rows tr[data-task-id='{failing}']")
+    expect(entry).to_be_visible()
+    expect(entry).to_contain_text("PermanentError")
+    entry_id = entry.get_attribute("data-id")
+    entry.get_by_role("button", name="Replay").click()
+    expect(page.locator("#form-message")).to_contain_text("Replayed as job")
+    expect(page.locator(f"#dlq-rows tr[data-id='{entry_id}']")).to_have_count(0)
+    replayed = str(page.locator("#job-list li").first.get_attribute("data-id"))
+    assert replayed not in (failing, job_id)
+    # The replay ran the same payload again, so it fails again: a new entry for the new job.
+    expect(page.locator(f"#job-list li[data-id='{replayed}'] .badge")).to_have_text("dead lettered")
+    page.click("#dlq-refresh")
+    expect(page.locator(f"#dlq-rows tr[data-task-id='{replayed}']")).to_be_visible()
+
+    page.locator(f"#job-list li[data-id='{job_id}']").click()
+    expect(page.locator("#detail-id")).to_have_text(job_id)
+    page.screenshot(path=str(ARTIFACTS / "api-page.png"), full_page=True)
+    assert (ARTIFACTS / "api-page.png").stat().st_size > 10_000
+
+
+def test_the_token_is_kept_for_the_tab_only(page: Page, api: ApiServer) -> None:
+    sign_in(page, api)
+    assert page.evaluate("sessionStorage.getItem('pipeline.token')") == api.token
+    assert page.evaluate("localStorage.length") == 0
+    assert api.token not in page.evaluate("document.cookie")
+    page.reload()
+    expect(page.locator("#token-dialog")).to_be_hidden()  # same tab: still signed in
+    other = page.context.new_page()  # a new tab has its own sessionStorage
+    other.goto("/")
+    expect(other.locator("#token-dialog")).to_be_visible()
+    other.close()
+    page.click("#sign-out")
+    expect(page.locator("#token-dialog")).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('pipeline.token')") is None

@@ -1,0 +1,317 @@
+"""The producer API over real HTTP: uvicorn subprocesses, a real Redis, real Celery workers.
+
+Two servers: `api` shares the session Redis and worker (jobs run); `idle` has a Redis of its own that no
+worker consumes, so jobs stay exactly where the API put them (queued, scheduled) and outages of that
+Redis disturb nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.api import ApiServer, sse_events, wait_state
+from tests.support.procs import ROOT, RedisServer, Worker, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def api(session_worker: Worker, work_dir: Path) -> Iterator[ApiServer]:
+    server = ApiServer("main", work_dir / "logs").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def idle(work_dir: Path) -> Iterator[ApiServer]:
+    redis = RedisServer(work_dir / "idle-redis").start()
+    server = ApiServer("idle", work_dir / "logs", {"REDIS_URL": redis.url}).start()
+    yield server
+    server.stop()
+    redis.stop()
+
+
+def depth(client: httpx.Client, queue: str = "default") -> int:
+    stats = client.get("/queues").json()
+    return int(next(q["depth"] for q in stats["queues"] if q["name"] == queue))
+
+
+# --- jobs end to end ------------------------------------------------------------------------------
+
+
+def test_probe_job_runs_and_streams_progress_until_it_succeeds(api: ApiServer) -> None:
+    with api.client() as client:
+        response = client.post("/jobs/probe", json={"message": "e2e", "sleep_s": 2, "progress_steps": 4})
+        assert response.status_code == 202, response.text
+        accepted = response.json()
+        assert accepted["status_url"] == f"/jobs/{accepted['id']}"
+        assert response.headers["location"] == accepted["status_url"]
+
+        events = list(sse_events(client, f"{accepted['status_url']}/events"))
+
+    states = [data["state"] for _, data in events]
+    percents = [data["progress"]["percent"] for _, data in events if data["state"] == "progress"]
+    assert states[-1] == "succeeded", events
+    assert set(states) <= {"queued", "started", "progress", "succeeded"}
+    assert percents, f"no progress event among {states}"
+    assert percents == sorted(percents)
+    assert all(0 < p <= 100 for p in percents)
+    final = events[-1][1]
+    assert final["result"]["message"] == "e2e"
+    assert final["progress"]["percent"] == 100
+    assert final["attempts"] == 1
+    assert final["task"] == "pipeline.probe"
+    assert final["accepted_at"]
+    assert final["finished_at"]
+
+
+def test_permanent_failure_is_dead_lettered_and_operable_over_http(api: ApiServer, clean_dlq: None) -> None:
+    with api.client() as client:
+        job = client.post("/jobs/probe", json={"message": "doomed", "fail": "permanent"}).json()
+        status = wait_state(client, job["id"], {"dead_lettered"})
+        assert status["error"]["type"] == "PermanentError"
+        assert "doomed" in status["error"]["message"]
+
+        rows = client.get("/dlq", params={"task": "pipeline.*", "exception": "PermanentError"}).json()
+        assert [r["task_id"] for r in rows] == [job["id"]]
+        assert client.get("/dlq", params={"task": "email.*"}).json() == []
+        assert client.get("/dlq", params={"since": "1h"}).json()[0]["id"] == status["dlq_id"]
+        assert client.get("/dlq", params={"since": "not a time"}).status_code == 422
+
+        entry = client.get(f"/dlq/{status['dlq_id']}").json()
+        assert entry["args"] == [
+            {"message": "doomed", "fail": "permanent", "fail_times": 0, "sleep_s": 0.0, "progress_steps": 0}
+        ]
+        assert "PermanentError" in entry["traceback"]
+
+        replayed = client.post(f"/dlq/{status['dlq_id']}/replay")
+        assert replayed.status_code == 202, replayed.text
+        new_id = replayed.json()["new_task_id"]
+        assert new_id != job["id"]
+        assert client.get(f"/dlq/{status['dlq_id']}").status_code == 404  # removed once republished
+        again = wait_state(client, new_id, {"dead_lettered"})  # it fails again, as its payload says
+
+        assert client.delete(f"/dlq/{again['dlq_id']}").json() == {"deleted": again["dlq_id"]}
+        assert client.delete(f"/dlq/{again['dlq_id']}").status_code == 404
+        assert client.post(f"/dlq/{uuid.uuid4().hex}/replay").status_code == 404
+        assert client.get("/dlq").json() == []
+
+
+# --- states without a worker ---------------------------------------------------------------------
+
+
+def test_unknown_queued_and_scheduled_are_told_apart(idle: ApiServer) -> None:
+    with idle.client() as client:
+        never = str(uuid.uuid4())
+        assert client.get(f"/jobs/{never}").json()["state"] == "unknown"
+        assert [d["state"] for _, d in sse_events(client, f"/jobs/{never}/events", timeout=10)] == ["unknown"]
+
+        queued = client.post("/jobs/probe", json={}).json()
+        status = client.get(f"/jobs/{queued['id']}").json()
+        assert status["state"] == "queued"
+        assert status["task"] == "pipeline.probe"
+        assert status["attempts"] == 0
+
+        later = client.post("/jobs/probe", params={"delay_seconds": 120}, json={}).json()
+        status = client.get(f"/jobs/{later['id']}").json()
+        assert status["state"] == "scheduled"
+        eta = datetime.fromisoformat(status["eta"])
+        assert timedelta(seconds=100) < eta - datetime.now(UTC) <= timedelta(seconds=121)
+
+        at = (datetime.now(UTC) + timedelta(minutes=5)).isoformat()
+        assert (
+            client.get(client.post("/jobs/probe", params={"eta": at}, json={}).json()["status_url"]).json()["state"]
+            == "scheduled"
+        )
+
+        both = client.post("/jobs/probe", params={"eta": at, "delay_seconds": 5}, json={})
+        assert both.status_code == 422
+        too_far = client.post("/jobs/probe", params={"delay_seconds": 10**7}, json={})
+        assert too_far.status_code == 422
+
+
+def test_idempotency_key_returns_the_same_job(idle: ApiServer) -> None:
+    key = f"order-{uuid.uuid4().hex}"
+    with idle.client() as client:
+        before = depth(client)
+        first = client.post("/jobs/probe", json={"message": "once"}, headers={"Idempotency-Key": key})
+        second = client.post("/jobs/probe", json={"message": "once"}, headers={"Idempotency-Key": key})
+        assert first.status_code == second.status_code == 202
+        assert first.json()["id"] == second.json()["id"]
+        assert depth(client) == before + 1  # one message, not two
+
+        other = client.post("/jobs/probe", json={"message": "once"}, headers={"Idempotency-Key": key + "-b"})
+        assert other.json()["id"] != first.json()["id"]
+        bad = client.post("/jobs/probe", json={}, headers={"Idempotency-Key": "has space"})
+        assert bad.status_code == 422
+
+
+# --- refusals ----------------------------------------------------------------------------------------
+
+
+def test_every_data_route_needs_the_bearer_token(api: ApiServer) -> None:
+    schema = httpx.get(f"{api.url}/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["token"]["scheme"] == "bearer"
+    protected = [
+        (method, path.replace("{job_id}", "x").replace("{entry_id}", "x"))
+        for path, ops in schema["paths"].items()
+        for method, op in ops.items()
+        if op.get("security")
+    ]
+    assert len(protected) >= 9  # probe enqueue, job, events, kinds, queues, dlq list/show/replay/delete
+    for token in (None, "wrong-token-0123456789", api.token + "x"):
+        with api.client(token=token) as client:
+            for method, path in protected:
+                response = client.request(method.upper(), path, json={})
+                assert response.status_code == 401, (method, path, response.text)
+                assert response.headers["www-authenticate"] == "Bearer"
+    basic = httpx.get(f"{api.url}/queues", headers={"Authorization": f"Basic {api.token}"})
+    assert basic.status_code == 401
+    for open_path in ("/healthz", "/readyz", "/", "/openapi.json", "/docs", "/static/app.js"):
+        assert httpx.get(f"{api.url}{open_path}").status_code == 200, open_path
+
+
+def test_bodies_over_the_limit_are_refused_before_parsing(api: ApiServer) -> None:
+    big = b'{"message": "' + b"a" * (600 * 1024) + b'"}'
+    with api.client() as client:
+        declared = client.post("/jobs/probe", content=big, headers={"Content-Type": "application/json"})
+        assert declared.status_code == 413
+        assert "limit" in declared.json()["detail"]
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: sent chunked, counted as it streams
+            for i in range(0, len(big), 64 * 1024):
+                yield big[i : i + 64 * 1024]
+
+        streamed = client.post("/jobs/probe", content=chunks(), headers={"Content-Type": "application/json"})
+        assert streamed.status_code == 413
+
+
+def test_invalid_payloads_get_field_errors_and_publish_nothing(idle: ApiServer) -> None:
+    with idle.client() as client:
+        before = depth(client)
+        wrong = client.post("/jobs/probe", json={"message": 5, "sleep_s": -1, "surprise": True})
+        assert wrong.status_code == 422
+        errors = {tuple(e["loc"]): e for e in wrong.json()["detail"]}
+        assert set(errors) == {("body", "message"), ("body", "sleep_s"), ("body", "surprise")}
+        assert errors[("body", "surprise")]["type"] == "extra_forbidden"
+        assert all("input" not in e for e in wrong.json()["detail"])  # the input is not echoed back
+
+        assert client.post("/jobs/probe", json=[1, 2]).status_code == 422
+        assert (
+            client.post("/jobs/probe", content=b"{not json", headers={"Content-Type": "application/json"}).status_code
+            == 422
+        )
+        assert (
+            client.post(
+                "/jobs/probe", content=b"message=x", headers={"Content-Type": "application/x-www-form-urlencoded"}
+            ).status_code
+            == 415
+        )
+        typo = client.post("/jobs/probe", params={"delay": 60}, json={})  # meant delay_seconds: not run at once
+        assert typo.status_code == 422
+        assert typo.json()["detail"][0]["loc"] == ["query", "delay"]
+        wrong_method = client.put("/dlq/some-entry")
+        assert wrong_method.status_code == 405
+        assert wrong_method.headers["allow"] == "DELETE, GET"
+        unknown = client.post("/jobs/no-such-kind", json={})
+        assert unknown.status_code == 404
+        assert "probe" in unknown.json()["detail"]
+        assert depth(client) == before
+
+
+def test_queues_report_depth_and_in_flight(idle: ApiServer) -> None:
+    with idle.client() as client:
+        before = depth(client)
+        client.post("/jobs/probe", json={})
+        stats = client.get("/queues").json()
+    names = [q["name"] for q in stats["queues"]]
+    assert {"default", "email", "pdf", "transcode", "webhooks", "dead_letter"} <= set(names)
+    default = next(q for q in stats["queues"] if q["name"] == "default")
+    assert default["depth"] == before + 1
+    assert default["oldest_wait_s"] is not None
+    assert stats["in_flight"] == 0
+
+
+def test_the_server_refuses_to_start_without_a_token() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "API_TOKEN"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "uvicorn", "pipeline.api:app", "--port", "0"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert b"API_TOKEN is not set" in proc.stdout + proc.stderr
+
+
+# --- broker outage ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def outage_api(work_dir: Path) -> Iterator[tuple[RedisServer, ApiServer]]:
+    redis = RedisServer(work_dir / f"outage-redis-{uuid.uuid4().hex[:6]}").start()
+    server = ApiServer("outage", work_dir / "logs", {"REDIS_URL": redis.url}).start()
+    yield redis, server
+    server.stop()
+    redis.stop()
+
+
+def test_broker_down_is_503_with_retry_after_then_jobs_flow_again(
+    outage_api: tuple[RedisServer, ApiServer], make_worker: Callable[..., Worker]
+) -> None:
+    redis, api = outage_api
+    with api.client() as client:
+        before = client.post("/jobs/probe", json={"message": "before"}).json()
+        streamed: list[tuple[str, dict[str, Any]]] = []
+
+        def follow() -> None:
+            with api.client() as stream_client:
+                streamed.extend(sse_events(stream_client, f"/jobs/{before['id']}/events", timeout=60))
+
+        follower = threading.Thread(target=follow)
+        follower.start()
+        wait_for(lambda: streamed, 10, what="the first event of the stream")
+        redis.stop()
+
+        down = client.post("/jobs/probe", json={"message": "during"})
+        assert down.status_code == 503, down.text
+        assert int(down.headers["retry-after"]) > 0
+        assert "nothing was stored" in down.json()["detail"]
+        keyed = client.post("/jobs/probe", json={}, headers={"Idempotency-Key": "outage-key"})
+        assert keyed.status_code == 503
+        assert client.get("/readyz").status_code == 503
+        assert client.get(f"/jobs/{before['id']}").status_code == 503
+        assert client.get("/queues").status_code == 503
+        assert client.get("/healthz").status_code == 200  # alive, just not ready
+        follower.join(30)  # an open event stream says so and closes
+        assert not follower.is_alive()
+        assert [event for event, _ in streamed] == ["status", "error"]
+        assert streamed[0][1]["state"] == "queued"
+        assert "unreachable" in streamed[1][1]["detail"]
+
+        redis.start()  # same port and directory: the AOF brings the queued job back
+        wait_for(lambda: client.get("/readyz").status_code == 200, 30, 0.2, what="readyz after restart")
+        after = client.post("/jobs/probe", json={"message": "after"})
+        assert after.status_code == 202, after.text
+        keyed = client.post("/jobs/probe", json={}, headers={"Idempotency-Key": "outage-key"})
+        assert keyed.status_code == 202  # the failed attempt did not keep the key
+
+        make_worker("outage", env={"REDIS_URL": redis.url})
+        results = {
+            job_id: wait_state(client, job_id, {"succeeded", "dead_lettered"}, timeout=90)
+            for job_id in (before["id"], after.json()["id"])
+        }
+    assert [r["result"]["message"] for r in results.values()] == ["before", "after"]
