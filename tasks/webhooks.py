@@ -33,7 +33,19 @@ MAX_RETRY_AFTER_S = 24 * 3600.0
 
 
 class WebhookJob(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "url": "https://example.com/hooks/orders",
+                    "event": "order.paid",
+                    "payload": {"order_id": 42, "amount_cents": 1999, "currency": "EUR"},
+                    "idempotency_key": "order-42-paid",
+                }
+            ]
+        },
+    )
 
     url: HttpUrl
     event: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:\-/]+$")
