@@ -12,24 +12,36 @@ Usage::
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import ssl
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from kombu import Queue
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline.constants import ROUTES, WORK_QUEUES
 from pipeline.errors import ConfigError
 from pipeline.retry import RetryPolicy
+from pipeline.schedule import BeatEntry, beat_conf
 
 #: Where `pipeline run` starts its embedded Redis when REDIS_URL is not set; also the default REDIS_URL.
 LOCAL_REDIS_PORT = 6390
 API_TOKEN_MIN_LENGTH = 16
+#: Celery's rate syntax: tasks per second, minute or hour ("10/s", "100/m", "0.5/h").
+RATE_PATTERN = r"^\d+(\.\d+)?/[smh]$"
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 
 
@@ -65,6 +77,36 @@ class Settings(BaseSettings):
     retry_jitter: float = Field(default=0.2, ge=0, lt=1)
     enqueue_idempotency_ttl: int = Field(default=86400, ge=1)
     max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
+
+    # --- Scheduling: delayed jobs ----------------------------------------------------------------
+    delayed_poll_interval: float = Field(default=1.0, gt=0, le=60)
+    delayed_release_ahead: float = Field(default=2.0, ge=0)
+
+    #: Stored outputs (STORAGE_BACKEND) older than this are removed by the nightly purge; seconds.
+    artifact_max_age: int = Field(default=30 * 86400, ge=3600)
+
+    # --- Scheduling: beat --------------------------------------------------------------------------
+    #: The active beat's lease on the leader lock; a standby takes over this long after it dies.
+    beat_lock_timeout: int = Field(default=30, ge=2, le=600)
+    #: Longest sleep between beat ticks (each tick renews the lease).
+    beat_max_loop_interval: float = Field(default=5.0, gt=0, le=300)
+    #: The deployment's own beat entries (JSON object: name → {task, cron | every, payload, queue}).
+    beat_schedule: dict[str, BeatEntry] = Field(default_factory=dict)
+
+    # --- Rate limits ----------------------------------------------------------------------------
+    #: Per-worker limits overriding the tasks' own `rate_limit` (JSON: task name → "100/m").
+    task_rate_limits: dict[str, Annotated[str, StringConstraints(pattern=RATE_PATTERN)]] = Field(default_factory=dict)
+
+    # --- Webhooks ---------------------------------------------------------------------------------
+    #: HMAC-SHA256 key signing every delivery; required when ENVIRONMENT=production.
+    webhook_signing_secret: SecretStr | None = None
+    #: Hosts (exact names) and networks (CIDR) that may be delivered to although private/loopback/reserved.
+    webhook_allowed_hosts: list[str] = Field(default_factory=list)
+    webhook_connect_timeout: float = Field(default=5.0, gt=0, le=60)
+    #: Seconds to wait for each read/write of a delivery (the whole request is bounded by the task limits).
+    webhook_timeout: float = Field(default=15.0, gt=0, le=300)
+    #: Cluster-wide limit per destination host, N/s, N/m or N/h.
+    webhook_rate_per_host: str = Field(default="10/s", pattern=RATE_PATTERN)
 
     # --- Worker -------------------------------------------------------------------------------
     worker_prefetch_multiplier: int = Field(default=1, ge=1)
@@ -145,6 +187,11 @@ class Settings(BaseSettings):
     #: Release name for error reports (e.g. the image tag or git sha). Empty: the package version.
     release: str | None = Field(default=None, validation_alias=AliasChoices("RELEASE", "SENTRY_RELEASE"))
 
+    @field_validator("webhook_signing_secret", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value
+
     @model_validator(mode="after")
     def _check(self) -> Settings:
         check_redis_url("REDIS_URL", self.broker_url, self.redis_sentinel_master)
@@ -159,6 +206,7 @@ class Settings(BaseSettings):
                 "VISIBILITY_TIMEOUT must exceed TASK_TIME_LIMIT and TRANSCODE_TIME_LIMIT, or Redis redelivers "
                 "running tasks to a second worker"
             )
+        self._check_scheduling()
         if self.retry_max_delay < self.retry_base_delay:
             raise ValueError("RETRY_MAX_DELAY must be at least RETRY_BASE_DELAY")
         if self.smtp_username and self.smtp_password is None:
@@ -177,6 +225,30 @@ class Settings(BaseSettings):
         if self.redis_tls_ca_file is not None and not self.redis_tls_ca_file.is_file():
             raise ValueError(f"REDIS_TLS_CA_FILE: no such file {self.redis_tls_ca_file}")
         return self
+
+    def _check_scheduling(self) -> None:
+        if self.beat_lock_timeout < 2 * self.beat_max_loop_interval:
+            raise ValueError("BEAT_LOCK_TIMEOUT must be at least twice BEAT_MAX_LOOP_INTERVAL, or the lease lapses")
+        if self.environment == "production" and self.webhook_signing_secret is None:
+            raise ValueError("WEBHOOK_SIGNING_SECRET is required in production")
+        for entry in self.webhook_allowed_hosts:
+            check_allowed_host(entry)
+
+    @property
+    def _slack(self) -> float:
+        """Seconds of the visibility timeout a message does not need for running: a worker may hold it that long."""
+        return max(0.0, self.visibility_timeout - max(self.task_time_limit, self.transcode_time_limit))
+
+    @property
+    def release_ahead(self) -> float:
+        """DELAYED_RELEASE_AHEAD, capped at half the slack so a released job always runs within the timeout."""
+        return min(self.delayed_release_ahead, self._slack / 2)
+
+    @property
+    def worker_hold_limit(self) -> float:
+        """The longest wait a worker may hold a message for (a retry's countdown) before running it: the
+        visibility timeout minus the longest time limit and the release-ahead window. Longer waits are parked."""
+        return max(0.0, self._slack - self.release_ahead)
 
     @property
     def broker_url(self) -> str:
@@ -219,6 +291,17 @@ def check_redis_url(name: str, url: str, sentinel_master: str | None) -> None:
         raise ValueError(f"{name} is a sentinel:// URL: set REDIS_SENTINEL_MASTER to the monitored master's name")
     if scheme in ("redis", "rediss") and not urlsplit(url).hostname and "socket" not in url:
         raise ValueError(f"{name} has no host: {url!r}")
+
+
+def check_allowed_host(entry: str) -> None:
+    """A WEBHOOK_ALLOWED_HOSTS entry: a host name, an IP address or a CIDR network."""
+    if "/" in entry or entry.replace(".", "").isdigit() or ":" in entry:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ValueError(f"WEBHOOK_ALLOWED_HOSTS: {entry!r} is not an address or CIDR network") from None
+    elif not entry or any(c in entry for c in " @?#"):
+        raise ValueError(f"WEBHOOK_ALLOWED_HOSTS: {entry!r} is not a host name")
 
 
 def _ssl_options(settings: Settings) -> dict[str, Any]:
@@ -296,6 +379,10 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
         "worker_consumer": "pipeline.consumer:DeadLetteringConsumer",
         "worker_hijack_root_logger": False,
     }
+    conf.update(beat_conf(settings))
+    if settings.task_rate_limits:
+        # Celery applies annotations over the task's own options: an override needs no code change.
+        conf["task_annotations"] = {name: {"rate_limit": rate} for name, rate in settings.task_rate_limits.items()}
     if settings.worker_max_memory_per_child:
         conf["worker_max_memory_per_child"] = settings.worker_max_memory_per_child
     if settings.broker_url.startswith("rediss://"):

@@ -29,7 +29,14 @@ ROUTES: Final = {
 }
 
 #: Modules holding the product's tasks, imported by the worker (by string: `pipeline` never imports `tasks`).
-TASK_MODULES: Final = ("pipeline.maintenance", "pipeline.probe", "tasks.email", "tasks.pdf", "tasks.media")
+TASK_MODULES: Final = (
+    "pipeline.maintenance",
+    "pipeline.probe",
+    "tasks.email",
+    "tasks.pdf",
+    "tasks.media",
+    "tasks.webhooks",
+)
 
 #: Every Redis key the pipeline owns starts with this (kombu's own keys keep kombu's names).
 KEY_PREFIX: Final = "pipeline:"
@@ -38,10 +45,28 @@ ENQUEUE_IDEMPOTENCY_KEY: Final = KEY_PREFIX + "enqueue:{task}:{key}"
 #: Written before a job is published (task name, accepted time, ETA) so status can tell queued from unknown.
 JOB_RECORD_KEY: Final = KEY_PREFIX + "job:{id}"
 
+#: Parked delayed jobs: ZSET task id → due time (epoch s), and hashes task id → kombu envelope / queue list key.
+DELAYED_KEY: Final = KEY_PREFIX + "delayed"
+DELAYED_MESSAGE_KEY: Final = KEY_PREFIX + "delayed:message"
+DELAYED_DEST_KEY: Final = KEY_PREFIX + "delayed:dest"
+
+#: celery-redbeat's keys: entries `pipeline:beat:<name>`, `pipeline:beat::schedule`, the lock `pipeline:beat::lock`.
+BEAT_KEY_PREFIX: Final = KEY_PREFIX + "beat:"
+#: Hash refreshed every minute by `pipeline.queue_health`: `<queue>.depth`, `<queue>.oldest_age_s`,
+#: `delayed.parked`, `updated_at` (epoch s). Read by the metrics exporter.
+QUEUE_HEALTH_KEY: Final = KEY_PREFIX + "queue_health"
+
 #: Message header stamped at publish time (epoch seconds, float) for queue-wait measurement.
 HEADER_PUBLISHED_AT: Final = "pipeline_published_at"
 #: Message header carrying the caller's idempotency key, if any.
 HEADER_IDEMPOTENCY_KEY: Final = "pipeline_idempotency_key"
+
+#: A job deferred by the cluster-wide rate limiter carries the slot it was given (epoch s), and how many
+#: times it was deferred; `pipeline.ratelimit` owns both.
+HEADER_RATE_SLOT: Final = "pipeline_rate_slot"
+HEADER_THROTTLED: Final = "pipeline_throttled"
+#: GCRA state of a cluster-wide limit: the theoretical arrival time (ms), per task and optional key.
+RATE_LIMIT_KEY: Final = KEY_PREFIX + "ratelimit:{task}"
 
 #: kombu's separator and steps for priority sub-queues on Redis: `<queue>\x06\x16<priority>`.
 PRIORITY_SEPARATOR: Final = "\x06\x16"

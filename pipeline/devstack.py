@@ -153,9 +153,8 @@ def plan(settings: Settings, with_api: bool) -> list[Child]:
     children.append(
         Child("metrics", [*pipeline_cli, "exporter", "--port", str(EXPORTER_PORT), "--address", "127.0.0.1"])
     )
-    children.append(
-        Child("beat", [*celery, "beat", "-l", "INFO", "-s", str((settings.data_dir / "celerybeat-schedule").resolve())])
-    )
+    # The schedule and its leader lock live in Redis (celery-redbeat, see pipeline/schedule.py): no state file.
+    children.append(Child("beat", [*celery, "beat", "-l", "INFO"]))
     children.append(Child("flower", [*celery, "flower", f"--port={FLOWER_PORT}", "--address=127.0.0.1"]))
     if with_api and importlib.util.find_spec("pipeline.api") is not None:
         children.append(

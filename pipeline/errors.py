@@ -24,7 +24,16 @@ class PipelineError(Exception):
 
 
 class TransientError(PipelineError):
-    """A failure that may pass: connection refused, timeout, 5xx, SMTP 4xx. The job is retried."""
+    """A failure that may pass: connection refused, timeout, 5xx, SMTP 4xx. The job is retried.
+
+    `retry_after` (seconds) sets the earliest next attempt, e.g. from an HTTP Retry-After header: the
+    retry waits the longer of it and the policy's backoff (a wait longer than a worker may hold a message
+    is parked like a delayed job, so it is safe past the visibility timeout).
+    """
+
+    def __init__(self, *args: Any, retry_after: float | None = None) -> None:
+        super().__init__(*args)
+        self.retry_after = retry_after
 
 
 class PermanentError(PipelineError):

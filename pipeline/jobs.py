@@ -21,7 +21,8 @@ from pipeline.broker import broker_redis
 from pipeline.config import get_settings
 from pipeline.constants import JOB_RECORD_KEY
 
-#: Celery state → pipeline state. PENDING becomes queued, scheduled or unknown (see the module docstring).
+#: Celery state → pipeline state. PENDING becomes queued, scheduled or unknown (see the module docstring);
+#: a job parked by `pipeline.delayed` is scheduled too. THROTTLED: waiting for a cluster rate-limit slot.
 STATES = {
     "PENDING": "queued",
     "RECEIVED": "queued",
@@ -31,6 +32,7 @@ STATES = {
     "SUCCESS": "succeeded",
     "FAILURE": "failed",
     "REVOKED": "failed",
+    "THROTTLED": "scheduled",
 }
 #: Every state `job_status` answers, in the order a job moves through them.
 ALL_STATES = (
@@ -48,17 +50,21 @@ ALL_STATES = (
 FINAL_STATES = frozenset({"succeeded", "dead_lettered", "unknown"})
 
 
-def record_accepted(task_id: str, task_name: str, eta: datetime | None = None) -> None:
-    """Remember that `task_id` was accepted; call before publishing it (raises if Redis is unreachable)."""
+def accepted_entry(task_name: str, eta: datetime | None = None) -> tuple[str, int]:
+    """The record `record_accepted` stores (JSON) and its time to live in seconds."""
     now = datetime.now(UTC)
     if eta is not None and eta.tzinfo is None:
         eta = eta.replace(tzinfo=UTC)  # Celery reads a naive ETA as UTC (enable_utc)
     ahead = max(0.0, (eta - now).total_seconds()) if eta is not None else 0.0
     record = {"task": task_name, "accepted_at": now.isoformat(), "eta": eta.isoformat() if eta else None}
+    return json.dumps(record), get_settings().result_expires + int(ahead) + 1
+
+
+def record_accepted(task_id: str, task_name: str, eta: datetime | None = None) -> None:
+    """Remember that `task_id` was accepted; call before publishing it (raises if Redis is unreachable)."""
+    value, ttl = accepted_entry(task_name, eta)
     with broker_redis() as client:
-        client.set(
-            JOB_RECORD_KEY.format(id=task_id), json.dumps(record), ex=get_settings().result_expires + int(ahead) + 1
-        )
+        client.set(JOB_RECORD_KEY.format(id=task_id), value, ex=ttl)
 
 
 def forget_accepted(task_id: str) -> None:
@@ -90,7 +96,7 @@ def _pending_state(record: dict[str, Any] | None) -> str:
 
 def job_status(task_id: str) -> dict[str, Any]:
     """State, progress, result or error, attempts and timestamps of one job."""
-    from pipeline import dlq_admin
+    from pipeline import delayed, dlq_admin
 
     result: AsyncResult[Any] = AsyncResult(task_id, app=app)
     meta = result.backend.get_task_meta(task_id)
@@ -119,6 +125,10 @@ def job_status(task_id: str) -> dict[str, Any]:
             "type": type(result.result).__name__ if isinstance(result.result, BaseException) else celery_state,
             "message": str(result.result),
         }
+    if celery_state == "PENDING":
+        due = delayed.parked_due(task_id)
+        if due is not None:
+            status.update(state="scheduled", due_at=datetime.fromtimestamp(due, UTC).isoformat())
     if celery_state == "SUCCESS":
         status["progress"] = {"percent": 100.0, "eta_s": 0}
     if celery_state == "FAILURE":

@@ -86,6 +86,21 @@ def on_worker_ready(**_: Any) -> None:
 
 
 @guarded
+def start_delayed_releaser(**_: Any) -> None:
+    """Worker main process and beat: release parked delayed jobs when due (see `pipeline.delayed`)."""
+    from pipeline import delayed
+
+    delayed.start_releaser()
+
+
+@guarded
+def stop_delayed_releaser(**_: Any) -> None:
+    from pipeline import delayed
+
+    delayed.stop_releaser()
+
+
+@guarded
 def on_task_prerun(sender: Any = None, task_id: str = "", **_: Any) -> None:
     task_metrics.started(sender, task_id)
 
@@ -174,6 +189,9 @@ _HANDLERS: list[tuple[Signal, Callable[..., None]]] = [
     (signals.task_rejected, on_task_rejected),
     (signals.task_unknown, on_task_unknown),
     (signals.worker_ready, on_worker_ready),
+    (signals.worker_ready, start_delayed_releaser),
+    (signals.beat_init, start_delayed_releaser),
+    (signals.worker_shutdown, stop_delayed_releaser),
 ]
 
 

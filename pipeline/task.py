@@ -20,18 +20,20 @@ import importlib
 import json
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
 from celery import Task
+from celery.exceptions import Retry
 from celery.result import AsyncResult
 from pydantic import BaseModel, ValidationError
 
-from pipeline import enqueue_guard, jobs
+from pipeline import delayed, enqueue_guard, jobs, ratelimit
 from pipeline.app import app
 from pipeline.config import get_settings
-from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT
+from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT, HEADER_RATE_SLOT
 from pipeline.errors import PayloadInvalid, PermanentError
+from pipeline.ratelimit import ClusterLimit
 from pipeline.retry import RetryPolicy
 
 P = TypeVar("P", bound=BaseModel)
@@ -60,6 +62,8 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
     """Base class of every pipeline task: carries the retry policy `typed_task` gave it."""
 
     policy: RetryPolicy = RetryPolicy()
+    #: A limit shared by every worker (`typed_task(cluster_rate=...)`), or None.
+    cluster_limit: ClusterLimit | None = None
 
     def job_context(self) -> JobContext:
         request = self.request
@@ -80,6 +84,8 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
         kwargs: dict[str, Any],
     ) -> dict[str, Any]:
         job = validate_payload(self.name, model, _single_payload(self.name, args, kwargs))
+        if self.cluster_limit is not None:
+            ratelimit.enforce(self, self.cluster_limit, job)  # raises Ignore after deferring the job
         try:
             return fn(job, self.job_context()).model_dump(mode="json")
         except PermanentError:
@@ -87,9 +93,36 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
         except Exception as exc:
             if not self.policy.is_transient(exc):
                 raise
-            countdown = self.policy.delay(self.request.retries or 0)
-            # Past max_retries Celery re-raises `exc` itself: the job fails with its real error and is dead-lettered.
-            raise self.retry(exc=exc, countdown=countdown, max_retries=self.policy.max_retries) from exc
+            raise self.retry_transient(exc) from exc
+
+    def retry_transient(self, exc: Exception) -> BaseException:
+        """Schedule the next attempt after `exc` (policy backoff, or longer if the error asks); return Retry."""
+        retries = int(self.request.retries or 0)
+        countdown = max(self.policy.delay(retries), getattr(exc, "retry_after", None) or 0.0)
+        # A retry asks the rate limiter again: drop the slot a deferred job carried.
+        headers = {k: v for k, v in (self.request.headers or {}).items() if k != HEADER_RATE_SLOT}
+        if countdown <= get_settings().worker_hold_limit or retries >= self.policy.max_retries:
+            # Celery's own retry: a worker holds it, and it runs and ends within the visibility timeout.
+            # Past max_retries it re-raises `exc`: the job fails with its real error and is dead-lettered.
+            return self.retry(exc=exc, countdown=countdown, max_retries=self.policy.max_retries, headers=headers)
+        # Longer than a worker may hold a message: the next attempt is parked until it is due.
+        again = self.signature_from_request(retries=retries + 1, headers=headers)
+        due = time.time() + countdown
+        delayed.schedule(lambda producer, eta: again.apply_async(producer=producer, eta=eta), str(self.request.id), due)
+        return Retry(exc=exc, when=datetime.fromtimestamp(due, UTC))
+
+
+def due_time(countdown: float | None, eta: datetime | None) -> float | None:
+    """Epoch seconds a job is due, from a countdown or an ETA (naive ETAs are UTC); None: now."""
+    if eta is not None:
+        return (eta if eta.tzinfo else eta.replace(tzinfo=UTC)).timestamp()
+    if countdown is not None and countdown > 0:
+        return time.time() + countdown
+    return None
+
+
+def _eta(due: float | None) -> datetime | None:
+    return None if due is None else datetime.fromtimestamp(due, UTC)
 
 
 def _single_payload(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -146,6 +179,8 @@ class TypedTask(Generic[P, R]):
 
         Nothing reaches the broker if validation fails (`PayloadInvalid`). With an `idempotency_key`, a
         second enqueue with the same key (within ENQUEUE_IDEMPOTENCY_TTL) returns the first job's id.
+        A `countdown` or `eta` further ahead than DELAYED_RELEASE_AHEAD parks the job in Redis until it
+        is due (`pipeline.delayed`), so any delay is safe beyond the visibility timeout.
         """
         job = self.validate(payload)
         headers: dict[str, Any] = {HEADER_PUBLISHED_AT: time.time()}
@@ -154,16 +189,16 @@ class TypedTask(Generic[P, R]):
                 return claim.existing_id
             if idempotency_key:
                 headers[HEADER_IDEMPOTENCY_KEY] = idempotency_key
-            options: dict[str, Any] = {"countdown": countdown, "eta": eta}
-            run_at = eta or (datetime.now(UTC) + timedelta(seconds=countdown) if countdown else None)
-            jobs.record_accepted(claim.task_id, self.name, run_at)  # first, so the id is never "unknown"
+            args = (job.model_dump(mode="json"),)
+            due = due_time(countdown, eta)
+            jobs.record_accepted(claim.task_id, self.name, _eta(due))  # first, so the id is never "unknown"
+
+            def send(producer: Any, at: datetime | None) -> None:
+                timing: dict[str, Any] = {"eta": at} if at is not None else {}
+                self.task.apply_async(args, task_id=claim.task_id, headers=headers, producer=producer, **timing)
+
             try:
-                self.task.apply_async(
-                    (job.model_dump(mode="json"),),
-                    task_id=claim.task_id,
-                    headers=headers,
-                    **{k: v for k, v in options.items() if v is not None},
-                )
+                delayed.schedule(send, claim.task_id, due)
             except BaseException:
                 jobs.forget_accepted(claim.task_id)
                 raise
@@ -190,16 +225,23 @@ def typed_task(
     kind: str | None = None,
     transient: tuple[type[BaseException], ...] = (),
     max_attempts: int | None = None,
+    cluster_rate: str | None = None,
+    cluster_burst: int = 1,
+    rate_key: Callable[[P], str] | None = None,
     **options: Any,
 ) -> Callable[[Callable[[P, JobContext], R]], TypedTask[P, R]]:
     """Register `fn(payload, ctx) -> result` as the Celery task `name` (see the module docstring).
 
     `kind` is the short name for the CLI and API (default: the part of `name` before the dot);
     `transient` adds exceptions that retry besides `TransientError`; `max_attempts` overrides the
-    default policy; other `options` go to Celery (`soft_time_limit`, `time_limit`, `rate_limit`, ...).
+    default policy; `cluster_rate` ("20/s"), `cluster_burst` and `rate_key(job)` declare a limit shared
+    by every worker (`pipeline.ratelimit`); other `options` go to Celery (`soft_time_limit`,
+    `time_limit`, `rate_limit` — per worker, overridable by TASK_RATE_LIMITS —, ...).
     """
     base = get_settings().retry_policy()
     policy = dataclasses.replace(base, transient=transient, max_attempts=max_attempts or base.max_attempts)
+
+    limit = ClusterLimit(cluster_rate, cluster_burst, rate_key) if cluster_rate else None
 
     def decorate(fn: Callable[[P, JobContext], R]) -> TypedTask[P, R]:
         def run(self: PipelineTask, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -209,7 +251,7 @@ def typed_task(
         # A killed pool child is retried like any transient failure (task_retry_on_worker_lost).
         options.setdefault("default_retry_delay", policy.base_delay)
         options.setdefault("max_retries", policy.max_retries)
-        register: Any = app.task(name=name, bind=True, base=PipelineTask, policy=policy, **options)
+        register: Any = app.task(name=name, bind=True, base=PipelineTask, policy=policy, cluster_limit=limit, **options)
         task: PipelineTask = register(run)
         return TypedTask(task, payload, result, kind or name.split(".")[0])
 

@@ -30,6 +30,9 @@ TEST_ENV = {
     "WORKER_SOFT_SHUTDOWN_TIMEOUT": "5",
     "REMAP_SIGTERM": "SIGQUIT",
     "LOG_LEVEL": "INFO",
+    # Webhook tests post to HTTP servers on 127.0.0.1 (allowlisted; everything else private stays refused).
+    "WEBHOOK_SIGNING_SECRET": "test-webhook-secret",
+    "WEBHOOK_ALLOWED_HOSTS": '["127.0.0.1/32"]',
 }
 
 

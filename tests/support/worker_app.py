@@ -19,7 +19,7 @@ from pipeline import app
 from pipeline.config import get_settings
 from pipeline.errors import PermanentError, TransientError
 from pipeline.task import JobContext, typed_task
-from tests.support import obs_tasks  # noqa: F401  # registers test.leaky
+from tests.support import limited, obs_tasks, ticks  # noqa: F401  # registers test.limited, test.leaky, test.tick
 
 __all__ = ["app"]
 
@@ -30,6 +30,8 @@ class LedgerJob(BaseModel):
     fail: Literal["none", "transient", "permanent", "crash", "flag", "hang"] = "none"
     fail_times: int = Field(default=0, ge=0)
     sleep_s: float = 0.0
+    #: With fail="transient": the error asks for at least this long before the next attempt.
+    retry_after: float | None = None
     #: Sleep only on the first delivery (a redelivered copy finishes at once).
     sleep_once: bool = False
 
@@ -69,7 +71,7 @@ def ledger(job: LedgerJob, ctx: JobContext) -> LedgerResult:
         raise PermanentError("flag is set")
     failing = job.fail_times == 0 or ctx.attempt <= job.fail_times
     if job.fail == "transient" and failing:
-        raise TransientError(f"transient failure on attempt {ctx.attempt}")
+        raise TransientError(f"transient failure on attempt {ctx.attempt}", retry_after=job.retry_after)
     if job.fail == "permanent":
         raise PermanentError("permanent failure")
     if job.fail == "crash" and failing:

@@ -1,0 +1,180 @@
+"""Delayed jobs beyond the visibility timeout run once and on time; parked jobs cost workers no memory."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline import delayed
+from pipeline.broker import broker_redis, decode_message
+from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
+from pipeline.jobs import job_status
+from tests.support.procs import wait_for
+from tests.support.worker_app import attempts, ledger
+
+pytestmark = pytest.mark.integration
+
+VT = 4
+#: A worker whose visibility timeout is 4 s: every limit below it, as the settings validator demands.
+SHORT_VT_ENV = {
+    "VISIBILITY_TIMEOUT": str(VT),
+    "TASK_SOFT_TIME_LIMIT": "1",
+    "TASK_TIME_LIMIT": "2",
+    "TRANSCODE_SOFT_TIME_LIMIT": "1",
+    "TRANSCODE_TIME_LIMIT": "2",
+    "RETRY_MAX_DELAY": "0.5",
+    "DELAYED_RELEASE_AHEAD": "1",
+    "DELAYED_POLL_INTERVAL": "0.2",
+    "UNACKED_RESTORE_INTERVAL": "1",
+}
+#: How late a delayed job may start (release polling + the worker's ETA timer on a busy 2-core box).
+LATE_TOLERANCE_S = 1.5
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def unpark(ids: list[str]) -> None:
+    with broker_redis() as client:
+        pipe = client.pipeline()
+        pipe.zrem(DELAYED_KEY, *ids)
+        pipe.hdel(DELAYED_MESSAGE_KEY, *ids)
+        pipe.hdel(DELAYED_DEST_KEY, *ids)
+        pipe.execute()
+
+
+def test_parked_job_is_scheduled_and_released_as_celery_would_publish_it() -> None:
+    key = f"park-{uuid.uuid4().hex}"
+    task_id = ledger.enqueue({"key": key}, countdown=3600)
+    try:
+        assert delayed.is_parked(task_id)
+        status = job_status(task_id)
+        assert status["state"] == "scheduled"
+        assert status["due_at"]
+        with broker_redis() as client:
+            dest = client.hget(DELAYED_DEST_KEY, task_id)
+            body = client.hget(DELAYED_MESSAGE_KEY, task_id)
+        assert dest == b"default"
+        envelope: dict[str, Any] = decode_message(body or b"")
+        assert envelope["headers"]["task"] == "test.ledger"
+        assert envelope["headers"]["id"] == task_id
+        assert envelope["headers"]["eta"]  # the worker's timer starts it at the due time
+        assert envelope["body"][0][0]["key"] == key
+        assert envelope["properties"]["delivery_info"]["routing_key"] == "default"
+    finally:
+        unpark([task_id])
+    assert not delayed.is_parked(task_id)
+
+
+def test_delay_of_three_visibility_timeouts_runs_exactly_once_and_on_time(make_worker: Any) -> None:
+    make_worker("delayed-vt", env=SHORT_VT_ENV, queues="default", concurrency=1)
+    parked_key, raw_key = f"parked-{uuid.uuid4().hex}", f"raw-{uuid.uuid4().hex}"
+    delay = 3 * VT
+    due = time.time() + delay
+    ledger.enqueue({"key": parked_key}, countdown=delay)
+    # The hazard this closes: the same delay through Celery's own countdown is redelivered every VT.
+    ledger.task.apply_async(({"key": raw_key},), countdown=delay)
+
+    wait_for(lambda: attempts(parked_key), delay + 10, 0.05, what="the delayed job to run")
+    started = attempts(parked_key)[0]["t"]
+    print(f"delayed job started {started - due:+.3f}s from its due time")
+    assert -0.05 <= started - due <= LATE_TOLERANCE_S, f"started {started - due:+.2f}s from its due time"
+    time.sleep(2 * VT + 2)  # room for any redelivery to show up; the assertion is the count below
+    assert len(attempts(parked_key)) == 1
+    assert len(attempts(raw_key)) > 1, "the raw countdown control should have been redelivered"
+
+
+def test_five_thousand_parked_jobs_do_not_grow_worker_memory(make_worker: Any) -> None:
+    worker = make_worker("delayed-mem", env=SHORT_VT_ENV, queues="default", concurrency=1)
+    time.sleep(1)  # let the freshly started worker settle before the baseline
+    before = rss_kib(worker.pid)
+    ids = [ledger.enqueue({"key": f"mem-{i}", "sleep_s": 0.0}, countdown=3600) for i in range(5000)]
+    try:
+        assert all(delayed.is_parked(i) for i in ids[::500])
+        time.sleep(3)  # a dozen release polls: nothing is due, nothing reaches the worker
+        after = rss_kib(worker.pid)
+        with broker_redis() as client:
+            assert client.llen("default") == 0
+            assert client.zcard(DELAYED_KEY) >= 5000
+        print(f"worker RSS {before} KiB -> {after} KiB with 5,000 parked jobs")
+        # Held in the worker as Celery ETA requests, 5,000 such jobs grew it by ~45 MiB (measured once).
+        assert after - before < 8 * 1024, f"worker RSS grew by {after - before} KiB"
+    finally:
+        unpark(ids)
+
+
+def test_retry_longer_than_a_worker_may_hold_is_parked(make_worker: Any) -> None:
+    """With a 4 s visibility timeout a worker may hold a retry for 1 s; a 5 s Retry-After is parked."""
+    make_worker("retry-park", env=SHORT_VT_ENV, queues="retry-park", concurrency=1)
+    key = f"retry-after-{uuid.uuid4().hex}"
+    job = {"key": key, "fail": "transient", "fail_times": 1, "retry_after": 5}
+    task_id = ledger.task.apply_async((job,), queue="retry-park").id
+    wait_for(lambda: delayed.is_parked(task_id), 20, 0.05, what="the retry to be parked")
+    assert job_status(task_id)["state"] == "retrying"
+    wait_for(lambda: len(attempts(key)) >= 2, 30, 0.1, what="the second attempt")
+    time.sleep(2 * VT)  # the parked retry must not come back twice
+    first, second = attempts(key)
+    assert second["t"] - first["t"] >= 5
+    assert ledger.result(task_id, timeout=10).attempt == 2
+
+
+def test_concurrent_releasers_release_each_entry_exactly_once(redis_server: Any) -> None:
+    """Four releasers racing over the same 400 due entries push each one exactly once."""
+    import threading
+
+    dest = f"test:released:{uuid.uuid4().hex}"
+    ids = [f"race-{uuid.uuid4().hex}" for _ in range(400)]
+    client = redis_server.client()
+    pipe = client.pipeline()
+    for i in ids:
+        pipe.hset(DELAYED_MESSAGE_KEY, i, i)
+        pipe.hset(DELAYED_DEST_KEY, i, dest)
+        pipe.zadd(DELAYED_KEY, {i: time.time() - 1})
+    pipe.execute()
+    counts: list[int] = []
+
+    def release() -> None:
+        while (n := delayed.release_due(limit=7)) > 0:
+            counts.append(n)
+
+    threads = [threading.Thread(target=release) for _ in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        pushed = [b.decode() for b in client.lrange(dest, 0, -1)]
+        assert sorted(pushed) == sorted(ids)
+        assert sum(counts) >= 400  # other tests' due entries may be released too, never ours twice
+        assert not any(client.zscore(DELAYED_KEY, i) for i in ids)
+    finally:
+        client.delete(dest)
+        unpark(ids)
+
+
+def test_cli_delay_parks_the_job_and_status_says_scheduled() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app as cli
+
+    runner = CliRunner()
+    enqueued = runner.invoke(cli, ["enqueue", "probe", "--set", "message=later", "--delay", "3600", "--json"])
+    assert enqueued.exit_code == 0, enqueued.output
+    task_id = json.loads(enqueued.output)["id"]
+    try:
+        shown = runner.invoke(cli, ["status", task_id, "--json"])
+        status = json.loads(shown.output)
+        assert status["state"] == "scheduled"
+        assert status["due_at"].startswith(time.strftime("%Y-%m-%d", time.gmtime(time.time() + 3600)))
+    finally:
+        unpark([task_id])

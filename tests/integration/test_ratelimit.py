@@ -1,0 +1,109 @@
+"""A cluster-wide limit of 20/s holds across 4 worker processes; throttled jobs are deferred, not failed."""
+
+from __future__ import annotations
+
+import bisect
+import time
+import uuid
+from typing import Any
+
+import pytest
+from celery.result import AsyncResult
+
+from pipeline.app import app
+from pipeline.constants import RATE_LIMIT_KEY
+from pipeline.ratelimit import ClusterLimit, parse_rate
+from tests.support.limited import limited, starts
+from tests.support.procs import RedisServer, wait_for
+
+pytestmark = pytest.mark.integration
+
+JOBS = 200
+RATE = 20
+
+
+def max_in_any_window(times: list[float], width: float = 1.0) -> int:
+    """The most starts inside any window [t, t + width) beginning at a start."""
+    return max(bisect.bisect_left(times, t + width) - i for i, t in enumerate(times))
+
+
+def test_parse_rate() -> None:
+    assert parse_rate("20/s") == 0.05
+    assert parse_rate("120/m") == 0.5
+    with pytest.raises(ValueError, match="N/s"):
+        ClusterLimit("20 per second")
+
+
+def test_limit_holds_across_four_processes_and_nothing_fails(
+    make_worker: Any, redis_server: RedisServer, clean_dlq: None
+) -> None:
+    redis_server.client().delete(RATE_LIMIT_KEY.format(task="test.limited"))
+    make_worker("rate-a", queues="default", concurrency=2)
+    make_worker("rate-b", queues="default", concurrency=2)
+    key = uuid.uuid4().hex
+    ids = [limited.enqueue({"key": key, "n": i}) for i in range(JOBS)]
+
+    wait_for(lambda: len(starts(key)) >= JOBS, JOBS / RATE + 40, 0.2, what=f"{JOBS} rate-limited jobs")
+    results = [limited.result(task_id, timeout=30) for task_id in ids]
+    times = starts(key)
+
+    assert len(times) == JOBS  # each job ran once
+    peak = max_in_any_window(times)
+    rel = [round(t - times[0], 2) for t in times]
+    print(f"peak {peak} starts/s over {times[-1] - times[0]:.1f}s")
+    assert peak <= RATE * 1.1, f"{peak} starts in one second: {rel}"
+    assert times[-1] - times[0] >= (JOBS - 1) / RATE - 1  # the limit, not the workers, set the pace
+    assert all(r.attempt == 1 for r in results), "a throttled job was counted as a failed attempt"
+    assert all(AsyncResult(i, app=app).state == "SUCCESS" for i in ids)
+    assert redis_server.client().llen("dead_letter") == 0
+
+
+class StubTask:
+    """What `enforce` needs of a Celery task: its request, name, state updates and a re-publish."""
+
+    def __init__(self, headers: dict[str, Any] | None = None) -> None:
+        self.name = f"test.stub-{uuid.uuid4().hex[:8]}"
+        self.request = type("Request", (), {"id": uuid.uuid4().hex, "headers": headers, "retries": 0})()
+        self.states: list[tuple[str, dict[str, Any]]] = []
+        self.published: list[dict[str, Any]] = []
+
+    def update_state(self, state: str, meta: dict[str, Any]) -> None:
+        self.states.append((state, meta))
+
+    def signature_from_request(self, request: Any, **options: Any) -> Any:
+        stub = self
+
+        class Sig:
+            def apply_async(self, **more: Any) -> None:
+                stub.published.append({**options, **more})
+
+        return Sig()
+
+
+def test_throttled_job_is_republished_for_its_slot_and_counted(redis_server: RedisServer) -> None:
+    from celery.exceptions import Ignore
+
+    from pipeline import metrics
+    from pipeline.constants import HEADER_RATE_SLOT, HEADER_THROTTLED
+    from pipeline.ratelimit import enforce
+
+    limit = ClusterLimit("1/s", key=lambda job: str(job))
+    first, second, other = StubTask(), StubTask(), StubTask()
+    second.name = other.name = first.name
+    enforce(first, limit, "host-a")  # the first token: runs now
+    assert first.published == []
+    enforce(other, limit, "host-b")  # another key has its own limit
+    assert other.published == []
+    with pytest.raises(Ignore):
+        enforce(second, limit, "host-a")
+    [again] = second.published
+    slot = again["headers"][HEADER_RATE_SLOT]
+    assert again["headers"][HEADER_THROTTLED] == 1
+    assert 0.5 < slot - time.time() <= 1.01
+    assert abs(again["eta"].timestamp() - slot) < 0.001
+    assert second.states[0][0] == "THROTTLED"
+    counted = metrics.rate_limit_throttled.labels(task=second.name)._value.get()
+    assert counted == 1
+    # The deferred message, arriving on its slot, runs without asking the limiter again.
+    enforce(StubTask({HEADER_RATE_SLOT: time.time()}), limit, "host-a")
+    redis_server.client().delete(limit.redis_key(first.name, "host-a"), limit.redis_key(first.name, "host-b"))
