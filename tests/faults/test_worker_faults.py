@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pipeline import dlq_admin
+from tests.support.dlq import dead_letter
 from tests.support.procs import wait_for
 from tests.support.worker_app import attempts, ledger, ledger_client
 
@@ -42,18 +42,6 @@ def done(key: str) -> list[bytes]:
 
 def started(key: str, n: int = 1, timeout: float = 30) -> None:
     wait_for(lambda: len(attempts(key)) >= n, timeout, 0.05, what=f"{n} start(s) of {key}")
-
-
-def dead_letter(task_id: str, timeout: float = 60) -> dlq_admin.DeadLetter:
-    def find() -> dlq_admin.DeadLetter | None:
-        try:
-            return dlq_admin.get(task_id)
-        except dlq_admin.DeadLetterNotFound:
-            return None
-
-    entry = wait_for(find, timeout, 0.1, what=f"dead-letter entry for {task_id}")
-    assert isinstance(entry, dlq_admin.DeadLetter)
-    return entry
 
 
 def test_sigkilled_worker_task_runs_again_on_a_new_worker(make_worker: Any) -> None:

@@ -9,26 +9,13 @@ from typing import Any
 import pytest
 from celery import signals
 
-from pipeline import dlq_admin
 from pipeline.app import app
 from pipeline.errors import PayloadInvalid
 from pipeline.probe import ProbeResult, probe
-from tests.support.procs import wait_for
+from tests.support.dlq import dead_letter
 from tests.support.worker_app import attempts, ledger
 
 pytestmark = pytest.mark.integration
-
-
-def _dlq_entry_for(task_id: str, timeout: float = 20) -> dlq_admin.DeadLetter:
-    def find() -> dlq_admin.DeadLetter | None:
-        try:
-            return dlq_admin.get(task_id)
-        except dlq_admin.DeadLetterNotFound:
-            return None
-
-    entry = wait_for(find, timeout, 0.1, what=f"dead-letter entry for {task_id}")
-    assert isinstance(entry, dlq_admin.DeadLetter)
-    return entry
 
 
 def test_task_succeeds_and_its_typed_result_comes_back(session_worker: Any) -> None:
@@ -66,7 +53,7 @@ def test_invalid_payload_from_a_foreign_client_is_dead_lettered_without_retries(
 ) -> None:
     key = "foreign-invalid"
     task_id = app.send_task("test.ledger", args=[{"key": key, "fail": "explode"}]).id
-    entry = _dlq_entry_for(task_id)
+    entry = dead_letter(task_id)
     assert entry.exception_type == "pipeline.errors.PayloadInvalid"
     assert "fail: Input should be" in entry.exception_message
     assert entry.attempts == 1 and entry.queue == "default"
@@ -76,7 +63,7 @@ def test_invalid_payload_from_a_foreign_client_is_dead_lettered_without_retries(
 
 def test_more_than_one_argument_is_refused_by_the_worker(session_worker: Any, clean_dlq: None) -> None:
     task_id = app.send_task("pipeline.probe", args=[{"message": "a"}, {"message": "b"}]).id
-    entry = _dlq_entry_for(task_id)
+    entry = dead_letter(task_id)
     assert "exactly one positional argument" in entry.exception_message
 
 
@@ -98,7 +85,7 @@ def test_permanent_failure_is_tried_once_then_dead_lettered_with_traceback(
 ) -> None:
     key = "permanent-1"
     task_id = ledger.enqueue({"key": key, "fail": "permanent"})
-    entry = _dlq_entry_for(task_id)
+    entry = dead_letter(task_id)
     assert len(attempts(key)) == 1
     assert entry.reason == "failed" and entry.attempts == 1
     assert entry.exception_type == "pipeline.errors.PermanentError"
@@ -111,7 +98,7 @@ def test_permanent_failure_is_tried_once_then_dead_lettered_with_traceback(
 def test_exhausted_retries_make_exactly_five_attempts_then_a_dlq_entry(session_worker: Any, clean_dlq: None) -> None:
     key = "always-transient"
     task_id = ledger.enqueue({"key": key, "fail": "transient"})
-    entry = _dlq_entry_for(task_id, timeout=60)
+    entry = dead_letter(task_id, timeout=60)
     assert [a["attempt"] for a in attempts(key)] == [1, 2, 3, 4, 5]
     assert entry.attempts == 5
     assert entry.exception_type == "pipeline.errors.TransientError"
@@ -132,7 +119,7 @@ def test_job_status_reports_result_and_dead_letter(session_worker: Any, clean_dl
     probe.result(ok, timeout=30)
     assert job_status(ok)["state"] == "succeeded"
     bad = probe.enqueue({"fail": "permanent"})
-    _dlq_entry_for(bad)
+    dead_letter(bad)
     status = job_status(bad)
     assert status["state"] == "dead_lettered" and status["error"]["type"] == "PermanentError"
     assert json.dumps(status)  # JSON-safe for the CLI and the API

@@ -9,12 +9,11 @@ from typing import Any
 
 import pytest
 
-from pipeline import dlq_admin
 from pipeline.jobs import job_status
 from tasks import webhook_http, webhooks
 from tests.conftest import TEST_ENV
+from tests.support.dlq import dead_letter
 from tests.support.http_peer import HttpPeer
-from tests.support.procs import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -30,18 +29,6 @@ def peer() -> Iterator[HttpPeer]:
 
 def path() -> str:
     return f"/hook/{uuid.uuid4().hex}"
-
-
-def dead_letter(task_id: str, timeout: float = 30) -> dlq_admin.DeadLetter:
-    def find() -> dlq_admin.DeadLetter | None:
-        try:
-            return dlq_admin.get(task_id)
-        except dlq_admin.DeadLetterNotFound:
-            return None
-
-    entry = wait_for(find, timeout, 0.1, what=f"{task_id} in the dead-letter queue")
-    assert isinstance(entry, dlq_admin.DeadLetter)
-    return entry
 
 
 def test_delivery_is_signed_and_carries_the_idempotency_key(session_worker: Any, peer: HttpPeer) -> None:
