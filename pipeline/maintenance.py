@@ -23,7 +23,7 @@ class RetentionResult(BaseModel):
     spooled_published: int
 
 
-@typed_task("pipeline.dlq_retention", kind="dlq-retention", payload=NoPayload, result=RetentionResult)
+@typed_task("pipeline.dlq_retention", kind="dlq-retention", public=False, payload=NoPayload, result=RetentionResult)
 def dlq_retention(_: NoPayload, ctx: JobContext) -> RetentionResult:
     """Publish spooled envelopes, then drop dead-letter entries past DLQ_MAX_AGE / DLQ_MAX_ENTRIES."""
     spooled = dlq.flush_spool()
@@ -35,7 +35,7 @@ class QueueHealthResult(BaseModel):
     parked: int
 
 
-@typed_task("pipeline.queue_health", kind="queue-health", payload=NoPayload, result=QueueHealthResult)
+@typed_task("pipeline.queue_health", kind="queue-health", public=False, payload=NoPayload, result=QueueHealthResult)
 def queue_health(_: NoPayload, ctx: JobContext) -> QueueHealthResult:
     """Write each queue's depth and oldest-job age, and the parked delayed jobs, to `pipeline:queue_health`."""
     stats = broker.queue_stats()
@@ -57,7 +57,7 @@ class PurgeResult(BaseModel):
     removed: int
 
 
-@typed_task("pipeline.artifact_purge", kind="artifact-purge", payload=NoPayload, result=PurgeResult)
+@typed_task("pipeline.artifact_purge", kind="artifact-purge", public=False, payload=NoPayload, result=PurgeResult)
 def artifact_purge(_: NoPayload, ctx: JobContext) -> PurgeResult:
     """Delete stored outputs (and abandoned partial files) older than ARTIFACT_MAX_AGE."""
     return PurgeResult(removed=get_storage().purge_older_than(get_settings().artifact_max_age))

@@ -147,12 +147,14 @@ def validate_payload(name: str, model: type[P], raw: Any) -> P:
 class TypedTask(Generic[P, R]):
     """A registered Celery task with its models: `enqueue()` for producers, `.task` for Celery itself."""
 
-    def __init__(self, task: PipelineTask, payload: type[P], result: type[R], kind: str) -> None:
+    def __init__(self, task: PipelineTask, payload: type[P], result: type[R], kind: str, public: bool = True) -> None:
         self.task = task
         self.payload_model = payload
         self.result_model = result
         #: The short name the CLI and the API use (`email`, `pdf`, ...).
         self.kind = kind
+        #: False for the pipeline's own housekeeping: the API and the page do not offer it.
+        self.public = public
         REGISTRY[kind] = self
 
     @property
@@ -223,6 +225,7 @@ def typed_task(
     payload: type[P],
     result: type[R],
     kind: str | None = None,
+    public: bool = True,
     transient: tuple[type[BaseException], ...] = (),
     max_attempts: int | None = None,
     cluster_rate: str | None = None,
@@ -232,7 +235,8 @@ def typed_task(
 ) -> Callable[[Callable[[P, JobContext], R]], TypedTask[P, R]]:
     """Register `fn(payload, ctx) -> result` as the Celery task `name` (see the module docstring).
 
-    `kind` is the short name for the CLI and API (default: the part of `name` before the dot);
+    `kind` is the short name for the CLI and API (default: the part of `name` before the dot); `public=False`
+    keeps a housekeeping task out of the HTTP API and the page;
     `transient` adds exceptions that retry besides `TransientError`; `max_attempts` overrides the
     default policy; `cluster_rate` ("20/s"), `cluster_burst` and `rate_key(job)` declare a limit shared
     by every worker (`pipeline.ratelimit`); other `options` go to Celery (`soft_time_limit`,
@@ -253,6 +257,6 @@ def typed_task(
         options.setdefault("max_retries", policy.max_retries)
         register: Any = app.task(name=name, bind=True, base=PipelineTask, policy=policy, cluster_limit=limit, **options)
         task: PipelineTask = register(run)
-        return TypedTask(task, payload, result, kind or name.split(".")[0])
+        return TypedTask(task, payload, result, kind or name.split(".")[0], public)
 
     return decorate

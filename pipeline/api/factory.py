@@ -37,7 +37,7 @@ async def lifespan(_: FastAPI) -> AsyncIterator[None]:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
-    registry = load_task_modules()
+    registry = {kind: typed for kind, typed in load_task_modules().items() if typed.public}
     app = FastAPI(
         title="pipeline",
         version="0.1.0",

@@ -315,3 +315,11 @@ def test_broker_down_is_503_with_retry_after_then_jobs_flow_again(
             for job_id in (before["id"], after.json()["id"])
         }
     assert [r["result"]["message"] for r in results.values()] == ["before", "after"]
+
+
+def test_kinds_offer_the_job_types_and_not_housekeeping(api: ApiServer) -> None:
+    with api.client() as client:
+        kinds = {k["kind"] for k in client.get("/kinds").json()}
+        assert {"probe", "email", "pdf", "transcode", "webhook"} <= kinds
+        assert not kinds & {"dlq-retention", "queue-health", "artifact-purge"}
+        assert client.post("/jobs/dlq-retention", json={}).status_code == 404
