@@ -69,6 +69,10 @@ class Storage(ABC):
     def list(self, prefix: str = "") -> Iterator[StoredObject]:
         """Every stored object whose key starts with `prefix`."""
 
+    @abstractmethod
+    def read_lines(self, key: str) -> Iterator[bytes]:
+        """The stored object's lines, streamed (FileNotFoundError if there is none)."""
+
     @contextlib.contextmanager
     def open_write(self, key: str) -> Iterator[BinaryIO]:
         """A binary file to stream into; stored under `key` only if the block completes."""
@@ -107,6 +111,10 @@ class LocalStorage(Storage):
             os.replace(temp, final)
         finally:
             temp.unlink(missing_ok=True)
+
+    def read_lines(self, key: str) -> Iterator[bytes]:
+        with self.path(key).open("rb") as lines:
+            yield from lines
 
     def uri(self, key: str) -> str:
         return self.path(key).as_uri()

@@ -55,6 +55,14 @@ class S3Storage(Storage):
                 raise FileNotFoundError(f"nothing was written for {key!r}")
             self.client.upload_file(str(temp), self.bucket, target)
 
+    def read_lines(self, key: str) -> Iterator[bytes]:
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self.object_key(key))["Body"]
+        except self.client.exceptions.NoSuchKey:
+            raise FileNotFoundError(f"no stored object {key!r}") from None
+        with contextlib.closing(body):
+            yield from body.iter_lines()
+
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{self.object_key(key)}"
 

@@ -7,14 +7,15 @@ when complete (see pipeline.storage); a retry of the same job overwrites the sam
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from pipeline.errors import PermanentError
 from pipeline.storage import Storage, get_storage
 from pipeline.task import JobContext, typed_task
-from tasks.pdf_models import Cell
+from tasks.pdf_models import Cell, ReportData
 from tasks.pdf_stream import StreamingCanvas
 from tasks.pdf_templates import TEMPLATES, draw_report
 
@@ -63,6 +64,9 @@ class PdfJob(BaseModel):
             raise ValueError(f"invalid data for template {self.template_id!r}: {problems}") from None
 
 
+_ROW: TypeAdapter[list[Cell]] = TypeAdapter(list[Cell])
+
+
 class PdfResult(BaseModel):
     uri: str
     pages: int
@@ -74,12 +78,34 @@ def output_key(task_id: str, filename: str) -> str:
     return f"pdf/{task_id}/{filename}"
 
 
+def stored_rows(storage: Storage, key: str, width: int) -> Iterator[list[Cell]]:
+    """Rows of a report from a stored JSON Lines file, one at a time; a bad line is a permanent error."""
+    try:
+        for number, line in enumerate(storage.read_lines(key), 1):
+            if not line.strip():
+                continue
+            try:
+                row = _ROW.validate_json(line)
+            except ValidationError as exc:
+                raise PermanentError(f"rows_from {key!r} line {number}: {exc.errors()[0]['msg']}") from None
+            if len(row) != width:
+                raise PermanentError(f"rows_from {key!r} line {number}: {len(row)} cells; columns has {width}")
+            yield row
+    except FileNotFoundError:
+        raise PermanentError(f"rows_from: no stored object {key!r}") from None
+
+
 def render_job(job: PdfJob, key: str, storage: Storage) -> PdfResult:
     """Render `job` to `key` in `storage` (write-then-rename)."""
     template = TEMPLATES[job.template_id]
+    data = job.typed_data()
     with storage.open_write(key) as out:
         canvas = StreamingCanvas(out)
-        template.draw(canvas, job.typed_data())
+        if isinstance(data, ReportData) and data.rows_from:
+            rows = stored_rows(storage, data.rows_from, len(data.columns))
+            draw_report(canvas, data.title, data.columns, rows, data.summary)
+        else:
+            template.draw(canvas, data)
         canvas.save()
     return PdfResult(uri=storage.uri(key), pages=canvas.pages, bytes=canvas.bytes_written, sha256=canvas.sha256)
 

@@ -48,10 +48,15 @@ class ReportData(BaseModel):
     title: str = Field(min_length=1, max_length=200)
     columns: list[str] = Field(min_length=1, max_length=12)
     rows: list[list[Cell]] = Field(default_factory=list)
+    #: Instead of `rows`: a key in the storage backend holding the rows as JSON Lines (one array per line),
+    #: streamed while rendering, for reports larger than a message may carry (thousands of pages).
+    rows_from: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,300}$")
     summary: str | None = Field(default=None, max_length=5000)
 
     @model_validator(mode="after")
     def _row_width(self) -> ReportData:
+        if self.rows and self.rows_from:
+            raise ValueError("give rows or rows_from, not both")
         for i, row in enumerate(self.rows):
             if len(row) != len(self.columns):
                 raise ValueError(f"rows[{i}] has {len(row)} cells; columns has {len(self.columns)}")

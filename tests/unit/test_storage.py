@@ -129,3 +129,28 @@ def test_open_write_streams(tmp_path: Path) -> None:
         for _ in range(64):
             out.write(b"x" * 65536)
     assert io.FileIO(str(tmp_path / "big.bin")).readall() == b"x" * 65536 * 64
+
+
+def test_read_lines_streams_a_stored_object() -> None:
+    import io
+
+    from botocore.response import StreamingBody
+
+    storage, stub = _stubbed()
+    data = b'[1, "a"]\n[2, "b"]\n'
+    body = StreamingBody(io.BytesIO(data), len(data))
+    stub.add_response("get_object", {"Body": body}, {"Bucket": "bucket", "Key": "outputs/inputs/rows.jsonl"})
+    stub.add_client_error("get_object", "NoSuchKey", http_status_code=404)
+    with stub:
+        assert list(storage.read_lines("inputs/rows.jsonl")) == [b'[1, "a"]', b'[2, "b"]']
+        with pytest.raises(FileNotFoundError):
+            list(storage.read_lines("inputs/absent.jsonl"))
+
+
+def test_local_read_lines(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    with storage.open_write("inputs/rows.jsonl") as out:
+        out.write(b"[1]\n[2]\n")
+    assert list(storage.read_lines("inputs/rows.jsonl")) == [b"[1]\n", b"[2]\n"]
+    with pytest.raises(FileNotFoundError):
+        list(storage.read_lines("inputs/absent.jsonl"))
