@@ -56,6 +56,8 @@ class Settings(BaseSettings):
     #: Unset: the embedded development Redis that `pipeline run` starts on 127.0.0.1:LOCAL_REDIS_PORT.
     redis_url: str | None = Field(default=None, validation_alias=AliasChoices("REDIS_URL", "CELERY_BROKER_URL"))
     local_redis_port: int = Field(default=LOCAL_REDIS_PORT, ge=1, le=65535)
+    #: Port of the SMTP sink `pipeline run` starts when SMTP_HOST is not set.
+    local_smtp_port: int = Field(default=1025, ge=1, le=65535)
     result_backend_url: str | None = Field(
         default=None, validation_alias=AliasChoices("RESULT_BACKEND_URL", "CELERY_RESULT_BACKEND")
     )

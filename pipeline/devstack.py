@@ -114,6 +114,12 @@ def _worker_metrics(settings: Settings) -> dict[str, str]:
     }
 
 
+def mail_sink_wanted(settings: Settings) -> bool:
+    """With no SMTP_HOST configured, the local stack runs an SMTP sink that prints what it receives
+    (aiosmtpd, installed with the dev tools), so email jobs work out of the box and deliver nothing."""
+    return "smtp_host" not in settings.model_fields_set and importlib.util.find_spec("aiosmtpd") is not None
+
+
 def plan(settings: Settings, with_api: bool) -> list[Child]:
     """The processes of the stack, in start order (Redis first when embedded)."""
     celery = [sys.executable, "-m", "celery", "-A", "pipeline"]
@@ -141,6 +147,22 @@ def plan(settings: Settings, with_api: bool) -> list[Child]:
                     "noeviction",
                     "--save",
                     "",
+                ],
+            )
+        )
+    if mail_sink_wanted(settings):
+        children.append(
+            Child(
+                "mail",
+                [
+                    sys.executable,
+                    "-m",
+                    "aiosmtpd",
+                    "-n",
+                    "-c",
+                    "aiosmtpd.handlers.Debugging",
+                    "-l",
+                    f"127.0.0.1:{settings.local_smtp_port}",
                 ],
             )
         )
@@ -199,6 +221,14 @@ def _banner(settings: Settings, children: list[Child], api_token: str | None = N
         + ("  (embedded, AOF in " + str(settings.data_dir / "redis") + ")" if "redis" in names else ""),
         "  worker  every queue; logs below",
         f"  flower  http://127.0.0.1:{FLOWER_PORT}",
+        *(
+            [
+                f"  mail    smtp://127.0.0.1:{settings.local_smtp_port}"
+                "  (development sink: messages are printed, not delivered)"
+            ]
+            if "mail" in names
+            else []
+        ),
         f"  metrics http://127.0.0.1:{WORKER_METRICS_PORT}/metrics (worker), "
         f"http://127.0.0.1:{EXPORTER_PORT}/metrics (queues)",
     ]
@@ -244,6 +274,8 @@ def run_stack(with_api: bool = True) -> int:
         # Local only: Flower on 127.0.0.1 without a password (deployments set FLOWER_BASIC_AUTH).
         "FLOWER_UNAUTHENTICATED": "true",
     }
+    if any(c.name == "mail" for c in children):
+        env.update(SMTP_HOST="127.0.0.1", SMTP_PORT=str(settings.local_smtp_port), SMTP_SECURITY="none")
     api_token = dev_api_token(settings) if any(c.name == "api" for c in children) else None
     if api_token:
         env["API_TOKEN"] = api_token

@@ -20,8 +20,14 @@ pytestmark = pytest.mark.integration
 
 def test_local_stack_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
     port = free_port()
-    env = {**os.environ, "LOCAL_REDIS_PORT": str(port), "DATA_DIR": str(tmp_path / "data")}
-    env.pop("REDIS_URL")
+    env = {
+        **os.environ,
+        "LOCAL_REDIS_PORT": str(port),
+        "LOCAL_SMTP_PORT": str(free_port()),
+        "DATA_DIR": str(tmp_path / "data"),
+    }
+    for name in ("REDIS_URL", "SMTP_HOST", "SMTP_PORT", "SMTP_SECURITY"):  # nothing configured: embedded defaults
+        env.pop(name, None)
     log = (tmp_path / "stack.log").open("w+")
     stack = subprocess.Popen(
         [sys.executable, "-m", "pipeline", "run", "--no-api"],
@@ -58,6 +64,31 @@ def test_local_stack_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["result"]["message"] == "local"
         assert (tmp_path / "data" / "redis" / "appendonlydir").is_dir()  # AOF persistence on
+
+        # With no SMTP_HOST, email jobs go to the stack's development sink, which prints them.
+        mail = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "enqueue",
+                "email",
+                "--wait",
+                "--json",
+                "--timeout",
+                "60",
+                '{"to": ["dev@example.com"], "template_id": "welcome", "variables": '
+                '{"name": "Dev", "product": "Pipeline", "action_url": "https://example.com/start"}}',
+            ],
+            env={**env, "REDIS_URL": f"redis://127.0.0.1:{port}/0"},
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+        assert mail.returncode == 0, mail.stderr
+        wait_for(lambda: "dev@example.com" in Path(log.name).read_text(), 10, 0.2, what="the printed message")
+        assert "https://example.com/start" in Path(log.name).read_text()
 
         stack.send_signal(signal.SIGINT)
         assert stack.wait(60) == 0
