@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests.support.api import ApiServer
+from tests.support.media import make_clip
 from tests.support.procs import ROOT, Worker, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -65,23 +65,6 @@ def page(browser: Browser, api: ApiServer) -> Iterator[Page]:
     assert problems == [], f"errors in the page (script errors or CSP violations): {problems}"
 
 
-def make_clip(name: str, seconds: int) -> Path:
-    """A 1280x720 test clip in MEDIA_ROOT (the API and the worker share DATA_DIR with this process)."""
-    from pipeline.config import get_settings
-
-    path = get_settings().media_path / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        subprocess.run(
-            ["ffmpeg", "-hide_banner", "-loglevel", "error", "-nostdin", "-y",
-             "-f", "lavfi", "-i", f"testsrc=size=1280x720:rate=25:duration={seconds}",
-             "-f", "lavfi", "-i", f"sine=frequency=440:sample_rate=48000:duration={seconds}",
-             "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-c:a", "aac", "-shortest", str(path)],
-            check=True,
-        )  # fmt: skip
-    return path
-
-
 def sign_in(page: Page, api: ApiServer) -> None:
     page.goto("/")
     dialog = page.locator("#token-dialog")
@@ -115,7 +98,7 @@ def test_start_a_job_watch_it_finish_and_replay_a_dead_letter(page: Page, api: A
     # A job with progress: record every value its progress bar shows.
     with_progress = "transcode" if "transcode" in kinds else "probe"
     if with_progress == "transcode":  # long enough for ffmpeg to report progress several times
-        payload = {"source_uri": make_clip("browser-clip.mp4", 30).name, "preset": "720p"}
+        payload = {"source_uri": make_clip("browser-clip.mp4", 30, "1280x720").name, "preset": "720p"}
     else:
         payload = {"message": "from the browser", "sleep_s": 4, "progress_steps": 8}
     job_id = enqueue(page, with_progress, payload)

@@ -8,7 +8,6 @@ email to the session's SMTP server, so outcomes are checked at the receiving end
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.api import ApiServer, wait_state
+from tests.support.media import make_clip
 from tests.support.procs import Worker, free_port, wait_for
 from tests.support.smtp import SmtpServer
 
@@ -67,23 +67,6 @@ class HttpSink:
         self.server.server_close()
 
 
-def make_sample_clip() -> Path:
-    """MEDIA_ROOT/sample.mp4, the source the transcode example names (the API and workers share MEDIA_ROOT)."""
-    from pipeline.config import get_settings
-
-    path = get_settings().media_path / "sample.mp4"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        subprocess.run(
-            ["ffmpeg", "-hide_banner", "-loglevel", "error", "-nostdin", "-y",
-             "-f", "lavfi", "-i", f"testsrc=size=640x360:rate=25:duration={CLIP_S}",
-             "-f", "lavfi", "-i", f"sine=frequency=440:sample_rate=48000:duration={CLIP_S}",
-             "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-c:a", "aac", "-shortest", str(path)],
-            check=True,
-        )  # fmt: skip
-    return path
-
-
 def point_urls_at(value: Any, url: str) -> Any:
     if isinstance(value, str) and value.startswith(("http://", "https://")):
         return f"{url}/sink"
@@ -121,7 +104,7 @@ def test_kind_end_to_end(kind: str, api: ApiServer, smtp_server: SmtpServer, htt
     if task_name == "email.send":
         payload["to"] = [recipient]
     if task_name == "media.transcode":
-        make_sample_clip()
+        make_clip("sample.mp4", CLIP_S, "640x360")
 
     with api.client() as client:
         response = client.post(f"/jobs/{typed.kind}", json=payload)

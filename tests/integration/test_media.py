@@ -23,6 +23,7 @@ from pipeline.config import get_settings
 from pipeline.errors import PayloadInvalid
 from pipeline.jobs import job_status
 from tasks.media import transcode
+from tests.support.media import make_clip
 from tests.support.procs import RedisServer, Worker, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -33,21 +34,6 @@ def media_root() -> Path:
     root = get_settings().media_path
     root.mkdir(parents=True, exist_ok=True)
     return root
-
-
-def make_clip(name: str, seconds: float, size: str = "320x240") -> Path:
-    """A lavfi test pattern with a tone, H.264 + AAC, index at the front (streamable over plain HTTP)."""
-    path = media_root() / name
-    if not path.exists():
-        subprocess.run(
-            ["ffmpeg", "-hide_banner", "-loglevel", "error", "-nostdin", "-y",
-             "-f", "lavfi", "-i", f"testsrc=size={size}:rate=25:duration={seconds}",
-             "-f", "lavfi", "-i", f"sine=frequency=440:sample_rate=48000:duration={seconds}",
-             "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-c:a", "aac", "-shortest",
-             "-movflags", "+faststart", str(path)],
-            check=True,
-        )  # fmt: skip
-    return path
 
 
 def ffprobe(path: Path) -> dict[str, Any]:
