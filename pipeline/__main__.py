@@ -1,5 +1,5 @@
 """`python -m pipeline` is the `pipeline` command."""
 
-from pipeline.cli import main
+from pipeline.cli.main import main
 
 main()

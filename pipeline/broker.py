@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from pipeline.app import app
+from pipeline.celery_app import get_app
 from pipeline.constants import (
     DEAD_LETTER_QUEUE,
     HEADER_PUBLISHED_AT,
@@ -32,8 +32,8 @@ from pipeline.constants import (
 @contextmanager
 def broker_redis() -> Iterator[redis.Redis]:
     """A redis-py client on the broker, from the app's connection pool."""
-    # celery-types calls `app.pool` a ProducerPool; at run time it is the broker's connection pool.
-    pool: Any = app.pool
+    # celery-types calls `get_app().pool` a ProducerPool; at run time it is the broker's connection pool.
+    pool: Any = get_app().pool
     with pool.acquire(block=True, timeout=10) as conn:
         yield conn.default_channel.client
 

@@ -30,8 +30,8 @@ ROUTES: Final = {
 
 #: Modules holding the product's tasks, imported by the worker (by string: `pipeline` never imports `tasks`).
 TASK_MODULES: Final = (
-    "pipeline.maintenance",
-    "pipeline.probe",
+    "pipeline.runtime.housekeeping",
+    "pipeline.runtime.probe",
     "tasks.email",
     "tasks.pdf",
     "tasks.media",
@@ -52,17 +52,13 @@ DELAYED_DEST_KEY: Final = KEY_PREFIX + "delayed:dest"
 
 #: celery-redbeat's keys: entries `pipeline:beat:<name>`, `pipeline:beat::schedule`, the lock `pipeline:beat::lock`.
 BEAT_KEY_PREFIX: Final = KEY_PREFIX + "beat:"
-#: Hash refreshed every minute by `pipeline.queue_health`: `<queue>.depth`, `<queue>.oldest_age_s`,
-#: `delayed.parked`, `updated_at` (epoch s). Read by the metrics exporter.
-QUEUE_HEALTH_KEY: Final = KEY_PREFIX + "queue_health"
-
 #: Message header stamped at publish time (epoch seconds, float) for queue-wait measurement.
 HEADER_PUBLISHED_AT: Final = "pipeline_published_at"
 #: Message header carrying the caller's idempotency key, if any.
 HEADER_IDEMPOTENCY_KEY: Final = "pipeline_idempotency_key"
 
 #: A job deferred by the cluster-wide rate limiter carries the slot it was given (epoch s), and how many
-#: times it was deferred; `pipeline.ratelimit` owns both.
+#: times it was deferred; `pipeline.scheduling.ratelimit` owns both.
 HEADER_RATE_SLOT: Final = "pipeline_rate_slot"
 HEADER_THROTTLED: Final = "pipeline_throttled"
 #: GCRA state of a cluster-wide limit: the theoretical arrival time (ms), per task and optional key.

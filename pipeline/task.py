@@ -23,17 +23,17 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
-from celery import Task
+from celery import Celery, Task, shared_task
 from celery.exceptions import Retry
 from celery.result import AsyncResult
+from celery.utils.time import rate as per_second
 from pydantic import BaseModel, ValidationError
 
-from pipeline import delayed, enqueue_guard, jobs, ratelimit
-from pipeline.app import app
+from pipeline import idempotency, publish, records
+from pipeline.celery_app import get_app
 from pipeline.config import get_settings
-from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT, HEADER_RATE_SLOT
+from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT, HEADER_RATE_SLOT, TASK_MODULES
 from pipeline.errors import PayloadInvalid, PermanentError
-from pipeline.ratelimit import ClusterLimit
 from pipeline.retry import RetryPolicy
 
 P = TypeVar("P", bound=BaseModel)
@@ -41,6 +41,37 @@ R = TypeVar("R", bound=BaseModel)
 
 #: Every typed task of this process by kind; filled as task modules are imported (see `load_task_modules`).
 REGISTRY: dict[str, TypedTask[Any, Any]] = {}
+#: Checks a job passes before its function runs, each `check(task, job)`; one that defers the job raises
+#: Celery's `Ignore`. The worker's runtime installs the cluster-wide rate limiter here
+#: (`pipeline.scheduling.ratelimit.admit`); a producer process runs no task and needs none.
+ADMISSION: list[Callable[[PipelineTask, Any], None]] = []
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterRate:
+    """A limit shared by every worker: `rate` ("20/s", or a callable read when the job runs), up to `burst`
+    jobs at once, one limit per `key(job)` when given. Declared with `typed_task(cluster_rate=...)`."""
+
+    rate: str | Callable[[], str]
+    burst: int = 1
+    key: Callable[[Any], str] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rate, str):
+            self.interval()  # a malformed rate fails where the task is declared
+        if self.burst < 1:
+            raise ValueError("cluster_burst must be at least 1")
+
+    def interval(self) -> float:
+        """Seconds between two jobs (Celery's rate syntax: N/s, N/m, N/h)."""
+        text = self.rate() if callable(self.rate) else self.rate
+        try:
+            jobs_per_second = float(per_second(text))
+        except (KeyError, ValueError):
+            jobs_per_second = 0.0
+        if jobs_per_second <= 0:
+            raise ValueError(f"rate {text!r}: expected N/s, N/m or N/h with N > 0")
+        return 1 / jobs_per_second
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +93,22 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
     """Base class of every pipeline task: carries the retry policy `typed_task` gave it."""
 
     policy: RetryPolicy = RetryPolicy()
+    #: `typed_task`'s changes to the default policy; applied when the task binds to an app (settings are
+    #: read then, when a process starts, never when a task module is imported).
+    policy_overrides: Mapping[str, Any] = {}
     #: A limit shared by every worker (`typed_task(cluster_rate=...)`), or None.
-    cluster_limit: ClusterLimit | None = None
+    cluster_limit: ClusterRate | None = None
+
+    #: Celery options `on_bound` takes from the policy: those `typed_task` was not given explicitly.
+    policy_fills: tuple[str, ...] = ()
+
+    @classmethod
+    def on_bound(cls, app: Celery) -> None:
+        cls.policy = dataclasses.replace(get_settings().retry_policy(), **cls.policy_overrides)
+        # Celery's own retries (a killed pool child: task_retry_on_worker_lost) follow the same policy.
+        values = {"max_retries": cls.policy.max_retries, "default_retry_delay": cls.policy.base_delay}
+        for attr in cls.policy_fills:
+            setattr(cls, attr, values[attr])
 
     def job_context(self) -> JobContext:
         request = self.request
@@ -84,8 +129,8 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
         kwargs: dict[str, Any],
     ) -> dict[str, Any]:
         job = validate_payload(self.name, model, _single_payload(self.name, args, kwargs))
-        if self.cluster_limit is not None:
-            ratelimit.enforce(self, self.cluster_limit, job)  # raises Ignore after deferring the job
+        for admit in ADMISSION:
+            admit(self, job)  # raises Ignore after deferring the job
         try:
             return fn(job, self.job_context()).model_dump(mode="json")
         except PermanentError:
@@ -108,7 +153,7 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
         # Longer than a worker may hold a message: the next attempt is parked until it is due.
         again = self.signature_from_request(retries=retries + 1, headers=headers)
         due = time.time() + countdown
-        delayed.schedule(lambda producer, eta: again.apply_async(producer=producer, eta=eta), str(self.request.id), due)
+        publish.schedule(lambda producer, eta: again.apply_async(producer=producer, eta=eta), str(self.request.id), due)
         return Retry(exc=exc, when=datetime.fromtimestamp(due, UTC))
 
 
@@ -147,8 +192,8 @@ def validate_payload(name: str, model: type[P], raw: Any) -> P:
 class TypedTask(Generic[P, R]):
     """A registered Celery task with its models: `enqueue()` for producers, `.task` for Celery itself."""
 
-    def __init__(self, task: PipelineTask, payload: type[P], result: type[R], kind: str, public: bool = True) -> None:
-        self.task = task
+    def __init__(self, name: str, payload: type[P], result: type[R], kind: str, public: bool = True) -> None:
+        self.name = name
         self.payload_model = payload
         self.result_model = result
         #: The short name the CLI and the API use (`email`, `pdf`, ...).
@@ -158,8 +203,12 @@ class TypedTask(Generic[P, R]):
         REGISTRY[kind] = self
 
     @property
-    def name(self) -> str:
-        return str(self.task.name)
+    def task(self) -> PipelineTask:
+        """The Celery task, registered on the process's app (built on first use)."""
+        task = get_app().tasks[self.name]
+        if not isinstance(task, PipelineTask):
+            raise TypeError(f"{self.name} is registered by something other than typed_task")
+        return task
 
     def validate(self, payload: P | Mapping[str, Any]) -> P:
         job = validate_payload(self.name, self.payload_model, payload)
@@ -182,39 +231,39 @@ class TypedTask(Generic[P, R]):
         Nothing reaches the broker if validation fails (`PayloadInvalid`). With an `idempotency_key`, a
         second enqueue with the same key (within ENQUEUE_IDEMPOTENCY_TTL) returns the first job's id.
         A `countdown` or `eta` further ahead than DELAYED_RELEASE_AHEAD parks the job in Redis until it
-        is due (`pipeline.delayed`), so any delay is safe beyond the visibility timeout.
+        is due (`pipeline.publish`), so any delay is safe beyond the visibility timeout.
         """
         job = self.validate(payload)
         headers: dict[str, Any] = {HEADER_PUBLISHED_AT: time.time()}
-        with enqueue_guard.claim(self.name, idempotency_key) as claim:
+        with idempotency.claim(self.name, idempotency_key) as claim:
             if claim.existing_id is not None:
                 return claim.existing_id
             if idempotency_key:
                 headers[HEADER_IDEMPOTENCY_KEY] = idempotency_key
             args = (job.model_dump(mode="json"),)
             due = due_time(countdown, eta)
-            jobs.record_accepted(claim.task_id, self.name, _eta(due))  # first, so the id is never "unknown"
+            records.record_accepted(claim.task_id, self.name, _eta(due))  # first, so the id is never "unknown"
 
             def send(producer: Any, at: datetime | None) -> None:
                 timing: dict[str, Any] = {"eta": at} if at is not None else {}
                 self.task.apply_async(args, task_id=claim.task_id, headers=headers, producer=producer, **timing)
 
             try:
-                delayed.schedule(send, claim.task_id, due)
+                publish.schedule(send, claim.task_id, due)
             except BaseException:
-                jobs.forget_accepted(claim.task_id)
+                records.forget_accepted(claim.task_id)
                 raise
             return claim.task_id
 
     def result(self, task_id: str, timeout: float | None = None) -> R:
         """Wait for the job and return its typed result (raises the job's error if it failed)."""
-        raw: Any = AsyncResult(task_id, app=app).get(timeout=timeout, propagate=True)
+        raw: Any = AsyncResult(task_id, app=get_app()).get(timeout=timeout, propagate=True)
         return self.result_model.model_validate(raw)
 
 
 def load_task_modules() -> dict[str, TypedTask[Any, Any]]:
     """Import every task module the worker runs, so producers (CLI, API) see the same tasks."""
-    for module in app.conf.include or ():
+    for module in TASK_MODULES:
         importlib.import_module(module)
     return REGISTRY
 
@@ -228,7 +277,7 @@ def typed_task(
     public: bool = True,
     transient: tuple[type[BaseException], ...] = (),
     max_attempts: int | None = None,
-    cluster_rate: str | None = None,
+    cluster_rate: str | Callable[[], str] | None = None,
     cluster_burst: int = 1,
     rate_key: Callable[[P], str] | None = None,
     **options: Any,
@@ -239,24 +288,31 @@ def typed_task(
     keeps a housekeeping task out of the HTTP API and the page;
     `transient` adds exceptions that retry besides `TransientError`; `max_attempts` overrides the
     default policy; `cluster_rate` ("20/s"), `cluster_burst` and `rate_key(job)` declare a limit shared
-    by every worker (`pipeline.ratelimit`); other `options` go to Celery (`soft_time_limit`,
+    by every worker (`pipeline.scheduling.ratelimit`); other `options` go to Celery (`soft_time_limit`,
     `time_limit`, `rate_limit` — per worker, overridable by TASK_RATE_LIMITS —, ...).
     """
-    base = get_settings().retry_policy()
-    policy = dataclasses.replace(base, transient=transient, max_attempts=max_attempts or base.max_attempts)
-
-    limit = ClusterLimit(cluster_rate, cluster_burst, rate_key) if cluster_rate else None
+    overrides: dict[str, Any] = {"transient": transient}
+    if max_attempts is not None:
+        overrides["max_attempts"] = max_attempts
+    limit = ClusterRate(cluster_rate, cluster_burst, rate_key) if cluster_rate else None
 
     def decorate(fn: Callable[[P, JobContext], R]) -> TypedTask[P, R]:
         def run(self: PipelineTask, *args: Any, **kwargs: Any) -> dict[str, Any]:
             return self.run_typed(fn, payload, args, kwargs)
 
         run.__doc__ = fn.__doc__
-        # A killed pool child is retried like any transient failure (task_retry_on_worker_lost).
-        options.setdefault("default_retry_delay", policy.base_delay)
-        options.setdefault("max_retries", policy.max_retries)
-        register: Any = app.task(name=name, bind=True, base=PipelineTask, policy=policy, cluster_limit=limit, **options)
-        task: PipelineTask = register(run)
-        return TypedTask(task, payload, result, kind or name.split(".")[0], public)
+        # Registered on every app when it is finalized (Celery's shared tasks): nothing is built here.
+        fills = tuple(attr for attr in ("max_retries", "default_retry_delay") if attr not in options)
+        register: Any = shared_task(
+            name=name,
+            bind=True,
+            base=PipelineTask,
+            policy_overrides=overrides,
+            policy_fills=fills,
+            cluster_limit=limit,
+            **options,
+        )
+        register(run)
+        return TypedTask(name, payload, result, kind or name.split(".")[0], public)
 
     return decorate

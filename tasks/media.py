@@ -116,18 +116,8 @@ def transcode_job(job: TranscodeJob, ctx: JobContext) -> TranscodeResult:
     )
 
 
-_settings = get_settings()
-
-
-@typed_task(
-    "media.transcode",
-    kind="transcode",
-    payload=TranscodeJob,
-    result=TranscodeResult,
-    soft_time_limit=_settings.transcode_soft_time_limit,
-    time_limit=_settings.transcode_time_limit,
-    acks_late=True,
-)
+# Its time limits are TRANSCODE_SOFT_TIME_LIMIT / TRANSCODE_TIME_LIMIT (task annotations, `pipeline.config.celery`).
+@typed_task("media.transcode", kind="transcode", payload=TranscodeJob, result=TranscodeResult, acks_late=True)
 def transcode(job: TranscodeJob, ctx: JobContext) -> TranscodeResult:
     """Transcode one source to a preset."""
     return transcode_job(job, ctx)

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
-from pipeline import fanout
+from pipeline import publish as fanout
 from pipeline.config import get_settings
 from pipeline.errors import PermanentError, TransientError
 from pipeline.task import JobContext, typed_task
@@ -97,7 +97,7 @@ def classify(response: httpx.Response, host: str) -> None:
     kind="webhook",
     payload=WebhookJob,
     result=WebhookResult,
-    cluster_rate=get_settings().webhook_rate_per_host,
+    cluster_rate=lambda: get_settings().webhook_rate_per_host,
     rate_key=_host,
 )
 def deliver(job: WebhookJob, ctx: JobContext) -> WebhookResult:
@@ -134,5 +134,5 @@ def enqueue(
 
 
 def enqueue_many(jobs: Iterable[WebhookJob | Mapping[str, Any]]) -> list[str]:
-    """Validate all, then publish every delivery in batches (see `pipeline.fanout`); return the ids."""
+    """Validate all, then publish every delivery in batches (see `pipeline.publish`); return the ids."""
     return fanout.enqueue_many(deliver, jobs)

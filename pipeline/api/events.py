@@ -23,7 +23,7 @@ from pipeline.api.auth import require_token
 from pipeline.api.errors import BROKER_DOWN, BROKER_ERRORS
 from pipeline.api.jobs import ERRORS, JobId
 from pipeline.api.strict import reject_unknown_query
-from pipeline.jobs import job_status
+from pipeline.status import job_status
 
 POLL_S = 0.4
 KEEPALIVE_S = 15.0

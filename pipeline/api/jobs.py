@@ -15,8 +15,8 @@ from pipeline.api.auth import require_token
 from pipeline.api.enqueue import enqueue_endpoint, require_json
 from pipeline.api.models import Accepted, JobStatus, Kind, Problem
 from pipeline.api.strict import reject_unknown_query
-from pipeline.app import app as celery_app
-from pipeline.jobs import job_status
+from pipeline.celery_app import get_app
+from pipeline.status import job_status
 from pipeline.task import TypedTask
 
 JobId = Annotated[str, Path(min_length=1, max_length=255, description="The job's id (a Celery task id).")]
@@ -32,7 +32,7 @@ def kind_info(typed: TypedTask[Any, Any]) -> Kind:
     return Kind(
         kind=typed.kind,
         task=typed.name,
-        queue=celery_app.amqp.router.route({}, typed.name)["queue"].name,
+        queue=get_app().amqp.router.route({}, typed.name)["queue"].name,
         description=inspect.getdoc(typed.task) or "",
         payload_schema=schema,
         example=examples[0] if isinstance(examples[0], dict) else {},

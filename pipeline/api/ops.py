@@ -9,7 +9,6 @@ import typer
 from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import JSONResponse
 
-from pipeline import dlq_admin
 from pipeline.api.auth import require_token
 from pipeline.api.enqueue import status_path
 from pipeline.api.errors import BROKER_ERRORS, broker_unavailable
@@ -17,8 +16,9 @@ from pipeline.api.jobs import ERRORS
 from pipeline.api.models import DeadLetterRow, Deleted, Health, Problem, QueueInfo, Queues, Replayed
 from pipeline.api.strict import reject_unknown_query
 from pipeline.broker import broker_redis, in_flight_by_queue, queue_stats
-from pipeline.cli_format import parse_time
-from pipeline.dlq import DeadLetter
+from pipeline.cli.output import parse_time
+from pipeline.dlq import admin as dlq_admin
+from pipeline.dlq.envelope import DeadLetter
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": Problem, "description": "No dead-letter entry has this id."}

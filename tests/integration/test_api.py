@@ -321,5 +321,5 @@ def test_kinds_offer_the_job_types_and_not_housekeeping(api: ApiServer) -> None:
     with api.client() as client:
         kinds = {k["kind"] for k in client.get("/kinds").json()}
         assert {"probe", "email", "pdf", "transcode", "webhook"} <= kinds
-        assert not kinds & {"dlq-retention", "queue-health", "artifact-purge"}
+        assert not kinds & {"dlq-retention", "artifact-purge"}
         assert client.post("/jobs/dlq-retention", json={}).status_code == 404

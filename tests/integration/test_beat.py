@@ -76,29 +76,10 @@ def test_two_beats_fire_each_slot_once_and_the_standby_takes_over(
     assert min(gaps(everything)) > EVERY / 2, f"a slot fired twice: gaps {gaps(everything)}"
 
 
-def test_queue_health_refresh_writes_depth_and_oldest_age(
-    session_worker: Any, redis_server: RedisServer, clean_dlq: None
-) -> None:
-    from pipeline.constants import QUEUE_HEALTH_KEY
-    from pipeline.maintenance import queue_health
-
-    client = redis_server.client()
-    # No worker consumes the dead-letter queue: an entry published 42 s ago stays put and ages.
-    client.lpush("dead_letter", json.dumps({"body": "", "headers": {"pipeline_published_at": time.time() - 42}}))
-    result = queue_health.result(queue_health.enqueue({}), timeout=30)
-    figures = {k.decode(): float(v) for k, v in client.hgetall(QUEUE_HEALTH_KEY).items()}
-    assert result.queues >= 6
-    assert figures["dead_letter.depth"] == 1
-    assert figures["dead_letter.oldest_age_s"] >= 42
-    assert figures["pdf.oldest_age_s"] == -1 or figures["pdf.depth"] > 0
-    assert "delayed.parked" in figures
-    assert time.time() - figures["updated_at"] < 30
-
-
 def test_artifact_purge_removes_outputs_past_their_age(session_worker: Any) -> None:
     import os
 
-    from pipeline.maintenance import artifact_purge
+    from pipeline.runtime.housekeeping import artifact_purge
     from pipeline.storage import LocalStorage, get_storage
 
     storage = get_storage()

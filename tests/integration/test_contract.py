@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from celery import signals
 
-from pipeline.app import app
+from pipeline.celery_app import get_app
 from pipeline.errors import PayloadInvalid
-from pipeline.probe import ProbeResult, probe
+from pipeline.runtime.probe import ProbeResult, probe
 from tests.support.dlq import dead_letter
 from tests.support.worker_app import attempts, ledger
 
@@ -26,7 +26,7 @@ def test_task_succeeds_and_its_typed_result_comes_back(session_worker: Any) -> N
 
 
 def test_foreign_client_calls_by_name_with_one_json_object(session_worker: Any) -> None:
-    raw = app.send_task("pipeline.probe", args=[{"message": "from elsewhere"}]).get(timeout=30)
+    raw = get_app().send_task("pipeline.probe", args=[{"message": "from elsewhere"}]).get(timeout=30)
     assert isinstance(raw, dict) and raw["message"] == "from elsewhere"
 
 
@@ -52,7 +52,7 @@ def test_invalid_payload_from_a_foreign_client_is_dead_lettered_without_retries(
     session_worker: Any, clean_dlq: None
 ) -> None:
     key = "foreign-invalid"
-    task_id = app.send_task("test.ledger", args=[{"key": key, "fail": "explode"}]).id
+    task_id = get_app().send_task("test.ledger", args=[{"key": key, "fail": "explode"}]).id
     entry = dead_letter(task_id)
     assert entry.exception_type == "pipeline.errors.PayloadInvalid"
     assert "fail: Input should be" in entry.exception_message
@@ -62,7 +62,7 @@ def test_invalid_payload_from_a_foreign_client_is_dead_lettered_without_retries(
 
 
 def test_more_than_one_argument_is_refused_by_the_worker(session_worker: Any, clean_dlq: None) -> None:
-    task_id = app.send_task("pipeline.probe", args=[{"message": "a"}, {"message": "b"}]).id
+    task_id = get_app().send_task("pipeline.probe", args=[{"message": "a"}, {"message": "b"}]).id
     entry = dead_letter(task_id)
     assert "exactly one positional argument" in entry.exception_message
 
@@ -113,7 +113,7 @@ def test_enqueue_with_the_same_idempotency_key_returns_the_same_job(session_work
 
 
 def test_job_status_reports_result_and_dead_letter(session_worker: Any, clean_dlq: None) -> None:
-    from pipeline.jobs import job_status
+    from pipeline.status import job_status
 
     ok = probe.enqueue({"message": "s"})
     probe.result(ok, timeout=30)

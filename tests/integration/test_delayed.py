@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from pipeline import delayed
+from pipeline import publish as delayed
 from pipeline.broker import broker_redis, decode_message
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
-from pipeline.jobs import job_status
+from pipeline.status import job_status
 from tests.support.procs import wait_for
 from tests.support.worker_app import attempts, ledger
 
@@ -165,7 +165,7 @@ def test_cli_delay_parks_the_job_and_status_says_scheduled() -> None:
 
     from typer.testing import CliRunner
 
-    from pipeline.cli import app as cli
+    from pipeline.cli.main import app as cli
 
     runner = CliRunner()
     enqueued = runner.invoke(cli, ["enqueue", "probe", "--set", "message=later", "--delay", "3600", "--json"])

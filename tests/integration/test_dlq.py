@@ -13,7 +13,8 @@ import pytest
 from celery import Celery
 from kombu import Connection, Exchange
 
-from pipeline import dlq, dlq_admin
+from pipeline.dlq import admin as dlq_admin
+from pipeline.dlq import envelope as dlq
 from tests.support.procs import wait_for
 from tests.support.worker_app import attempts, ledger, ledger_client
 
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "pipeline.cli.main", *args], capture_output=True, text=True, timeout=60, check=False
     )
 
 
@@ -145,7 +146,9 @@ def test_pickle_message_is_refused_never_unpickled_and_dead_lettered(
 
 
 def test_unknown_task_name_is_dead_lettered(session_worker: Any, clean_dlq: None) -> None:
-    from pipeline.app import app
+    from pipeline.celery_app import get_app
+
+    app = get_app()
 
     task_id = app.send_task("does.not.exist", args=[{"a": 1}], queue="default").id
     entry = wait_for_entry(task_id=task_id)

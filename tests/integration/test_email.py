@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from pipeline import dlq_admin
-from pipeline.jobs import job_status
+from pipeline.dlq import admin as dlq_admin
+from pipeline.status import job_status
 from tasks.email import EmailResult, send
 from tests.support.procs import Worker, wait_for
 from tests.support.smtp import SmtpServer

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.dlq import DeadLetter, publish
+from pipeline.dlq.envelope import DeadLetter, publish
 from tests.support.procs import RedisServer, free_port, wait_for
 from tests.support.scrape import scrape, try_scrape, value
 from tests.support.worker_app import ledger

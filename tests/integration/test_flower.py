@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.probe import probe
+from pipeline.runtime.probe import probe
 from tests.support.procs import ROOT, Worker, free_port, wait_for
 
 pytestmark = pytest.mark.integration

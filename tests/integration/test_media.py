@@ -17,11 +17,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from pipeline import dlq_admin
-from pipeline.app import app
+from pipeline.celery_app import get_app
 from pipeline.config import get_settings
+from pipeline.dlq import admin as dlq_admin
 from pipeline.errors import PayloadInvalid
-from pipeline.jobs import job_status
+from pipeline.status import job_status
 from tasks.media import transcode
 from tests.support.media import make_clip
 from tests.support.procs import RedisServer, Worker, free_port, wait_for
@@ -160,7 +160,7 @@ def test_revoke_mid_transcode_kills_ffmpeg_and_leaves_no_partial_file(session_wo
     pid: Any = wait_for(lambda: _running_ffmpeg(task_id), 60, 0.1, what="ffmpeg to report progress")
     assert alive(pid)
     wait_for(lambda: any(p.name.endswith("long-1080p.mp4") for p in partials()), 30, 0.1, what="a partial output")
-    app.control.revoke(task_id, terminate=True)
+    get_app().control.revoke(task_id, terminate=True)
     wait_for(lambda: not alive(pid), 30, 0.1, what=f"ffmpeg {pid} to be gone")
     wait_for(lambda: not any(p.name.endswith("long-1080p.mp4") for p in partials()), 10, 0.1, what="partial removed")
     assert not (get_settings().storage_path / "media" / task_id).exists()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.probe import probe
+from pipeline.runtime.probe import probe
 from tests.support.procs import ROOT, RedisServer, Worker, free_port, wait_for
 from tests.support.scrape import Samples, scrape, try_scrape, value
 from tests.support.worker_app import attempts, ledger
@@ -148,7 +148,9 @@ def test_prefork_worker_without_multiprocess_dir_says_metrics_are_off(make_worke
 
 
 def test_revoked_and_rejected_are_counted(metrics_worker: MetricsWorker, clean_dlq: None) -> None:
-    from pipeline.app import app
+    from pipeline.celery_app import get_app
+
+    app = get_app()
 
     labels = {"task": "test.ledger", "queue": QUEUE}
     base = scrape(metrics_worker.port)

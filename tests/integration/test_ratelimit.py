@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from celery.result import AsyncResult
 
-from pipeline.app import app
+from pipeline.celery_app import get_app
 from pipeline.constants import RATE_LIMIT_KEY
-from pipeline.ratelimit import ClusterLimit, parse_rate
+from pipeline.task import ClusterRate
 from tests.support.limited import limited, starts
 from tests.support.procs import RedisServer, wait_for
 
@@ -27,11 +27,13 @@ def max_in_any_window(times: list[float], width: float = 1.0) -> int:
     return max(bisect.bisect_left(times, t + width) - i for i, t in enumerate(times))
 
 
-def test_parse_rate() -> None:
-    assert parse_rate("20/s") == 0.05
-    assert parse_rate("120/m") == 0.5
-    with pytest.raises(ValueError, match="N/s"):
-        ClusterLimit("20 per second")
+def test_cluster_rate_uses_celery_rate_syntax() -> None:
+    assert ClusterRate("20/s").interval() == pytest.approx(0.05)
+    assert ClusterRate("120/m").interval() == pytest.approx(0.5)
+    assert ClusterRate(lambda: "2/s").interval() == pytest.approx(0.5)
+    for bad in ("20 per second", "0/s", "5/d"):
+        with pytest.raises(ValueError, match="N/s"):
+            ClusterRate(bad)
 
 
 def test_limit_holds_across_four_processes_and_nothing_fails(
@@ -54,15 +56,16 @@ def test_limit_holds_across_four_processes_and_nothing_fails(
     assert peak <= RATE * 1.1, f"{peak} starts in one second: {rel}"
     assert times[-1] - times[0] >= (JOBS - 1) / RATE - 1  # the limit, not the workers, set the pace
     assert all(r.attempt == 1 for r in results), "a throttled job was counted as a failed attempt"
-    assert all(AsyncResult(i, app=app).state == "SUCCESS" for i in ids)
+    assert all(AsyncResult(i, app=get_app()).state == "SUCCESS" for i in ids)
     assert redis_server.client().llen("dead_letter") == 0
 
 
 class StubTask:
-    """What `enforce` needs of a Celery task: its request, name, state updates and a re-publish."""
+    """What `admit` needs of a Celery task: its request, name, state updates and a re-publish."""
 
-    def __init__(self, headers: dict[str, Any] | None = None) -> None:
+    def __init__(self, headers: dict[str, Any] | None = None, limit: ClusterRate | None = None) -> None:
         self.name = f"test.stub-{uuid.uuid4().hex[:8]}"
+        self.cluster_limit = limit
         self.request = type("Request", (), {"id": uuid.uuid4().hex, "headers": headers, "retries": 0})()
         self.states: list[tuple[str, dict[str, Any]]] = []
         self.published: list[dict[str, Any]] = []
@@ -83,19 +86,19 @@ class StubTask:
 def test_throttled_job_is_republished_for_its_slot_and_counted(redis_server: RedisServer) -> None:
     from celery.exceptions import Ignore
 
-    from pipeline import metrics
     from pipeline.constants import HEADER_RATE_SLOT, HEADER_THROTTLED
-    from pipeline.ratelimit import enforce
+    from pipeline.observability import metrics
+    from pipeline.scheduling.ratelimit import admit
 
-    limit = ClusterLimit("1/s", key=lambda job: str(job))
-    first, second, other = StubTask(), StubTask(), StubTask()
+    limit = ClusterRate("1/s", key=lambda job: str(job))
+    first, second, other = StubTask(limit=limit), StubTask(limit=limit), StubTask(limit=limit)
     second.name = other.name = first.name
-    enforce(first, limit, "host-a")  # the first token: runs now
+    admit(first, "host-a")  # type: ignore[arg-type]  # the first token: runs now
     assert first.published == []
-    enforce(other, limit, "host-b")  # another key has its own limit
+    admit(other, "host-b")  # another key has its own limit
     assert other.published == []
     with pytest.raises(Ignore):
-        enforce(second, limit, "host-a")
+        admit(second, "host-a")
     [again] = second.published
     slot = again["headers"][HEADER_RATE_SLOT]
     assert again["headers"][HEADER_THROTTLED] == 1
@@ -105,5 +108,6 @@ def test_throttled_job_is_republished_for_its_slot_and_counted(redis_server: Red
     counted = metrics.rate_limit_throttled.labels(task=second.name)._value.get()
     assert counted == 1
     # The deferred message, arriving on its slot, runs without asking the limiter again.
-    enforce(StubTask({HEADER_RATE_SLOT: time.time()}), limit, "host-a")
-    redis_server.client().delete(limit.redis_key(first.name, "host-a"), limit.redis_key(first.name, "host-b"))
+    admit(StubTask({HEADER_RATE_SLOT: time.time()}, limit), "host-a")
+    keys = [RATE_LIMIT_KEY.format(task=first.name) + f":{host}" for host in ("host-a", "host-b")]
+    redis_server.client().delete(*keys)

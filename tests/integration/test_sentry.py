@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.error_reports import scrub_event
+from pipeline.observability.sentry import scrub_event
 from tests.support.obs_tasks import leaky
 from tests.support.procs import free_port, wait_for
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.jobs import job_status
+from pipeline.status import job_status
 from tasks import webhook_http, webhooks
 from tests.conftest import TEST_ENV
 from tests.support.dlq import dead_letter

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline import dlq_admin
+from pipeline.dlq import admin as dlq_admin
 from tests.support.procs import wait_for
 
 

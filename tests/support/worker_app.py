@@ -15,7 +15,7 @@ import redis
 from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import BaseModel, Field
 
-from pipeline import app
+from pipeline import app  # the worker's app, runtime installed (`celery -A pipeline`)
 from pipeline.config import get_settings
 from pipeline.errors import PermanentError, TransientError
 from pipeline.task import JobContext, typed_task

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 
-from pipeline import devstack
 from pipeline.api.enqueue import ETA_PATTERN, parse_eta
 from pipeline.api.strict import documented_methods, operations_for
+from pipeline.cli import stack as devstack
 from pipeline.config import load_settings
 from pipeline.errors import ConfigError
-from pipeline.jobs import _pending_state
+from pipeline.status import _pending_state
 
 
 def test_a_short_api_token_is_refused_naming_the_variable() -> None:

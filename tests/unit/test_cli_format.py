@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import typer
 
-from pipeline.cli_format import parse_duration, parse_time, read_payload
+from pipeline.cli.output import parse_duration, parse_time, read_payload
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("15m", 900), ("12h", 43200), ("7d", 604800)])

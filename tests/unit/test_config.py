@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from pipeline.config import celery_conf, load_settings
+from pipeline.config import load_settings
+from pipeline.config.celery import celery_conf
 from pipeline.errors import ConfigError
 
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
-from pipeline import metrics
+from pipeline.observability import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 PROM = ROOT / "deploy" / "prometheus"
@@ -56,7 +56,7 @@ _PROMQL_WORDS = {
 
 
 def exported_names() -> set[str]:
-    """Every sample name the project serves: pipeline.metrics' families plus the exporter's gauges."""
+    """Every sample name the project serves: pipeline.observability.metrics' families plus the exporter's gauges."""
     names = set(metrics.QUEUE_FAMILIES)
     for obj in vars(metrics).values():
         if isinstance(obj, MetricWrapperBase):

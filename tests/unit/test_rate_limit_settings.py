@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from celery import Celery
 
-from pipeline.config import celery_conf, load_settings
+from pipeline.config import load_settings
+from pipeline.config.celery import celery_conf
 from pipeline.errors import ConfigError
 
 

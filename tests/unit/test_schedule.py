@@ -7,11 +7,12 @@ import json
 import pytest
 from celery.schedules import crontab, schedule
 
-from pipeline.config import celery_conf, load_settings
+from pipeline.config import load_settings
+from pipeline.config.celery import celery_conf
 from pipeline.errors import ConfigError
 
 
-def test_maintenance_entries_run_nightly_at_midnight_utc_and_every_minute() -> None:
+def test_maintenance_entries_run_nightly_at_midnight_utc() -> None:
     conf = celery_conf(load_settings())
     assert conf["timezone"] == "UTC"
     assert conf["enable_utc"] is True
@@ -20,7 +21,6 @@ def test_maintenance_entries_run_nightly_at_midnight_utc_and_every_minute() -> N
     nightly = entries["pipeline.dlq-retention"]
     assert nightly["task"] == "pipeline.dlq_retention"
     assert nightly["schedule"] == crontab(minute="0", hour="0")
-    assert entries["pipeline.queue-health"]["schedule"] == crontab()
     purge = entries["pipeline.artifact-purge"]
     assert (purge["task"], purge["schedule"]) == ("pipeline.artifact_purge", crontab(minute="0", hour="0"))
 

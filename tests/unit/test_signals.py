@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from pipeline import metrics, signals
+from pipeline.observability import metrics
+from pipeline.runtime import signals
 
 
 def test_guarded_handler_logs_and_counts_its_errors(caplog: pytest.LogCaptureFixture) -> None:
@@ -16,7 +17,7 @@ def test_guarded_handler_logs_and_counts_its_errors(caplog: pytest.LogCaptureFix
 
     counter = metrics.signal_handler_errors.labels(handler="on_something")
     before = counter._value.get()
-    with caplog.at_level(logging.ERROR, logger="pipeline.signals"):
+    with caplog.at_level(logging.ERROR, logger="pipeline.runtime.signals"):
         on_something(sender=None)
     assert counter._value.get() == before + 1
     assert "signal handler on_something failed" in caplog.text

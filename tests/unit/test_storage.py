@@ -14,7 +14,7 @@ from botocore.stub import ANY, Stubber
 
 from pipeline.config import load_settings
 from pipeline.storage import LocalStorage, Storage, check_key, make_storage
-from pipeline.storage_s3 import S3Storage
+from pipeline.storage.s3 import S3Storage
 
 
 def test_local_write_is_renamed_into_place_only_when_complete(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from pipeline.constants import HEADER_PUBLISHED_AT
-from pipeline.metrics_server import sweep
-from pipeline.task_metrics import queue_wait
+from pipeline.observability.endpoint import sweep
+from pipeline.observability.task_metrics import queue_wait
 
 
 def _request(published: float | None, eta: str | None = None) -> SimpleNamespace:

@@ -8,9 +8,9 @@ Two kinds of figures:
 * per-process families below (task outcomes, runtimes, queue wait, ...). Worker processes record
   them; under the prefork pool prometheus-client's multiprocess mode (`PROMETHEUS_MULTIPROC_DIR`,
   set and wiped by `deploy/docker/start-worker*`) sums the children's files and the worker's main
-  process serves them (`pipeline.metrics_server`).
+  process serves them (`pipeline.observability.endpoint`).
 * queue-level gauges (`QUEUE_FAMILIES`), read from Redis at scrape time by the single-process
-  `pipeline exporter` (`pipeline.exporter`): custom collectors do not work in multiprocess mode.
+  `pipeline exporter` (`pipeline.observability.exporter`): custom collectors do not work in multiprocess mode.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import Settings
-from pipeline.storage import Storage, StoredObject, check_key
+from pipeline.storage.base import Storage, StoredObject, check_key
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -9,20 +9,18 @@ ETA) *before* publishing, with a TTL of RESULT_EXPIRES past the ETA. A PENDING i
 
 from __future__ import annotations
 
-import contextlib
-import json
 from datetime import UTC, datetime
 from typing import Any
 
 from celery.result import AsyncResult
 
-from pipeline.app import app
-from pipeline.broker import broker_redis
-from pipeline.config import get_settings
-from pipeline.constants import JOB_RECORD_KEY
+from pipeline.celery_app import get_app
+from pipeline.dlq import admin as dlq_admin
+from pipeline.publish import parked_due
+from pipeline.records import accepted_record
 
 #: Celery state → pipeline state. PENDING becomes queued, scheduled or unknown (see the module docstring);
-#: a job parked by `pipeline.delayed` is scheduled too. THROTTLED: waiting for a cluster rate-limit slot.
+#: a job parked by `pipeline.publish` is scheduled too. THROTTLED: waiting for a cluster rate-limit slot.
 STATES = {
     "PENDING": "queued",
     "RECEIVED": "queued",
@@ -50,41 +48,6 @@ ALL_STATES = (
 FINAL_STATES = frozenset({"succeeded", "dead_lettered", "unknown"})
 
 
-def accepted_entry(task_name: str, eta: datetime | None = None) -> tuple[str, int]:
-    """The record `record_accepted` stores (JSON) and its time to live in seconds."""
-    now = datetime.now(UTC)
-    if eta is not None and eta.tzinfo is None:
-        eta = eta.replace(tzinfo=UTC)  # Celery reads a naive ETA as UTC (enable_utc)
-    ahead = max(0.0, (eta - now).total_seconds()) if eta is not None else 0.0
-    record = {"task": task_name, "accepted_at": now.isoformat(), "eta": eta.isoformat() if eta else None}
-    return json.dumps(record), get_settings().result_expires + int(ahead) + 1
-
-
-def record_accepted(task_id: str, task_name: str, eta: datetime | None = None) -> None:
-    """Remember that `task_id` was accepted; call before publishing it (raises if Redis is unreachable)."""
-    value, ttl = accepted_entry(task_name, eta)
-    with broker_redis() as client:
-        client.set(JOB_RECORD_KEY.format(id=task_id), value, ex=ttl)
-
-
-def forget_accepted(task_id: str) -> None:
-    """Drop the record of a job whose publish failed (best effort: Redis is likely the reason it failed)."""
-    with contextlib.suppress(Exception), broker_redis() as client:
-        client.delete(JOB_RECORD_KEY.format(id=task_id))
-
-
-def accepted_record(task_id: str) -> dict[str, Any] | None:
-    with broker_redis() as client:
-        raw = client.get(JOB_RECORD_KEY.format(id=task_id))
-    if raw is None:
-        return None
-    try:
-        record = json.loads(raw)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
-
-
 def _pending_state(record: dict[str, Any] | None) -> str:
     if record is None:
         return "unknown"
@@ -96,9 +59,7 @@ def _pending_state(record: dict[str, Any] | None) -> str:
 
 def job_status(task_id: str) -> dict[str, Any]:
     """State, progress, result or error, attempts and timestamps of one job."""
-    from pipeline import delayed, dlq_admin
-
-    result: AsyncResult[Any] = AsyncResult(task_id, app=app)
+    result: AsyncResult[Any] = AsyncResult(task_id, app=get_app())
     meta = result.backend.get_task_meta(task_id)
     record = accepted_record(task_id)
     celery_state = str(meta.get("status", "PENDING"))
@@ -126,7 +87,7 @@ def job_status(task_id: str) -> dict[str, Any]:
             "message": str(result.result),
         }
     if celery_state == "PENDING":
-        due = delayed.parked_due(task_id)
+        due = parked_due(task_id)
         if due is not None:
             status.update(state="scheduled", due_at=datetime.fromtimestamp(due, UTC).isoformat())
     if celery_state == "SUCCESS":

@@ -12,27 +12,20 @@ so a crash, a time limit or a revoke never leaves a half file under the final na
 
 `purge_older_than(seconds)` removes outputs (and stale partial files) older than that; the nightly
 artifact purge calls it. STORAGE_BACKEND selects `LocalStorage` (STORAGE_DIR) or the S3-compatible
-`pipeline.storage_s3.S3Storage` (the `s3` extra).
+`pipeline.storage.s3.S3Storage` (the `s3` extra).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import time
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from functools import lru_cache
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-from pipeline.config import Settings, get_settings
-
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
-#: Partial files of the local backend live here, on the same filesystem, so the final move is atomic.
-PARTIAL_DIR = ".partial"
 
 
 class StoredObject(NamedTuple):
@@ -86,86 +79,3 @@ class Storage(ABC):
         """Delete objects last modified more than `seconds` ago; return how many were removed."""
         cutoff = time.time() - seconds
         return sum(1 for obj in list(self.list()) if obj.modified < cutoff and self.delete(obj.key))
-
-
-class LocalStorage(Storage):
-    """Outputs as files under `root` (STORAGE_DIR)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root.resolve()
-
-    def path(self, key: str) -> Path:
-        return self.root / check_key(key)
-
-    @contextlib.contextmanager
-    def writing(self, key: str) -> Iterator[Path]:
-        final = self.path(key)
-        partial_dir = self.root / PARTIAL_DIR
-        partial_dir.mkdir(parents=True, exist_ok=True)
-        temp = partial_dir / f"{uuid.uuid4().hex}-{final.name}"
-        try:
-            yield temp
-            if not temp.exists():
-                raise FileNotFoundError(f"nothing was written for {key!r}")
-            final.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(temp, final)
-        finally:
-            temp.unlink(missing_ok=True)
-
-    def read_lines(self, key: str) -> Iterator[bytes]:
-        with self.path(key).open("rb") as lines:
-            yield from lines
-
-    def uri(self, key: str) -> str:
-        return self.path(key).as_uri()
-
-    def delete(self, key: str) -> bool:
-        path = self.path(key)
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            return False
-        with contextlib.suppress(OSError):  # prune now-empty directories up to the root
-            for parent in path.parents:
-                if parent == self.root:
-                    break
-                parent.rmdir()
-        return True
-
-    def list(self, prefix: str = "") -> Iterator[StoredObject]:
-        if not self.root.is_dir():
-            return
-        for path in sorted(self.root.rglob("*")):
-            rel = path.relative_to(self.root).as_posix()
-            if rel.startswith(PARTIAL_DIR + "/") or rel == PARTIAL_DIR or not path.is_file():
-                continue
-            if rel.startswith(prefix):
-                st = path.stat()
-                yield StoredObject(rel, st.st_size, st.st_mtime)
-
-    def purge_older_than(self, seconds: float) -> int:
-        """Old outputs, plus partial files a killed process left behind."""
-        removed = super().purge_older_than(seconds)
-        cutoff = time.time() - seconds
-        partial_dir = self.root / PARTIAL_DIR
-        for temp in partial_dir.iterdir() if partial_dir.is_dir() else ():
-            with contextlib.suppress(FileNotFoundError):
-                if temp.stat().st_mtime < cutoff:
-                    temp.unlink()
-                    removed += 1
-        return removed
-
-
-def make_storage(settings: Settings) -> Storage:
-    """The backend STORAGE_BACKEND names, configured from `settings`."""
-    if settings.storage_backend == "s3":
-        from pipeline.storage_s3 import S3Storage
-
-        return S3Storage.from_settings(settings)
-    return LocalStorage(settings.storage_path)
-
-
-@lru_cache(maxsize=1)
-def get_storage() -> Storage:
-    """The process's storage backend."""
-    return make_storage(get_settings())

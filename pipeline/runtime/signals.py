@@ -21,8 +21,12 @@ from typing import Any
 from celery import current_app, signals
 from celery.utils.dispatch import Signal
 
-from pipeline import metrics, task_metrics
 from pipeline.constants import HEADER_PUBLISHED_AT
+from pipeline.dlq import capture as dlq_capture
+from pipeline.observability import endpoint as metrics_server
+from pipeline.observability import logs as observability
+from pipeline.observability import metrics, sentry, task_metrics
+from pipeline.scheduling import delayed
 
 log = logging.getLogger(__name__)
 _connected: list[tuple[Signal, Callable[..., Any], str]] = []
@@ -57,15 +61,11 @@ def on_task_failure(
     einfo: Any = None,
     **_: Any,
 ) -> None:
-    from pipeline import dlq_capture
-
     dlq_capture.from_failure(sender, task_id, exception, args, kwargs, einfo)
 
 
 @guarded
 def on_task_rejected(message: Any = None, exc: BaseException | None = None, **_: Any) -> None:
-    from pipeline import dlq_capture
-
     dlq_capture.from_message("rejected", message, exc)
 
 
@@ -73,30 +73,22 @@ def on_task_rejected(message: Any = None, exc: BaseException | None = None, **_:
 def on_task_unknown(
     message: Any = None, exc: BaseException | None = None, name: str | None = None, id: str | None = None, **_: Any
 ) -> None:
-    from pipeline import dlq_capture
-
     dlq_capture.from_message("unknown_task", message, exc, task_name=name, task_id=id)
 
 
 @guarded
 def on_worker_ready(**_: Any) -> None:
-    from pipeline import dlq_capture
-
     dlq_capture.on_worker_ready()
 
 
 @guarded
 def start_delayed_releaser(**_: Any) -> None:
-    """Worker main process and beat: release parked delayed jobs when due (see `pipeline.delayed`)."""
-    from pipeline import delayed
-
+    """Worker main process and beat: release parked delayed jobs when due (see `pipeline.publish`)."""
     delayed.start_releaser()
 
 
 @guarded
 def stop_delayed_releaser(**_: Any) -> None:
-    from pipeline import delayed
-
     delayed.stop_releaser()
 
 
@@ -137,38 +129,28 @@ def on_task_rejected_metrics(sender: Any = None, message: Any = None, **_: Any) 
 
 @guarded
 def on_worker_ready_metrics(sender: Any = None, **_: Any) -> None:
-    from pipeline import metrics_server
-
     metrics_server.serve_worker_metrics(sender)
 
 
 @guarded
 def on_worker_process_shutdown(pid: int | None = None, **_: Any) -> None:
-    from pipeline import metrics_server
-
     metrics_server.mark_dead(pid if pid is not None else os.getpid())
 
 
 @guarded
 def on_setup_logging(loglevel: Any = None, logfile: str | None = None, **_: Any) -> None:
     """Connected, so Celery leaves logging to us: structured lines with the task bound (worker, children, beat)."""
-    from pipeline import observability
-
     observability.configure_logging(loglevel or None, logfile or None)
 
 
 @guarded
 def on_celeryd_init(**_: Any) -> None:
-    from pipeline import observability
-
-    observability.init_sentry("worker")
+    sentry.init_sentry("worker")
 
 
 @guarded
 def on_beat_init(**_: Any) -> None:
-    from pipeline import observability
-
-    observability.init_sentry("beat")
+    sentry.init_sentry("beat")
 
 
 _HANDLERS: list[tuple[Signal, Callable[..., None]]] = [

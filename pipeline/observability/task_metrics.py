@@ -1,4 +1,4 @@
-"""Task lifecycle → metric observations (called by the handlers in `pipeline.signals`).
+"""Task lifecycle → metric observations (called by the handlers in `pipeline.runtime.signals`).
 
 Runtime is measured between `task_prerun` and `task_postrun`, which run in the same process (the pool
 child, or the worker itself for thread/solo pools). Queue wait is `start - max(published, eta)`: the
@@ -12,8 +12,8 @@ import time
 from datetime import datetime
 from typing import Any
 
-from pipeline import metrics
 from pipeline.constants import HEADER_PUBLISHED_AT
+from pipeline.observability import metrics
 
 _started: dict[str, float] = {}
 

@@ -7,7 +7,7 @@ record written while a task runs — by the task's own code, by libraries, by Ce
 (so it also works in thread pools). Known secret values and URL credentials are removed from each
 line. Celery calls it through the `setup_logging` signal (worker, pool children, beat); other
 processes (the API) call it themselves, as they call `init_sentry` (re-exported from
-`pipeline.error_reports`).
+`pipeline.observability.sentry`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from celery._state import get_current_task
 
 from pipeline.config import get_settings
-from pipeline.error_reports import init_sentry, scrub_text, secret_values
+from pipeline.observability.sentry import init_sentry, scrub_text, secret_values
 
 __all__ = ["configure_logging", "init_sentry"]
 TASK_FIELDS = ("task_id", "task_name", "queue", "attempt")

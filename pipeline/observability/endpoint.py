@@ -27,8 +27,8 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, multiprocess, start_http_server
 
-from pipeline import metrics
 from pipeline.config import get_settings
+from pipeline.observability import metrics
 
 log = logging.getLogger(__name__)
 _PID_FILE = re.compile(r"_(\d+)\.db$")

@@ -3,7 +3,7 @@
 A job that fails for good (permanent error, retries exhausted, time limit, a killed child past its
 retries) and a message the worker refuses (pickle or other disallowed content, unknown task name,
 undecodable body) become one `DeadLetter` envelope, published as a JSON message to the durable
-`dead_letter` queue. No worker consumes that queue; `pipeline.dlq_admin` lists, shows, replays and
+`dead_letter` queue. No worker consumes that queue; `pipeline.dlq.admin` lists, shows, replays and
 purges it.
 
 If the broker cannot take the envelope (it is down), the envelope is written to a spool directory
@@ -25,10 +25,10 @@ from typing import Any, Literal
 from kombu import Exchange, Queue
 from pydantic import BaseModel, Field
 
-from pipeline import metrics
-from pipeline.app import app
+from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.constants import DEAD_LETTER_QUEUE
+from pipeline.observability import metrics
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def publish(entry: DeadLetter) -> None:
         path.write_text(json.dumps(body))
         log.exception("dead-letter publish failed; envelope %s spooled to %s", entry.id, path)
         raise
-    task = entry.task_name if entry.task_name in app.tasks else metrics.UNREGISTERED  # bounded label set
+    task = entry.task_name if entry.task_name in get_app().tasks else metrics.UNREGISTERED  # bounded label set
     metrics.tasks.labels(task=task, queue=entry.queue or "unknown", outcome="dead_lettered").inc()
     log.warning(
         "dead-lettered %s[%s] (%s: %s)",
@@ -111,7 +111,7 @@ def _trim_to_retention() -> None:
 
 
 def _send(body: dict[str, Any]) -> None:
-    with app.producer_or_acquire() as producer:
+    with get_app().producer_or_acquire() as producer:
         # The default exchange routes by queue name, so delivery never depends on a stored binding.
         producer.publish(
             body,

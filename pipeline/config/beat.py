@@ -15,16 +15,10 @@ is back, then follows its normal slots (never a burst of catch-up runs).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from typing import Any
 
 from celery.schedules import crontab, schedule
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from pipeline.constants import BEAT_KEY_PREFIX
-
-if TYPE_CHECKING:
-    from pipeline.config import Settings
 
 #: Every schedule is read in this timezone (Celery's `timezone` and `enable_utc` agree).
 TIMEZONE = "UTC"
@@ -70,43 +64,9 @@ def parse_cron(expression: str) -> crontab:
 
 
 def maintenance_entries() -> dict[str, dict[str, Any]]:
-    """The pipeline's own housekeeping: nightly retention and artifact purge at 00:00 UTC, queue health
-    every minute."""
+    """The pipeline's own housekeeping: nightly retention and artifact purge at 00:00 UTC."""
     nightly = crontab(minute="0", hour="0")
     return {
         "pipeline.dlq-retention": {"task": "pipeline.dlq_retention", "schedule": nightly, "args": ({},)},
         "pipeline.artifact-purge": {"task": "pipeline.artifact_purge", "schedule": nightly, "args": ({},)},
-        "pipeline.queue-health": {"task": "pipeline.queue_health", "schedule": crontab(), "args": ({},)},
-    }
-
-
-def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
-    """Maintenance entries, then the deployment's BEAT_SCHEDULE (a user entry may replace one by name)."""
-    entries = maintenance_entries()
-    entries.update({name: entry.as_celery() for name, entry in settings.beat_schedule.items()})
-    return entries
-
-
-def beat_conf(settings: Settings) -> dict[str, Any]:
-    """Celery and redbeat settings for beat (merged into `celery_conf`)."""
-    url = settings.broker_url
-    options: dict[str, Any] = {"retry_period": settings.beat_lock_timeout}
-    if settings.redis_sentinel_master:  # redbeat's own sentinel form
-        parts = [urlsplit(part) for part in settings.broker_url.split(";")]
-        url = "redis-sentinel://"
-        options.update(
-            sentinels=[(part.hostname, part.port or 26379) for part in parts],
-            service_name=settings.redis_sentinel_master,
-            password=parts[0].password,
-        )
-        if settings.redis_sentinel_password is not None:
-            options["sentinel_kwargs"] = {"password": settings.redis_sentinel_password.get_secret_value()}
-    return {
-        "beat_schedule": beat_schedule(settings),
-        "beat_scheduler": "redbeat.RedBeatScheduler",
-        "beat_max_loop_interval": settings.beat_max_loop_interval,
-        "redbeat_redis_url": url,
-        "redbeat_redis_options": options,
-        "redbeat_key_prefix": BEAT_KEY_PREFIX,
-        "redbeat_lock_timeout": settings.beat_lock_timeout,
     }

@@ -1,63 +1,46 @@
-"""Delayed jobs that outlive the visibility timeout: parked in Redis, released to their queue when due.
+"""Publishing a job: now, or parked in Redis until it is due; one job or thousands in a few round trips.
 
 On a Redis broker Celery hands a countdown/ETA job to a worker at once; the worker holds it in memory
 and Redis redelivers it every visibility timeout until it runs (so a long delay runs many times, and a
 flood of delayed jobs fills worker memory). Here a job due later than DELAYED_RELEASE_AHEAD seconds is
 never given to a worker early:
 
-* **Park.** The exact message Celery would publish (kombu's Redis envelope, ETA included) is captured
-  instead of sent, and stored under its task id: ZSET ``pipeline:delayed`` (score = due time) plus two
-  hashes (envelope, destination list key), written in one MULTI.
-* **Release.** One Lua script moves every entry due within DELAYED_RELEASE_AHEAD seconds onto its queue
-  (LPUSH, as kombu does) and deletes it, atomically: an entry is released exactly once even when many
-  releasers run, and a crash cannot lose or duplicate one. Every worker main process and every beat runs
-  a releaser thread (`Releaser`) polling each DELAYED_POLL_INTERVAL seconds, so there is no single point
-  of failure and no leader to elect.
-* **On time.** Released jobs keep their ETA, so the worker's timer starts them at the due time; a
-  worker holds a job at most DELAYED_RELEASE_AHEAD seconds (capped at half of what the visibility
-  timeout leaves after the longest time limit, `Settings.release_ahead`).
+* **Park** (`schedule`). The exact message Celery would publish (kombu's Redis envelope, ETA included) is
+  captured instead of sent, and stored under its task id: ZSET ``pipeline:delayed`` (score = due time) plus
+  two hashes (envelope, destination list key), written in one MULTI. `pipeline.scheduling.delayed`
+  releases it to its queue when due, exactly once.
+* **Fan out** (`enqueue_many`). Thousands of jobs of one typed task: every payload validated first (one bad
+  item: `PayloadInvalid` naming its index, nothing published), each message built by Celery on one producer
+  (the exact envelope a single `enqueue()` sends, recorded by `capture_many`), then pushed with multi-value
+  LPUSHes in a non-transactional Redis pipeline, CHUNK messages per round trip, order kept.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import groupby
 from typing import Any
 
 from celery.result import denied_join_result
+from celery.utils import uuid
 from kombu import Producer
+from pydantic import BaseModel
 
-from pipeline.app import app
 from pipeline.broker import broker_redis
+from pipeline.celery_app import get_app
 from pipeline.config import get_settings
-from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
+from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY, HEADER_PUBLISHED_AT, JOB_RECORD_KEY
+from pipeline.errors import PayloadInvalid
+from pipeline.records import accepted_entry
 
-log = logging.getLogger(__name__)
+#: Messages per Redis round trip in `enqueue_many`.
+CHUNK = 1000
 
 #: Sends the job through `producer` (None: the app's pool) with this ETA.
 Send = Callable[[Producer | None, datetime | None], Any]
-
-_RELEASE = """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-local released = 0
-for _, id in ipairs(due) do
-  local dest = redis.call('HGET', KEYS[3], id)
-  local body = redis.call('HGET', KEYS[2], id)
-  if dest and body then
-    redis.call('LPUSH', dest, body)
-    released = released + 1
-  end
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('HDEL', KEYS[2], id)
-  redis.call('HDEL', KEYS[3], id)
-end
-return released
-"""
 
 
 @dataclass
@@ -97,7 +80,7 @@ def capture_many(sends: Iterable[Callable[[Producer], Any]]) -> list[Captured]:
     captured = []
     # Celery's Redis result backend subscribes to each new task's result channel when it is sent (two
     # round trips per job); a recorded message is not sent yet, and `result()` fetches stored results.
-    with denied_join_result(), app.producer_or_acquire() as producer:
+    with denied_join_result(), get_app().producer_or_acquire() as producer:
         slot = producer._batch_local
         previous = getattr(slot, "current", None)
         try:
@@ -153,68 +136,42 @@ def is_parked(task_id: str) -> bool:
     return parked_due(task_id) is not None
 
 
-def parked_count() -> int:
-    with broker_redis() as client:
-        return int(client.zcard(DELAYED_KEY))
+def _validate_all(typed: Any, payloads: Iterable[BaseModel | Mapping[str, Any]]) -> list[BaseModel]:
+    jobs = []
+    for index, payload in enumerate(payloads):
+        try:
+            jobs.append(typed.validate(payload))
+        except PayloadInvalid as exc:
+            errors = [{**e, "loc": [index, *e.get("loc", ())]} for e in exc.errors]
+            raise PayloadInvalid(typed.name, errors) from None
+    return jobs
 
 
-def release_due(now: float | None = None, limit: int = 500) -> int:
-    """Move up to `limit` jobs due within DELAYED_RELEASE_AHEAD onto their queues; return how many."""
-    horizon = (time.time() if now is None else now) + get_settings().release_ahead
-    with broker_redis() as client:
-        released = client.eval(_RELEASE, 3, DELAYED_KEY, DELAYED_MESSAGE_KEY, DELAYED_DEST_KEY, horizon, limit)
-    return int(released)
+def enqueue_many(typed: Any, payloads: Iterable[BaseModel | Mapping[str, Any]]) -> list[str]:
+    """Publish one job of `typed` (a `TypedTask`) per payload; return their task ids in order."""
+    validated = _validate_all(typed, payloads)
+    ids: list[str] = []
+    for start in range(0, len(validated), CHUNK):
+        chunk = validated[start : start + CHUNK]
+        chunk_ids = [uuid() for _ in chunk]
 
+        def sender(job: BaseModel, task_id: str) -> Any:
+            headers = {HEADER_PUBLISHED_AT: time.time()}
+            args = (job.model_dump(mode="json"),)
+            return lambda producer: typed.task.apply_async(args, task_id=task_id, headers=headers, producer=producer)
 
-class Releaser:
-    """A daemon thread calling `release_due` every DELAYED_POLL_INTERVAL seconds until `stop()`."""
-
-    def __init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pipeline-delayed-releaser", daemon=True)
-
-    def start(self) -> Releaser:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        interval = get_settings().delayed_poll_interval
-        while not self._stop.is_set():
-            try:
-                if release_due() >= 500:
-                    continue  # a backlog: keep draining without waiting
-            except Exception:  # Redis down or failing over: keep trying, the entries are safe in Redis
-                log.warning("releasing delayed jobs failed; retrying", exc_info=True)
-            self._stop.wait(interval)
-
-
-_releaser: Releaser | None = None
-
-
-def start_releaser() -> None:
-    """Start this process's releaser once (worker main process, beat)."""
-    global _releaser
-    if _releaser is None:
-        _releaser = Releaser().start()
-
-
-def stop_releaser() -> None:
-    global _releaser
-    if _releaser is not None:
-        _releaser.stop()
-        _releaser = None
-
-
-@contextlib.contextmanager
-def releasing() -> Iterator[None]:
-    """A releaser for the duration of a block (tests, one-off scripts)."""
-    start_releaser()
-    try:
-        yield
-    finally:
-        stop_releaser()
+        messages = capture_many(sender(job, task_id) for job, task_id in zip(chunk, chunk_ids, strict=True))
+        record, ttl = accepted_entry(typed.name)
+        with broker_redis() as client:
+            pipe = client.pipeline(transaction=False)
+            for task_id in chunk_ids:  # before the jobs, as `enqueue()` does: an id is never "unknown"
+                pipe.set(JOB_RECORD_KEY.format(id=task_id), record, ex=ttl)
+            for dest, group in groupby(messages, key=lambda m: m.dest):
+                batch = list(group)
+                pipe.lpush(dest, *[m.body for m in batch])
+                for message in batch:
+                    for _, args in message.extra:
+                        pipe.publish(*args)
+            pipe.execute()
+        ids.extend(chunk_ids)
+    return ids

@@ -123,7 +123,7 @@ def mail_sink_wanted(settings: Settings) -> bool:
 def plan(settings: Settings, with_api: bool) -> list[Child]:
     """The processes of the stack, in start order (Redis first when embedded)."""
     celery = [sys.executable, "-m", "celery", "-A", "pipeline"]
-    pipeline_cli = [sys.executable, "-c", "from pipeline.cli import main; main()"]
+    pipeline_cli = [sys.executable, "-c", "from pipeline.cli.main import main; main()"]
     children = []
     if settings.redis_url is None:
         directory = (settings.data_dir / "redis").resolve()

@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
-from pipeline import cli_dlq
-from pipeline.cli_format import broker_errors, emit_json, fail, parse_time, read_payload
+from pipeline.cli import dlq as cli_dlq
+from pipeline.cli.output import broker_errors, emit_json, fail, parse_time, read_payload
 from pipeline.errors import PayloadInvalid
 
 app = typer.Typer(
@@ -29,7 +29,7 @@ def run(
     with_api: Annotated[bool, typer.Option("--api/--no-api", help="Also serve the producer API.")] = True,
 ) -> None:
     """Start the local stack: Redis (embedded unless REDIS_URL is set), a worker, beat and Flower."""
-    from pipeline.devstack import run_stack
+    from pipeline.cli.stack import run_stack
 
     raise typer.Exit(run_stack(with_api=with_api))
 
@@ -88,7 +88,7 @@ def _dumps(value: Any) -> str:
 def _follow(task_id: str, timeout: float, show: bool) -> dict[str, Any]:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from pipeline.jobs import job_status
+    from pipeline.status import job_status
 
     deadline = time.monotonic() + timeout
     with Progress(
@@ -114,7 +114,7 @@ def _follow(task_id: str, timeout: float, show: bool) -> dict[str, Any]:
 @app.command()
 def status(task_id: Annotated[str, typer.Argument(metavar="ID")], as_json: JsonOpt = False) -> None:
     """Show a job's state, progress, result or error."""
-    from pipeline.jobs import job_status
+    from pipeline.status import job_status
 
     state = job_status(task_id)
     if as_json:
@@ -151,7 +151,7 @@ def exporter(
     """Serve queue depth, in-flight jobs, oldest job age and DLQ size for Prometheus (run one)."""
     from pipeline.config import get_settings
     from pipeline.constants import WORK_QUEUES
-    from pipeline.exporter import run_exporter
+    from pipeline.observability.exporter import run_exporter
 
     run_exporter(port or get_settings().exporter_port, address, queue or list(WORK_QUEUES))
 
@@ -159,11 +159,11 @@ def exporter(
 @app.command()
 def kinds(as_json: JsonOpt = False) -> None:
     """List the job kinds `enqueue` accepts, with their task names and queues."""
-    from pipeline.app import app as celery_app
+    from pipeline.celery_app import get_app
     from pipeline.task import load_task_modules
 
     rows = [
-        {"kind": k, "task": t.name, "queue": celery_app.amqp.router.route({}, t.name)["queue"].name}
+        {"kind": k, "task": t.name, "queue": get_app().amqp.router.route({}, t.name)["queue"].name}
         for k, t in sorted(load_task_modules().items())
     ]
     if as_json:

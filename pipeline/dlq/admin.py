@@ -16,12 +16,12 @@ from typing import Any
 import redis
 from celery.utils import uuid
 
-from pipeline import jobs
-from pipeline.app import app
+from pipeline import records
 from pipeline.broker import broker_redis, decode_message
+from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.constants import DEAD_LETTER_QUEUE, KEY_PREFIX
-from pipeline.dlq import DeadLetter
+from pipeline.dlq.envelope import DeadLetter
 
 
 class DeadLetterNotFound(LookupError):
@@ -86,8 +86,8 @@ def replay(ident: str) -> str:
             raise NotReplayable(f"{entry.id} is being replayed by another process")
         try:
             new_id = uuid()
-            jobs.record_accepted(new_id, entry.task_name)
-            app.send_task(
+            records.record_accepted(new_id, entry.task_name)
+            get_app().send_task(
                 entry.task_name,
                 args=entry.args,
                 kwargs=entry.kwargs or {},

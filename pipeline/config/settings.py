@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import ssl
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from kombu import Queue
 from pydantic import (
     AliasChoices,
     Field,
@@ -32,17 +30,15 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from pipeline.constants import ROUTES, WORK_QUEUES
+from pipeline.config.beat import BeatEntry
 from pipeline.errors import ConfigError
 from pipeline.retry import RetryPolicy
-from pipeline.schedule import BeatEntry, beat_conf
 
 #: Where `pipeline run` starts its embedded Redis when REDIS_URL is not set; also the default REDIS_URL.
 LOCAL_REDIS_PORT = 6390
 API_TOKEN_MIN_LENGTH = 16
 #: Celery's rate syntax: tasks per second, minute or hour ("10/s", "100/m", "0.5/h").
 RATE_PATTERN = r"^\d+(\.\d+)?/[smh]$"
-_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 
 
 class Settings(BaseSettings):
@@ -304,94 +300,6 @@ def check_allowed_host(entry: str) -> None:
             raise ValueError(f"WEBHOOK_ALLOWED_HOSTS: {entry!r} is not an address or CIDR network") from None
     elif not entry or any(c in entry for c in " @?#"):
         raise ValueError(f"WEBHOOK_ALLOWED_HOSTS: {entry!r} is not a host name")
-
-
-def _ssl_options(settings: Settings) -> dict[str, Any]:
-    options: dict[str, Any] = {"ssl_cert_reqs": _CERT_REQS[settings.redis_tls_cert_reqs]}
-    if settings.redis_tls_ca_file is not None:
-        options["ssl_ca_certs"] = str(settings.redis_tls_ca_file)
-    return options
-
-
-def _transport_options(settings: Settings) -> dict[str, Any]:
-    options: dict[str, Any] = {
-        # Unacked messages come back after this long; must exceed any task's hard time limit.
-        "visibility_timeout": settings.visibility_timeout,
-        # kombu 5.7: how often an idle worker sweeps for expired unacked messages (throttle 1 = every interval).
-        "unacked_restore_interval": settings.unacked_restore_interval,
-        "unacked_restore_throttle": 1,
-        # A dead connection is noticed within seconds instead of hanging the consumer.
-        "health_check_interval": 10,
-        "socket_timeout": 30,
-        "socket_connect_timeout": 5,
-        "socket_keepalive": True,
-        "retry_on_timeout": True,
-    }
-    if settings.redis_sentinel_master:
-        options["master_name"] = settings.redis_sentinel_master
-        if settings.redis_sentinel_password is not None:
-            options["sentinel_kwargs"] = {"password": settings.redis_sentinel_password.get_secret_value()}
-    return options
-
-
-def celery_conf(settings: Settings) -> dict[str, Any]:
-    """Celery's configuration for these settings. The only place lowercase Celery keys appear.
-
-    Reference: https://docs.celeryq.dev/en/stable/userguide/configuration.html
-    """
-    transport = _transport_options(settings)
-    conf: dict[str, Any] = {
-        "broker_url": settings.broker_url,
-        "result_backend": settings.result_url,
-        "broker_transport_options": transport,
-        "result_backend_transport_options": transport,
-        "visibility_timeout": settings.visibility_timeout,
-        "broker_connection_retry_on_startup": True,
-        "broker_connection_max_retries": None,
-        "broker_channel_error_retry": True,
-        # JSON only: pickle (code execution) and every other content type is refused by the worker.
-        "task_serializer": "json",
-        "result_serializer": "json",
-        "accept_content": ["json"],
-        "result_accept_content": ["json"],
-        "enable_utc": True,
-        "timezone": "UTC",
-        # At-least-once: ack after the task ran; a killed pool child is retried (counted against max_retries).
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
-        "task_retry_on_worker_lost": True,
-        "task_acks_on_failure_or_timeout": True,
-        "task_soft_time_limit": settings.task_soft_time_limit,
-        "task_time_limit": settings.task_time_limit,
-        "task_track_started": True,
-        "task_send_sent_event": True,
-        "worker_send_task_events": True,
-        "result_expires": settings.result_expires,
-        "result_extended": True,
-        "result_backend_always_retry": True,
-        "result_backend_max_retries": 10,
-        "task_default_queue": WORK_QUEUES[0],
-        "task_queues": [Queue(name, routing_key=name) for name in WORK_QUEUES],
-        "task_routes": {pattern: {"queue": queue} for pattern, queue in ROUTES.items()},
-        "worker_prefetch_multiplier": settings.worker_prefetch_multiplier,
-        # Bounded stop: SIGTERM (remapped to SIGQUIT by the start scripts) waits this long, then requeues.
-        "worker_soft_shutdown_timeout": settings.worker_soft_shutdown_timeout,
-        "worker_enable_soft_shutdown_on_idle": True,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
-        "worker_consumer": "pipeline.consumer:DeadLetteringConsumer",
-        "worker_hijack_root_logger": False,
-    }
-    conf.update(beat_conf(settings))
-    if settings.task_rate_limits:
-        # Celery applies annotations over the task's own options: an override needs no code change.
-        conf["task_annotations"] = {name: {"rate_limit": rate} for name, rate in settings.task_rate_limits.items()}
-    if settings.worker_max_memory_per_child:
-        conf["worker_max_memory_per_child"] = settings.worker_max_memory_per_child
-    if settings.broker_url.startswith("rediss://"):
-        conf["broker_use_ssl"] = _ssl_options(settings)
-    if settings.result_url.startswith("rediss://"):
-        conf["redis_backend_use_ssl"] = _ssl_options(settings)
-    return conf
 
 
 def _secrets_dir() -> str | None:

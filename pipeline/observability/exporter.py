@@ -1,6 +1,6 @@
 """`pipeline exporter`: queue-level gauges read from Redis at each scrape, in one ordinary process.
 
-Serves `QUEUE_FAMILIES` of `pipeline.metrics`: depth per queue (all priority sub-queues), jobs in
+Serves `QUEUE_FAMILIES` of `pipeline.observability.metrics`: depth per queue (all priority sub-queues), jobs in
 flight (kombu's `unacked` hash), age of the oldest waiting job per queue, the dead-letter queue's size
 and whether the broker could be read. Run exactly one per deployment (any number is harmless, but
 every one reads Redis on every scrape). It is a custom collector on a registry of its own, so it
@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from pipeline import broker
 from pipeline.constants import DEAD_LETTER_QUEUE, WORK_QUEUES
-from pipeline.metrics import QUEUE_FAMILIES
+from pipeline.observability.metrics import QUEUE_FAMILIES
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from pipeline import dlq_admin
-from pipeline.cli_format import emit_json, fail, parse_duration, parse_time
-from pipeline.dlq import DeadLetter
+from pipeline.cli.output import emit_json, fail, parse_duration, parse_time
+from pipeline.dlq import admin as dlq_admin
+from pipeline.dlq.envelope import DeadLetter
 
 app = typer.Typer(help="Inspect and operate the dead-letter queue.", no_args_is_help=True)
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]

@@ -1,4 +1,4 @@
-"""Turning a final failure or a refused message into a dead-letter envelope (called by pipeline.signals)."""
+"""Turning a final failure or a refused message into a dead-letter envelope (called by pipeline.runtime.signals)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 import logging
 from typing import Any
 
-from pipeline.app import app
+from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.constants import HEADER_IDEMPOTENCY_KEY
-from pipeline.dlq import DeadLetter, Reason, exception_name, flush_spool, publish
+from pipeline.dlq.envelope import DeadLetter, Reason, exception_name, flush_spool, publish
 
 log = logging.getLogger(__name__)
 PREVIEW_BYTES = 2048
@@ -20,7 +20,7 @@ def _queue_for(task_name: str | None, delivery_info: dict[str, Any] | None) -> s
         return str(delivery_info["routing_key"])
     if not task_name:
         return None
-    return str(app.amqp.router.route({}, task_name)["queue"].name)
+    return str(get_app().amqp.router.route({}, task_name)["queue"].name)
 
 
 def from_failure(task: Any, task_id: str | None, exc: BaseException | None, args: Any, kwargs: Any, einfo: Any) -> None:

@@ -1,0 +1,150 @@
+"""What Celery, kombu and redbeat are told, derived from `Settings`: the only place lowercase Celery keys appear.
+
+Reference: https://docs.celeryq.dev/en/stable/userguide/configuration.html
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+from urllib.parse import urlsplit
+
+from kombu import Queue
+
+from pipeline.config.beat import maintenance_entries
+from pipeline.config.settings import Settings
+from pipeline.constants import BEAT_KEY_PREFIX, ROUTES, WORK_QUEUES
+
+_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
+
+
+def _ssl_options(settings: Settings) -> dict[str, Any]:
+    options: dict[str, Any] = {"ssl_cert_reqs": _CERT_REQS[settings.redis_tls_cert_reqs]}
+    if settings.redis_tls_ca_file is not None:
+        options["ssl_ca_certs"] = str(settings.redis_tls_ca_file)
+    return options
+
+
+def _transport_options(settings: Settings) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        # Unacked messages come back after this long; must exceed any task's hard time limit.
+        "visibility_timeout": settings.visibility_timeout,
+        # kombu 5.7: how often an idle worker sweeps for expired unacked messages (throttle 1 = every interval).
+        "unacked_restore_interval": settings.unacked_restore_interval,
+        "unacked_restore_throttle": 1,
+        # A dead connection is noticed within seconds instead of hanging the consumer.
+        "health_check_interval": 10,
+        "socket_timeout": 30,
+        "socket_connect_timeout": 5,
+        "socket_keepalive": True,
+        "retry_on_timeout": True,
+    }
+    if settings.redis_sentinel_master:
+        options["master_name"] = settings.redis_sentinel_master
+        if settings.redis_sentinel_password is not None:
+            options["sentinel_kwargs"] = {"password": settings.redis_sentinel_password.get_secret_value()}
+    return options
+
+
+def celery_conf(settings: Settings) -> dict[str, Any]:
+    """Celery's configuration for these settings. The only place lowercase Celery keys appear.
+
+    Reference: https://docs.celeryq.dev/en/stable/userguide/configuration.html
+    """
+    transport = _transport_options(settings)
+    conf: dict[str, Any] = {
+        "broker_url": settings.broker_url,
+        "result_backend": settings.result_url,
+        "broker_transport_options": transport,
+        "result_backend_transport_options": transport,
+        "visibility_timeout": settings.visibility_timeout,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        "broker_channel_error_retry": True,
+        # JSON only: pickle (code execution) and every other content type is refused by the worker.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "enable_utc": True,
+        "timezone": "UTC",
+        # At-least-once: ack after the task ran; a killed pool child is retried (counted against max_retries).
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_retry_on_worker_lost": True,
+        "task_acks_on_failure_or_timeout": True,
+        "task_soft_time_limit": settings.task_soft_time_limit,
+        "task_time_limit": settings.task_time_limit,
+        "task_track_started": True,
+        "task_send_sent_event": True,
+        "worker_send_task_events": True,
+        "result_expires": settings.result_expires,
+        "result_extended": True,
+        "result_backend_always_retry": True,
+        "result_backend_max_retries": 10,
+        "task_default_queue": WORK_QUEUES[0],
+        "task_queues": [Queue(name, routing_key=name) for name in WORK_QUEUES],
+        "task_routes": {pattern: {"queue": queue} for pattern, queue in ROUTES.items()},
+        "worker_prefetch_multiplier": settings.worker_prefetch_multiplier,
+        # Bounded stop: SIGTERM (remapped to SIGQUIT by the start scripts) waits this long, then requeues.
+        "worker_soft_shutdown_timeout": settings.worker_soft_shutdown_timeout,
+        "worker_enable_soft_shutdown_on_idle": True,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "worker_consumer": "pipeline.dlq.consumer:DeadLetteringConsumer",
+        "worker_hijack_root_logger": False,
+    }
+    conf.update(beat_conf(settings))
+    conf["task_annotations"] = task_annotations(settings)
+    if settings.worker_max_memory_per_child:
+        conf["worker_max_memory_per_child"] = settings.worker_max_memory_per_child
+    if settings.broker_url.startswith("rediss://"):
+        conf["broker_use_ssl"] = _ssl_options(settings)
+    if settings.result_url.startswith("rediss://"):
+        conf["redis_backend_use_ssl"] = _ssl_options(settings)
+    return conf
+
+
+def task_annotations(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Per-task options that come from settings. Celery applies annotations over a task's own options when it
+    binds to the app, so they need no code change and task modules read no setting at import."""
+    annotations: dict[str, dict[str, Any]] = {
+        "media.transcode": {
+            "soft_time_limit": settings.transcode_soft_time_limit,
+            "time_limit": settings.transcode_time_limit,
+        }
+    }
+    for name, rate in settings.task_rate_limits.items():
+        annotations.setdefault(name, {})["rate_limit"] = rate
+    return annotations
+
+
+def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Maintenance entries, then the deployment's BEAT_SCHEDULE (a user entry may replace one by name)."""
+    entries = maintenance_entries()
+    entries.update({name: entry.as_celery() for name, entry in settings.beat_schedule.items()})
+    return entries
+
+
+def beat_conf(settings: Settings) -> dict[str, Any]:
+    """Celery and redbeat settings for beat (merged into `celery_conf`)."""
+    url = settings.broker_url
+    options: dict[str, Any] = {"retry_period": settings.beat_lock_timeout}
+    if settings.redis_sentinel_master:  # redbeat's own sentinel form
+        parts = [urlsplit(part) for part in settings.broker_url.split(";")]
+        url = "redis-sentinel://"
+        options.update(
+            sentinels=[(part.hostname, part.port or 26379) for part in parts],
+            service_name=settings.redis_sentinel_master,
+            password=parts[0].password,
+        )
+        if settings.redis_sentinel_password is not None:
+            options["sentinel_kwargs"] = {"password": settings.redis_sentinel_password.get_secret_value()}
+    return {
+        "beat_schedule": beat_schedule(settings),
+        "beat_scheduler": "redbeat.RedBeatScheduler",
+        "beat_max_loop_interval": settings.beat_max_loop_interval,
+        "redbeat_redis_url": url,
+        "redbeat_redis_options": options,
+        "redbeat_key_prefix": BEAT_KEY_PREFIX,
+        "redbeat_lock_timeout": settings.beat_lock_timeout,
+    }

@@ -1,0 +1,38 @@
+"""The worker's runtime: what a worker, beat or Flower process adds to the Celery app when it starts.
+
+`celery -A pipeline ...` resolves `pipeline.app` to `worker_app()`: the configured app from
+`pipeline.celery_app` plus, once per process, the signal handlers (`signals`: dead-letter capture,
+metrics and their endpoint, logs, Sentry, the delayed-job releaser), the admission check of cluster-wide
+rate limits, and Flower's authentication (`flower_auth`). The housekeeping tasks (`housekeeping`, `probe`)
+are task modules the worker imports by name. Producers (CLI, API) never install any of this.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from pipeline.celery_app import get_app
+from pipeline.runtime import flower_auth, signals
+from pipeline.scheduling import ratelimit
+from pipeline.task import ADMISSION
+
+
+def install() -> None:
+    """Connect the worker's handlers and checks (idempotent)."""
+    signals.install()
+    flower_auth.install()
+    if ratelimit.admit not in ADMISSION:
+        ADMISSION.append(ratelimit.admit)
+
+
+def uninstall() -> None:
+    signals.uninstall()
+    if ratelimit.admit in ADMISSION:
+        ADMISSION.remove(ratelimit.admit)
+
+
+def worker_app() -> Celery:
+    """The app with the worker's runtime installed: what `celery -A pipeline` runs."""
+    app = get_app()
+    install()
+    return app

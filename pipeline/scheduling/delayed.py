@@ -1,0 +1,108 @@
+"""Releasing parked delayed jobs (`pipeline.publish.schedule` parks them) onto their queues when due.
+
+One Lua script moves every entry due within DELAYED_RELEASE_AHEAD seconds onto its queue (LPUSH, as kombu
+does) and deletes it, atomically: an entry is released exactly once even when many releasers run, and a
+crash cannot lose or duplicate one. Every worker main process and every beat runs a releaser thread
+(`Releaser`) polling each DELAYED_POLL_INTERVAL seconds, so there is no single point of failure and no
+leader to elect. Released jobs keep their ETA, so the worker's timer starts them at the due time; a worker
+holds a job at most DELAYED_RELEASE_AHEAD seconds (capped at half of what the visibility timeout leaves
+after the longest time limit, `Settings.release_ahead`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+from pipeline.broker import broker_redis
+from pipeline.config import get_settings
+from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
+
+log = logging.getLogger(__name__)
+
+_RELEASE = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+local released = 0
+for _, id in ipairs(due) do
+  local dest = redis.call('HGET', KEYS[3], id)
+  local body = redis.call('HGET', KEYS[2], id)
+  if dest and body then
+    redis.call('LPUSH', dest, body)
+    released = released + 1
+  end
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('HDEL', KEYS[3], id)
+end
+return released
+"""
+
+
+def parked_count() -> int:
+    with broker_redis() as client:
+        return int(client.zcard(DELAYED_KEY))
+
+
+def release_due(now: float | None = None, limit: int = 500) -> int:
+    """Move up to `limit` jobs due within DELAYED_RELEASE_AHEAD onto their queues; return how many."""
+    horizon = (time.time() if now is None else now) + get_settings().release_ahead
+    with broker_redis() as client:
+        released = client.eval(_RELEASE, 3, DELAYED_KEY, DELAYED_MESSAGE_KEY, DELAYED_DEST_KEY, horizon, limit)
+    return int(released)
+
+
+class Releaser:
+    """A daemon thread calling `release_due` every DELAYED_POLL_INTERVAL seconds until `stop()`."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pipeline-delayed-releaser", daemon=True)
+
+    def start(self) -> Releaser:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        interval = get_settings().delayed_poll_interval
+        while not self._stop.is_set():
+            try:
+                if release_due() >= 500:
+                    continue  # a backlog: keep draining without waiting
+            except Exception:  # Redis down or failing over: keep trying, the entries are safe in Redis
+                log.warning("releasing delayed jobs failed; retrying", exc_info=True)
+            self._stop.wait(interval)
+
+
+_releaser: Releaser | None = None
+
+
+def start_releaser() -> None:
+    """Start this process's releaser once (worker main process, beat)."""
+    global _releaser
+    if _releaser is None:
+        _releaser = Releaser().start()
+
+
+def stop_releaser() -> None:
+    global _releaser
+    if _releaser is not None:
+        _releaser.stop()
+        _releaser = None
+
+
+@contextlib.contextmanager
+def releasing() -> Iterator[None]:
+    """A releaser for the duration of a block (tests, one-off scripts)."""
+    start_releaser()
+    try:
+        yield
+    finally:
+        stop_releaser()
