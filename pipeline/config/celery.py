@@ -88,7 +88,8 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
         "worker_prefetch_multiplier": settings.worker_prefetch_multiplier,
         # Bounded stop: SIGTERM (remapped to SIGQUIT by the start scripts) waits this long, then requeues.
         "worker_soft_shutdown_timeout": settings.worker_soft_shutdown_timeout,
-        "worker_enable_soft_shutdown_on_idle": True,
+        # Idle workers stop at once; `pipeline.runtime.worker` still waits for jobs held with an ETA.
+        "worker_enable_soft_shutdown_on_idle": False,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "worker_consumer": "pipeline.dlq.consumer:DeadLetteringConsumer",
         "worker_hijack_root_logger": False,

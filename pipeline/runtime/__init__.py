@@ -3,8 +3,9 @@
 `celery -A pipeline ...` resolves `pipeline.app` to `worker_app()`: the configured app from
 `pipeline.celery_app` plus, once per process, the signal handlers (`signals`: dead-letter capture,
 metrics and their endpoint, logs, Sentry, the delayed-job releaser), the admission check of cluster-wide
-rate limits, and Flower's authentication (`flower_auth`). The housekeeping tasks (`housekeeping`, `probe`)
-are task modules the worker imports by name. Producers (CLI, API) never install any of this.
+rate limits, Flower's authentication (`flower_auth`) and the worker process class (`worker`). The
+housekeeping tasks (`housekeeping`, `probe`) are task modules the worker imports by name. Producers (CLI,
+API) never install any of this.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from celery import Celery
 
 from pipeline.celery_app import get_app
 from pipeline.runtime import flower_auth, signals
+from pipeline.runtime.worker import PromptShutdown, Worker
 from pipeline.scheduling import ratelimit
 from pipeline.task import ADMISSION
 
@@ -35,4 +37,7 @@ def worker_app() -> Celery:
     """The app with the worker's runtime installed: what `celery -A pipeline` runs."""
     app = get_app()
     install()
+    # `celery worker` instantiates `app.Worker`: ours shuts down at once when idle (`worker.Worker`).
+    app.Worker = app.subclass_with_self(Worker)  # type: ignore[misc]  # a cached property, settable
+    app.steps["worker"].add(PromptShutdown)
     return app

@@ -1,0 +1,44 @@
+"""The `celery worker` process: a prompt shutdown, and a soft shutdown that waits only while it holds jobs.
+
+* Celery's soft shutdown (WORKER_SOFT_SHUTDOWN_TIMEOUT; SIGTERM is remapped to SIGQUIT by the start scripts)
+  lets running jobs finish before a cold shutdown requeues the rest. With `worker_enable_soft_shutdown_on_idle`
+  it waits the whole timeout even when the worker is idle; without it, it does not wait for jobs held with
+  an ETA (`celery/worker/worker.py: WorkController.wait_for_soft_shutdown`). `Worker` waits when the worker
+  holds any job, running or reserved, and never when it holds none.
+* A shutdown signal only sets a flag that the event loop reads after its next poll, which sleeps up to a
+  second when nothing is scheduled (Python retries an interrupted poll, PEP 475). `PromptShutdown` wakes
+  the loop every WAKE_S seconds, so an idle worker, and `pipeline run` on Ctrl-C, stop within about 2 s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import bootsteps
+from celery.apps.worker import Worker as CeleryWorker
+from celery.worker import state
+
+#: Longest time the worker's event loop sleeps before it looks at a pending shutdown.
+WAKE_S = 0.25
+
+
+class Worker(CeleryWorker):
+    def wait_for_soft_shutdown(self) -> Any:
+        if not (state.active_requests or state.reserved_requests):
+            return None
+        return super().wait_for_soft_shutdown()
+
+
+def _wake() -> None:
+    """Nothing to do: the timer only bounds the event loop's poll timeout."""
+
+
+class PromptShutdown(bootsteps.StartStopStep):
+    requires = ("celery.worker.components:Hub",)
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.enabled = bool(getattr(parent, "use_eventloop", False))
+
+    def start(self, parent: Any) -> None:
+        parent.hub.call_repeatedly(WAKE_S, _wake)
