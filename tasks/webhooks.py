@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
-from pipeline import publish as fanout
+from pipeline import publish
 from pipeline.config import get_settings
 from pipeline.errors import PermanentError, TransientError
 from pipeline.task import JobContext, typed_task
@@ -135,4 +135,4 @@ def enqueue(
 
 def enqueue_many(jobs: Iterable[WebhookJob | Mapping[str, Any]]) -> list[str]:
     """Validate all, then publish every delivery in batches (see `pipeline.publish`); return the ids."""
-    return fanout.enqueue_many(deliver, jobs)
+    return publish.enqueue_many(deliver, jobs)

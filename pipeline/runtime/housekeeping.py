@@ -6,8 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from pipeline.config import get_settings
-from pipeline.dlq import admin as dlq_admin
-from pipeline.dlq import envelope as dlq
+from pipeline.dlq import admin, envelope
 from pipeline.storage import get_storage
 from pipeline.task import JobContext, typed_task
 
@@ -24,8 +23,8 @@ class RetentionResult(BaseModel):
 @typed_task("pipeline.dlq_retention", kind="dlq-retention", public=False, payload=NoPayload, result=RetentionResult)
 def dlq_retention(_: NoPayload, ctx: JobContext) -> RetentionResult:
     """Publish spooled envelopes, then drop dead-letter entries past DLQ_MAX_AGE / DLQ_MAX_ENTRIES."""
-    spooled = dlq.flush_spool()
-    return RetentionResult(removed=dlq_admin.apply_retention(), spooled_published=spooled)
+    spooled = envelope.flush_spool()
+    return RetentionResult(removed=admin.apply_retention(), spooled_published=spooled)
 
 
 class PurgeResult(BaseModel):

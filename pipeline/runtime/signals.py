@@ -22,10 +22,8 @@ from celery import current_app, signals
 from celery.utils.dispatch import Signal
 
 from pipeline.constants import HEADER_PUBLISHED_AT
-from pipeline.dlq import capture as dlq_capture
-from pipeline.observability import endpoint as metrics_server
-from pipeline.observability import logs as observability
-from pipeline.observability import metrics, sentry, task_metrics
+from pipeline.dlq import capture
+from pipeline.observability import endpoint, logs, metrics, sentry, task_metrics
 from pipeline.scheduling import delayed
 
 log = logging.getLogger(__name__)
@@ -61,24 +59,24 @@ def on_task_failure(
     einfo: Any = None,
     **_: Any,
 ) -> None:
-    dlq_capture.from_failure(sender, task_id, exception, args, kwargs, einfo)
+    capture.from_failure(sender, task_id, exception, args, kwargs, einfo)
 
 
 @guarded
 def on_task_rejected(message: Any = None, exc: BaseException | None = None, **_: Any) -> None:
-    dlq_capture.from_message("rejected", message, exc)
+    capture.from_message("rejected", message, exc)
 
 
 @guarded
 def on_task_unknown(
     message: Any = None, exc: BaseException | None = None, name: str | None = None, id: str | None = None, **_: Any
 ) -> None:
-    dlq_capture.from_message("unknown_task", message, exc, task_name=name, task_id=id)
+    capture.from_message("unknown_task", message, exc, task_name=name, task_id=id)
 
 
 @guarded
 def on_worker_ready(**_: Any) -> None:
-    dlq_capture.on_worker_ready()
+    capture.on_worker_ready()
 
 
 @guarded
@@ -129,18 +127,18 @@ def on_task_rejected_metrics(sender: Any = None, message: Any = None, **_: Any) 
 
 @guarded
 def on_worker_ready_metrics(sender: Any = None, **_: Any) -> None:
-    metrics_server.serve_worker_metrics(sender)
+    endpoint.serve_worker_metrics(sender)
 
 
 @guarded
 def on_worker_process_shutdown(pid: int | None = None, **_: Any) -> None:
-    metrics_server.mark_dead(pid if pid is not None else os.getpid())
+    endpoint.mark_dead(pid if pid is not None else os.getpid())
 
 
 @guarded
 def on_setup_logging(loglevel: Any = None, logfile: str | None = None, **_: Any) -> None:
     """Connected, so Celery leaves logging to us: structured lines with the task bound (worker, children, beat)."""
-    observability.configure_logging(loglevel or None, logfile or None)
+    logs.configure_logging(loglevel or None, logfile or None)
 
 
 @guarded

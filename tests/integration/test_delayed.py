@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from pipeline import publish as delayed
+from pipeline import publish
 from pipeline.broker import broker_redis, decode_message
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
+from pipeline.scheduling import delayed
 from pipeline.status import job_status
 from tests.support.procs import wait_for
 from tests.support.worker_app import attempts, ledger
@@ -55,7 +56,7 @@ def test_parked_job_is_scheduled_and_released_as_celery_would_publish_it() -> No
     key = f"park-{uuid.uuid4().hex}"
     task_id = ledger.enqueue({"key": key}, countdown=3600)
     try:
-        assert delayed.is_parked(task_id)
+        assert publish.is_parked(task_id)
         status = job_status(task_id)
         assert status["state"] == "scheduled"
         assert status["due_at"]
@@ -71,7 +72,7 @@ def test_parked_job_is_scheduled_and_released_as_celery_would_publish_it() -> No
         assert envelope["properties"]["delivery_info"]["routing_key"] == "default"
     finally:
         unpark([task_id])
-    assert not delayed.is_parked(task_id)
+    assert not publish.is_parked(task_id)
 
 
 def test_delay_of_three_visibility_timeouts_runs_exactly_once_and_on_time(make_worker: Any) -> None:
@@ -98,7 +99,7 @@ def test_five_thousand_parked_jobs_do_not_grow_worker_memory(make_worker: Any) -
     before = rss_kib(worker.pid)
     ids = [ledger.enqueue({"key": f"mem-{i}", "sleep_s": 0.0}, countdown=3600) for i in range(5000)]
     try:
-        assert all(delayed.is_parked(i) for i in ids[::500])
+        assert all(publish.is_parked(i) for i in ids[::500])
         time.sleep(3)  # a dozen release polls: nothing is due, nothing reaches the worker
         after = rss_kib(worker.pid)
         with broker_redis() as client:
@@ -117,7 +118,7 @@ def test_retry_longer_than_a_worker_may_hold_is_parked(make_worker: Any) -> None
     key = f"retry-after-{uuid.uuid4().hex}"
     job = {"key": key, "fail": "transient", "fail_times": 1, "retry_after": 5}
     task_id = ledger.task.apply_async((job,), queue="retry-park").id
-    wait_for(lambda: delayed.is_parked(task_id), 20, 0.05, what="the retry to be parked")
+    wait_for(lambda: publish.is_parked(task_id), 20, 0.05, what="the retry to be parked")
     assert job_status(task_id)["state"] == "retrying"
     wait_for(lambda: len(attempts(key)) >= 2, 30, 0.1, what="the second attempt")
     time.sleep(2 * VT)  # the parked retry must not come back twice
