@@ -13,6 +13,7 @@ import typer
 
 from pipeline.cli import dlq as cli_dlq
 from pipeline.cli.output import broker_errors, emit_json, fail, parse_time, read_payload
+from pipeline.config import get_settings
 from pipeline.errors import PayloadInvalid
 
 app = typer.Typer(
@@ -21,6 +22,14 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(cli_dlq.app, name="dlq")
+
+
+@app.callback()
+def _start() -> None:
+    """Read and validate the settings once, before any command: a bad value stops here, naming the variable."""
+    get_settings()
+
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
@@ -149,7 +158,6 @@ def exporter(
     queue: Annotated[list[str] | None, typer.Option("--queue", "-q", help="Queue to report (repeatable).")] = None,
 ) -> None:
     """Serve queue depth, in-flight jobs, oldest job age and DLQ size for Prometheus (run one)."""
-    from pipeline.config import get_settings
     from pipeline.constants import WORK_QUEUES
     from pipeline.observability.exporter import run_exporter
 
