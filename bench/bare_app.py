@@ -7,7 +7,8 @@ from typing import Any
 
 from celery import Celery
 
-from pipeline.config import celery_conf, get_settings
+from pipeline.config import get_settings
+from pipeline.config.celery import celery_conf
 
 conf = celery_conf(get_settings())
 for key in ("worker_consumer", "task_routes", "task_queues"):
