@@ -57,8 +57,8 @@ def test_parked_job_is_scheduled_and_released_as_celery_would_publish_it() -> No
     try:
         assert delayed.is_parked(task_id)
         status = job_status(task_id)
-        assert status["state"] == "scheduled"
-        assert status["due_at"]
+        assert status.state == "scheduled"
+        assert status.due_at
         with broker_redis() as client:
             dest = client.hget(DELAYED_DEST_KEY, task_id)
             body = client.hget(DELAYED_MESSAGE_KEY, task_id)
@@ -118,7 +118,7 @@ def test_retry_longer_than_a_worker_may_hold_is_parked(make_worker: Any) -> None
     job = {"key": key, "fail": "transient", "fail_times": 1, "retry_after": 5}
     task_id = ledger.task.apply_async((job,), queue="retry-park").id
     wait_for(lambda: delayed.is_parked(task_id), 20, 0.05, what="the retry to be parked")
-    assert job_status(task_id)["state"] == "retrying"
+    assert job_status(task_id).state == "retrying"
     wait_for(lambda: len(attempts(key)) >= 2, 30, 0.1, what="the second attempt")
     time.sleep(2 * VT)  # the parked retry must not come back twice
     first, second = attempts(key)
@@ -174,7 +174,7 @@ def test_cli_delay_parks_the_job_and_status_says_scheduled() -> None:
     try:
         shown = runner.invoke(cli, ["status", task_id, "--json"])
         status = json.loads(shown.output)
-        assert status["state"] == "scheduled"
-        assert status["due_at"].startswith(time.strftime("%Y-%m-%d", time.gmtime(time.time() + 3600)))
+        assert status.state == "scheduled"
+        assert status.due_at.startswith(time.strftime("%Y-%m-%d", time.gmtime(time.time() + 3600)))
     finally:
         unpark([task_id])
