@@ -174,7 +174,7 @@ def test_cli_delay_parks_the_job_and_status_says_scheduled() -> None:
     try:
         shown = runner.invoke(cli, ["status", task_id, "--json"])
         status = json.loads(shown.output)
-        assert status.state == "scheduled"
-        assert status.due_at.startswith(time.strftime("%Y-%m-%d", time.gmtime(time.time() + 3600)))
+        assert status["state"] == "scheduled"
+        assert status["due_at"].startswith(time.strftime("%Y-%m-%d", time.gmtime(time.time() + 3600)))
     finally:
         unpark([task_id])
