@@ -45,6 +45,11 @@ ENQUEUE_IDEMPOTENCY_KEY: Final = KEY_PREFIX + "enqueue:{task}:{key}"
 #: Written before a job is published (task name, accepted time, ETA) so status can tell queued from unknown.
 JOB_RECORD_KEY: Final = KEY_PREFIX + "job:{id}"
 
+#: The dead-letter index (`pipeline.dlq.store`): hashes entry id → the `dead_letter` list element, and
+#: original task id → entry id, written in the same MULTI as the list.
+DLQ_INDEX_KEY: Final = KEY_PREFIX + "dlq:index"
+DLQ_TASKS_KEY: Final = KEY_PREFIX + "dlq:tasks"
+
 #: Parked delayed jobs: ZSET task id → due time (epoch s), and hashes task id → kombu envelope / queue list key.
 DELAYED_KEY: Final = KEY_PREFIX + "delayed"
 DELAYED_MESSAGE_KEY: Final = KEY_PREFIX + "delayed:message"

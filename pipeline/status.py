@@ -1,102 +1,183 @@
 """A job's status in the pipeline's words, from the result backend, the accepted-job record and the DLQ.
 
+The one vocabulary of job states (`JobState`) and the one status model (`JobStatus`): the CLI
+(`pipeline status`, `pipeline enqueue --wait`), the API (`GET /jobs/{id}`), its event stream and the job
+page all read them from here.
+
 Celery answers PENDING for any id it never saw. So every producer path of the pipeline (`enqueue`,
 DLQ replay) records the job id in Redis (`pipeline:job:<id>`, JSON with task name, accepted time and
 ETA) *before* publishing, with a TTL of RESULT_EXPIRES past the ETA. A PENDING id with a record is
 `queued` (or `scheduled` while its ETA is ahead); without one it is `unknown`. A job accepted with a
 202 can therefore never read as unknown while its result is kept.
+
+A job that fails for good is stored as FAILURE by the worker a moment before its dead-letter entry is
+published, so `failed` normally turns into `dead_lettered` within milliseconds. A status is `final`
+when nothing will change any more: succeeded, dead_lettered, unknown, and failed once FAILED_GRACE_S
+have passed since it finished without a dead-letter entry (revoked, replayed or deleted from the DLQ).
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from celery.result import AsyncResult
+from pydantic import BaseModel, Field, ValidationError
 
 from pipeline.celery_app import get_app
 from pipeline.dlq import admin as dlq_admin
 from pipeline.publish import parked_due
 from pipeline.records import accepted_record
 
+
+class JobState(StrEnum):
+    """Every state a job can be in, in the order a job moves through them."""
+
+    UNKNOWN = "unknown"
+    SCHEDULED = "scheduled"
+    QUEUED = "queued"
+    STARTED = "started"
+    PROGRESS = "progress"
+    RETRYING = "retrying"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DEAD_LETTERED = "dead_lettered"
+
+    @property
+    def final(self) -> bool:
+        """Nothing changes any more (`failed` may still become `dead_lettered` shortly: see `JobStatus.final`)."""
+        return self in FINAL_STATES
+
+    @property
+    def waiting(self) -> bool:
+        """No worker has started the job yet."""
+        return self in WAITING_STATES
+
+
+FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.DEAD_LETTERED, JobState.UNKNOWN})
+WAITING_STATES = frozenset({JobState.UNKNOWN, JobState.SCHEDULED, JobState.QUEUED})
+#: How long a job may read `failed` before that is final (its dead-letter entry follows the FAILURE at once).
+FAILED_GRACE_S = 5.0
+
 #: Celery state → pipeline state. PENDING becomes queued, scheduled or unknown (see the module docstring);
 #: a job parked by `pipeline.publish` is scheduled too. THROTTLED: waiting for a cluster rate-limit slot.
-STATES = {
-    "PENDING": "queued",
-    "RECEIVED": "queued",
-    "STARTED": "started",
-    "PROGRESS": "progress",
-    "RETRY": "retrying",
-    "SUCCESS": "succeeded",
-    "FAILURE": "failed",
-    "REVOKED": "failed",
-    "THROTTLED": "scheduled",
+#: A state of a task's own (`update_state`) not listed here reads as `started`: a worker has the job.
+CELERY_STATES: Mapping[str, JobState] = {
+    "PENDING": JobState.QUEUED,
+    "RECEIVED": JobState.QUEUED,
+    "STARTED": JobState.STARTED,
+    "PROGRESS": JobState.PROGRESS,
+    "RETRY": JobState.RETRYING,
+    "SUCCESS": JobState.SUCCEEDED,
+    "FAILURE": JobState.FAILED,
+    "REVOKED": JobState.FAILED,
+    "REJECTED": JobState.FAILED,
+    "THROTTLED": JobState.SCHEDULED,
 }
-#: Every state `job_status` answers, in the order a job moves through them.
-ALL_STATES = (
-    "unknown",
-    "scheduled",
-    "queued",
-    "started",
-    "progress",
-    "retrying",
-    "succeeded",
-    "failed",
-    "dead_lettered",
-)
-#: States after which nothing changes any more (`failed` may still become `dead_lettered` shortly).
-FINAL_STATES = frozenset({"succeeded", "dead_lettered", "unknown"})
 
 
-def _pending_state(record: dict[str, Any] | None) -> str:
+class Progress(BaseModel):
+    percent: float = Field(ge=0, le=100)
+    eta_s: float | None = Field(default=None, description="Seconds left, as the task estimates them.")
+
+
+class JobError(BaseModel):
+    type: str
+    message: str
+
+
+class JobStatus(BaseModel):
+    """State, progress, result or error, attempts and timestamps of one job."""
+
+    id: str
+    state: JobState
+    final: bool = Field(
+        default=False, description="Nothing will change any more: clients stop following the job (see `state`)."
+    )
+    task: str | None = None
+    queue: str | None = None
+    worker: str | None = None
+    attempts: int = 0
+    progress: Progress | None = None
+    result: Any = None
+    error: JobError | None = None
+    accepted_at: str | None = Field(default=None, description="When a producer accepted the job (ISO 8601, UTC).")
+    eta: str | None = Field(default=None, description="Not run before this time (ISO 8601, UTC), if delayed.")
+    due_at: str | None = Field(default=None, description="When a parked delayed job is released (ISO 8601, UTC).")
+    finished_at: str | None = None
+    dlq_id: str | None = Field(default=None, description="The dead-letter entry, when state is dead_lettered.")
+
+
+def _pending_state(record: dict[str, Any] | None) -> JobState:
     if record is None:
-        return "unknown"
+        return JobState.UNKNOWN
     eta = record.get("eta")
     if eta and datetime.fromisoformat(eta) > datetime.now(UTC):
-        return "scheduled"
-    return "queued"
+        return JobState.SCHEDULED
+    return JobState.QUEUED
 
 
-def job_status(task_id: str) -> dict[str, Any]:
-    """State, progress, result or error, attempts and timestamps of one job."""
+def _progress(info: Any) -> Progress | None:
+    try:
+        return Progress.model_validate(info)
+    except ValidationError:
+        return None  # a task's own PROGRESS meta in another shape: shown as no progress
+
+
+def is_final(state: JobState, finished_at: str | None, now: datetime | None = None) -> bool:
+    """`state` is final, or it is `failed` and has been for FAILED_GRACE_S (no dead-letter entry followed)."""
+    if state.final:
+        return True
+    if state is not JobState.FAILED:
+        return False
+    if finished_at is None:
+        return True
+    done = datetime.fromisoformat(finished_at)
+    done = done if done.tzinfo else done.replace(tzinfo=UTC)
+    return (now or datetime.now(UTC)) - done > timedelta(seconds=FAILED_GRACE_S)
+
+
+def job_status(task_id: str) -> JobStatus:
+    """State, progress, result or error, attempts and timestamps of one job (O(1) Redis work)."""
     result: AsyncResult[Any] = AsyncResult(task_id, app=get_app())
     meta = result.backend.get_task_meta(task_id)
-    record = accepted_record(task_id)
+    record = accepted_record(task_id) or {}
     celery_state = str(meta.get("status", "PENDING"))
-    state = _pending_state(record) if celery_state == "PENDING" else STATES.get(celery_state, celery_state.lower())
+    if celery_state == "PENDING":
+        state = _pending_state(record or None)
+    else:
+        state = CELERY_STATES.get(celery_state, JobState.STARTED)
     info = meta.get("result")
-    waiting = state in ("unknown", "scheduled", "queued")
-    status: dict[str, Any] = {
-        "id": task_id,
-        "state": state,
-        "task": meta.get("name") or (record or {}).get("task"),
-        "queue": meta.get("queue"),
-        "worker": meta.get("worker"),
-        "attempts": (meta.get("retries") or 0) + (0 if waiting else 1),
-        "progress": info if celery_state == "PROGRESS" and isinstance(info, dict) else None,
-        "result": info if celery_state == "SUCCESS" else None,
-        "error": None,
-        "accepted_at": (record or {}).get("accepted_at"),
-        "eta": (record or {}).get("eta"),
-        "finished_at": str(meta["date_done"]) if meta.get("date_done") else None,
-        "dlq_id": None,
-    }
-    if celery_state in ("FAILURE", "RETRY", "REVOKED"):
-        status["error"] = {
-            "type": type(result.result).__name__ if isinstance(result.result, BaseException) else celery_state,
-            "message": str(result.result),
-        }
+    status = JobStatus(
+        id=task_id,
+        state=state,
+        task=meta.get("name") or record.get("task"),
+        queue=meta.get("queue"),
+        worker=meta.get("worker"),
+        attempts=(meta.get("retries") or 0) + (0 if state.waiting else 1),
+        progress=_progress(info) if celery_state == "PROGRESS" else None,
+        result=info if celery_state == "SUCCESS" else None,
+        accepted_at=record.get("accepted_at"),
+        eta=record.get("eta"),
+        finished_at=str(meta["date_done"]) if meta.get("date_done") else None,
+    )
+    if celery_state in ("FAILURE", "RETRY", "REVOKED", "REJECTED"):
+        error = result.result
+        status.error = JobError(
+            type=type(error).__name__ if isinstance(error, BaseException) else celery_state, message=str(error)
+        )
     if celery_state == "PENDING":
         due = parked_due(task_id)
         if due is not None:
-            status.update(state="scheduled", due_at=datetime.fromtimestamp(due, UTC).isoformat())
+            status.state = JobState.SCHEDULED
+            status.due_at = datetime.fromtimestamp(due, UTC).isoformat()
     if celery_state == "SUCCESS":
-        status["progress"] = {"percent": 100.0, "eta_s": 0}
+        status.progress = Progress(percent=100.0, eta_s=0)
     if celery_state == "FAILURE":
-        try:
-            entry = dlq_admin.get(task_id)
-        except dlq_admin.DeadLetterNotFound:
-            pass
-        else:
-            status.update(state="dead_lettered", dlq_id=entry.id, attempts=entry.attempts)
+        entry = dlq_admin.find(task_id)
+        if entry is not None:
+            status.state, status.dlq_id, status.attempts = JobState.DEAD_LETTERED, entry.id, entry.attempts
+    status.final = is_final(status.state, status.finished_at)
     return status

@@ -91,12 +91,16 @@ def session_worker(work_dir: Path) -> Iterator[Worker]:
     worker.stop()
 
 
+DLQ_KEYS = ("dead_letter", "pipeline:dlq:index", "pipeline:dlq:tasks")
+
+
 @pytest.fixture
 def clean_dlq(redis_server: RedisServer) -> Iterator[None]:
+    """An empty dead-letter queue and index before and after the test."""
     client = redis_server.client()
-    client.delete("dead_letter")
+    client.delete(*DLQ_KEYS)
     yield
-    client.delete("dead_letter")
+    client.delete(*DLQ_KEYS)
 
 
 @pytest.fixture

@@ -1,10 +1,11 @@
 """`GET /jobs/{id}/events`: server-sent events with a job's state and progress until it ends.
 
-Each change of state or progress is one `event: status` whose data is the job's status JSON (the same
-object as `GET /jobs/{id}`); a comment line keeps idle connections open. The stream closes after a
-final state (succeeded, dead_lettered, unknown; failed after a short grace in which it may still turn
-dead_lettered). If the broker becomes unreachable mid-stream an `event: error` is sent and the stream
-closes; clients reconnect. A broker outage before the first event is a plain 503.
+Each change of state, progress, attempts or finality is one `event: status` whose data is the job's
+status JSON (the same object as `GET /jobs/{id}`); a comment line keeps idle connections open. The
+stream closes after a status with `final: true` (see `pipeline.status`), or once a job has read
+`failed` for FAILED_GRACE_S by this server's clock. If the broker becomes unreachable mid-stream an
+`event: error` is sent and the stream closes; clients reconnect. A broker outage before the first event
+is a plain 503.
 """
 
 from __future__ import annotations
@@ -23,12 +24,10 @@ from pipeline.api.auth import require_token
 from pipeline.api.errors import BROKER_DOWN, BROKER_ERRORS
 from pipeline.api.jobs import ERRORS, JobId
 from pipeline.api.strict import reject_unknown_query
-from pipeline.status import job_status
+from pipeline.status import FAILED_GRACE_S, JobState, JobStatus, job_status
 
 POLL_S = 0.4
 KEEPALIVE_S = 15.0
-FAILED_GRACE_S = 5.0
-ENDS_STREAM = frozenset({"succeeded", "dead_lettered", "unknown"})
 
 
 #: One event of the stream (OpenAPI 3.1 reads an event-stream `schema` as the schema of each event).
@@ -51,22 +50,22 @@ def sse(event: str, data: Any) -> str:
     return f"event: {event}\ndata: {json.dumps(data, default=str, separators=(',', ':'))}\n\n"
 
 
-async def stream(request: Request, job_id: str, status: dict[str, Any]) -> AsyncIterator[str]:
+async def stream(request: Request, job_id: str, status: JobStatus) -> AsyncIterator[str]:
     yield "retry: 2000\n\n"
     last: tuple[Any, ...] | None = None
     last_sent = failed_since = time.monotonic()
     while True:
         now = time.monotonic()
-        key = (status["state"], json.dumps(status.get("progress"), sort_keys=True), status.get("attempts"))
+        key = (status.state, status.progress, status.attempts, status.final)
         if key != last:
-            yield sse("status", status)
+            yield sse("status", status.model_dump(mode="json"))
             last, last_sent = key, now
         elif now - last_sent > KEEPALIVE_S:
             yield ": keep-alive\n\n"
             last_sent = now
-        if status["state"] in ENDS_STREAM:
+        if status.final:
             return
-        if status["state"] != "failed":
+        if status.state is not JobState.FAILED:
             failed_since = now
         elif now - failed_since > FAILED_GRACE_S:
             return

@@ -13,10 +13,10 @@ from fastapi import APIRouter, Depends, HTTPException, Path
 
 from pipeline.api.auth import require_token
 from pipeline.api.enqueue import enqueue_endpoint, require_json
-from pipeline.api.models import Accepted, JobStatus, Kind, Problem
+from pipeline.api.models import Accepted, Kind, Problem
 from pipeline.api.strict import reject_unknown_query
 from pipeline.celery_app import get_app
-from pipeline.status import job_status
+from pipeline.status import JobStatus, job_status
 from pipeline.task import TypedTask
 
 JobId = Annotated[str, Path(min_length=1, max_length=255, description="The job's id (a Celery task id).")]
@@ -67,7 +67,7 @@ def router(registry: dict[str, TypedTask[Any, Any]]) -> APIRouter:
         raise HTTPException(404, detail=f"unknown job kind {kind!r}; known: {', '.join(kinds)}")
 
     @routes.get("/jobs/{job_id}", response_model=JobStatus, tags=["jobs"], summary="A job's state and result")
-    def get_job(job_id: JobId) -> dict[str, Any]:
+    def get_job(job_id: JobId) -> JobStatus:
         return job_status(job_id)
 
     @routes.get("/kinds", response_model=list[Kind], tags=["jobs"], summary="Job kinds, their schemas and examples")

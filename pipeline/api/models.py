@@ -1,14 +1,14 @@
-"""Response bodies of the API, as pydantic models so the OpenAPI schema documents every answer."""
+"""Response bodies of the API, as pydantic models so the OpenAPI schema documents every answer.
+
+The job status (`pipeline.status.JobStatus`) and the dead-letter row (`pipeline.dlq.envelope.DeadLetterRow`)
+are defined once with what they describe, and shared with the CLI.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
-
-JobState = Literal[
-    "unknown", "scheduled", "queued", "started", "progress", "retrying", "succeeded", "failed", "dead_lettered"
-]
 
 
 class Accepted(BaseModel):
@@ -16,32 +16,6 @@ class Accepted(BaseModel):
 
     id: str
     status_url: str = Field(description="Path of the job's status, relative to the API root.")
-
-
-class Progress(BaseModel):
-    percent: float = Field(ge=0, le=100)
-    eta_s: float | None = Field(default=None, description="Seconds left, as the task estimates them.")
-
-
-class JobError(BaseModel):
-    type: str
-    message: str
-
-
-class JobStatus(BaseModel):
-    id: str
-    state: JobState
-    task: str | None = None
-    queue: str | None = None
-    worker: str | None = None
-    attempts: int = 0
-    progress: Progress | None = None
-    result: Any = None
-    error: JobError | None = None
-    accepted_at: str | None = Field(default=None, description="When a producer accepted the job (ISO 8601, UTC).")
-    eta: str | None = Field(default=None, description="Not run before this time (ISO 8601, UTC), if delayed.")
-    finished_at: str | None = None
-    dlq_id: str | None = Field(default=None, description="The dead-letter entry, when state is dead_lettered.")
 
 
 class Kind(BaseModel):
@@ -63,19 +37,6 @@ class QueueInfo(BaseModel):
 class Queues(BaseModel):
     queues: list[QueueInfo]
     in_flight: int
-
-
-class DeadLetterRow(BaseModel):
-    id: str
-    task_id: str | None
-    task: str | None
-    queue: str | None
-    reason: str
-    exception: str
-    message: str
-    attempts: int
-    failed_at: str
-    replayable: bool
 
 
 class Replayed(BaseModel):

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-import typer
 from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import JSONResponse
 
@@ -13,31 +12,16 @@ from pipeline.api.auth import require_token
 from pipeline.api.enqueue import status_path
 from pipeline.api.errors import BROKER_ERRORS, broker_unavailable
 from pipeline.api.jobs import ERRORS
-from pipeline.api.models import DeadLetterRow, Deleted, Health, Problem, QueueInfo, Queues, Replayed
+from pipeline.api.models import Deleted, Health, Problem, QueueInfo, Queues, Replayed
 from pipeline.api.strict import reject_unknown_query
 from pipeline.broker import broker_redis, in_flight_by_queue, queue_stats
-from pipeline.cli.output import parse_time
 from pipeline.dlq import admin as dlq_admin
-from pipeline.dlq.envelope import DeadLetter
+from pipeline.dlq.envelope import DeadLetter, DeadLetterRow
+from pipeline.dlq.filters import parse_time
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": Problem, "description": "No dead-letter entry has this id."}
 }
-
-
-def row(entry: DeadLetter) -> DeadLetterRow:
-    return DeadLetterRow(
-        id=entry.id,
-        task_id=entry.task_id,
-        task=entry.task_name,
-        queue=entry.queue,
-        reason=entry.reason,
-        exception=entry.exception_type,
-        message=entry.exception_message,
-        attempts=entry.attempts,
-        failed_at=entry.failed_at.isoformat(),
-        replayable=entry.replayable,
-    )
 
 
 def _since(text: str | None) -> datetime | None:
@@ -45,7 +29,7 @@ def _since(text: str | None) -> datetime | None:
         return None
     try:
         return parse_time(text)
-    except (ValueError, OverflowError, typer.BadParameter):
+    except (ValueError, OverflowError):  # BadFilter is a ValueError
         raise HTTPException(
             422,
             detail=[
@@ -82,7 +66,7 @@ def router() -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=10_000, description="At most this many, newest first.")] = 100,
     ) -> list[DeadLetterRow]:
         filters = dlq_admin.Filters(task=task, exception=exception, since=_since(since))
-        return [row(e) for e in dlq_admin.list_entries(filters, limit)]
+        return [e.row() for e in dlq_admin.list_entries(filters, limit)]
 
     @routes.get(
         "/dlq/{entry_id}",

@@ -8,27 +8,11 @@ import typer
 
 from pipeline.cli.output import emit_json, fail, parse_duration, parse_time
 from pipeline.dlq import admin as dlq_admin
-from pipeline.dlq.envelope import DeadLetter
 
 app = typer.Typer(help="Inspect and operate the dead-letter queue.", no_args_is_help=True)
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 TaskOpt = Annotated[str | None, typer.Option("--task", help="Task name or glob, e.g. 'email.*'.")]
 ExcOpt = Annotated[str | None, typer.Option("--exception", help="Exception class name.")]
-
-
-def _row(entry: DeadLetter) -> dict[str, object]:
-    return {
-        "id": entry.id,
-        "task_id": entry.task_id,
-        "task": entry.task_name,
-        "queue": entry.queue,
-        "reason": entry.reason,
-        "exception": entry.exception_type,
-        "message": entry.exception_message,
-        "attempts": entry.attempts,
-        "failed_at": entry.failed_at.isoformat(),
-        "replayable": entry.replayable,
-    }
 
 
 @app.command("list")
@@ -41,20 +25,18 @@ def list_(
 ) -> None:
     """List dead-lettered jobs, newest first."""
     filters = dlq_admin.Filters(task=task, exception=exception, since=parse_time(since) if since else None)
-    rows = [_row(e) for e in dlq_admin.list_entries(filters, limit)]
+    rows = [e.row() for e in dlq_admin.list_entries(filters, limit)]
     if as_json:
-        emit_json(rows)
+        emit_json([r.model_dump(mode="json") for r in rows])
         return
     if not rows:
         typer.echo("dead-letter queue is empty" if not (task or exception or since) else "no matching entries")
         return
     typer.echo(f"{'ID':32}  {'FAILED AT (UTC)':19}  {'TASK':22}  {'TRIES':>5}  EXCEPTION")
     for r in rows:
-        when = str(r["failed_at"])[:19].replace("T", " ")
-        exc = str(r["exception"]).rsplit(".", 1)[-1]
-        typer.echo(
-            f"{r['id']!s:32}  {when:19}  {r['task']!s:22.22}  {r['attempts']!s:>5}  {exc}: {str(r['message'])[:60]}"
-        )
+        when = r.failed_at[:19].replace("T", " ")
+        exc = r.exception.rsplit(".", 1)[-1]
+        typer.echo(f"{r.id:32}  {when:19}  {r.task!s:22.22}  {r.attempts:>5}  {exc}: {r.message[:60]}")
     typer.echo(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}")
 
 
@@ -70,7 +52,7 @@ def show(
     if as_json:
         emit_json(entry.model_dump(mode="json"))
         return
-    for key, value in _row(entry).items():
+    for key, value in entry.row().model_dump(mode="json").items():
         typer.echo(f"{key + ':':12} {value}")
     typer.echo(f"{'worker:':12} {entry.worker}")
     if entry.args is not None:

@@ -15,6 +15,7 @@ from pipeline.cli import dlq as cli_dlq
 from pipeline.cli.output import broker_errors, emit_json, fail, parse_time, read_payload
 from pipeline.config import get_settings
 from pipeline.errors import PayloadInvalid
+from pipeline.status import JobState, JobStatus, job_status
 
 app = typer.Typer(
     help="Operate the job pipeline. Celery itself stays `celery -A pipeline ...`.",
@@ -77,14 +78,18 @@ def enqueue(
         return
     if not as_json:
         typer.echo(f"{typed.name} {task_id}", err=True)
-    state = _follow(task_id, timeout, show=not as_json)
+    status = _follow(task_id, timeout, show=not as_json)
     if as_json:
-        emit_json(state)
-    elif state["state"] == "succeeded":
-        typer.echo(_dumps(state["result"]))
-    if state["state"] != "succeeded":
+        emit_json(status.model_dump(mode="json"))
+    elif status.state == JobState.SUCCEEDED:
+        typer.echo(_dumps(status.result))
+    if not status.final:
+        typer.secho(f"timeout: still {status.state} after {timeout}s", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1)
+    if status.state != JobState.SUCCEEDED:
         if not as_json:
-            typer.secho(f"{state['state']}: {state.get('error')}", fg=typer.colors.RED, err=True)
+            error = f"{status.error.type}: {status.error.message}" if status.error else None
+            typer.secho(f"{status.state}: {error}", fg=typer.colors.RED, err=True)
         raise typer.Exit(1)
 
 
@@ -94,10 +99,9 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, indent=2, default=str)
 
 
-def _follow(task_id: str, timeout: float, show: bool) -> dict[str, Any]:
+def _follow(task_id: str, timeout: float, show: bool) -> JobStatus:
+    """Poll the job's status until it is final (or `timeout` passed: then it is returned not final)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from pipeline.status import job_status
 
     deadline = time.monotonic() + timeout
     with Progress(
@@ -108,24 +112,20 @@ def _follow(task_id: str, timeout: float, show: bool) -> dict[str, Any]:
         disable=not show,
         transient=True,
     ) as bar:
-        handle = bar.add_task("queued", total=100)
+        handle = bar.add_task(JobState.QUEUED, total=100)
         while True:
             status = job_status(task_id)
-            progress = status.get("progress") or {}
-            bar.update(handle, description=status["state"], completed=progress.get("percent", 0))
-            if status["state"] in ("succeeded", "failed", "dead_lettered"):
+            percent = status.progress.percent if status.progress else 0
+            bar.update(handle, description=status.state, completed=percent)
+            if status.final or time.monotonic() > deadline:
                 return status
-            if time.monotonic() > deadline:
-                return {**status, "state": "timeout", "error": f"still {status['state']} after {timeout}s"}
             time.sleep(0.25)
 
 
 @app.command()
 def status(task_id: Annotated[str, typer.Argument(metavar="ID")], as_json: JsonOpt = False) -> None:
     """Show a job's state, progress, result or error."""
-    from pipeline.status import job_status
-
-    state = job_status(task_id)
+    state = job_status(task_id).model_dump(mode="json")
     if as_json:
         emit_json(state)
         return

@@ -1,4 +1,4 @@
-"""Shared pieces of the `pipeline` command: durations, JSON output, payload input."""
+"""Shared pieces of the `pipeline` command: times and durations as options, JSON output, payload input."""
 
 from __future__ import annotations
 
@@ -7,31 +7,29 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import typer
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+from pipeline.dlq import filters
 
 
 def parse_duration(text: str) -> timedelta:
-    """'90', '90s', '15m', '12h', '7d', '2w' → timedelta."""
-    match = _DURATION.match(text)
-    if not match:
-        raise typer.BadParameter(f"{text!r} is not a duration like 90s, 15m, 12h or 7d")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    """'90', '90s', '15m', '12h', '7d', '2w' → timedelta (a bad value is a bad option)."""
+    try:
+        return filters.parse_duration(text)
+    except filters.BadFilter as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def parse_time(text: str) -> datetime:
-    """An ISO 8601 time (naive means UTC) or a duration ago ('1h')."""
+    """An ISO 8601 time (naive means UTC) or a duration ago ('1h') (a bad value is a bad option)."""
     try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        return datetime.now(UTC) - parse_duration(text)
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        return filters.parse_time(text)
+    except filters.BadFilter as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def emit_json(data: Any) -> None:

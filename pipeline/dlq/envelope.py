@@ -6,6 +6,10 @@ undecodable body) become one `DeadLetter` envelope, published as a JSON message 
 `dead_letter` queue. No worker consumes that queue; `pipeline.dlq.admin` lists, shows, replays and
 purges it.
 
+The envelope is the message kombu would publish (captured with `pipeline.publish.capture`, so it is
+byte for byte kombu's own), LPUSHed together with its index entries and the retention trim in one
+transaction by `pipeline.dlq.store`.
+
 If the broker cannot take the envelope (it is down), the envelope is written to a spool directory
 under DATA_DIR and published by `flush_spool()` later (at worker start and by the nightly
 maintenance task), so a failed job is never lost silently.
@@ -17,18 +21,24 @@ import json
 import logging
 import os
 import socket
+import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from kombu import Exchange, Queue
+from kombu import Exchange, Producer, Queue
+from kombu.exceptions import OperationalError
 from pydantic import BaseModel, Field
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.constants import DEAD_LETTER_QUEUE
+from pipeline.dlq import store
 from pipeline.observability import metrics
+from pipeline.publish import capture
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +48,23 @@ DLQ = Queue(
 )
 TRACEBACK_LIMIT = 20_000
 Reason = Literal["failed", "rejected", "unknown_task", "undecodable"]
+#: Pauses between attempts to write an envelope before it is spooled (a broker blip is not an outage).
+RETRY_PAUSES_S = (0.2, 0.7, 1.2)
+
+
+class DeadLetterRow(BaseModel):
+    """One entry as a row of a listing: `pipeline dlq list --json` and `GET /dlq` answer these."""
+
+    id: str
+    task_id: str | None
+    task: str | None
+    queue: str | None
+    reason: Reason
+    exception: str
+    message: str
+    attempts: int
+    failed_at: str
+    replayable: bool
 
 
 class DeadLetter(BaseModel):
@@ -70,6 +97,20 @@ class DeadLetter(BaseModel):
     def replayable(self) -> bool:
         return bool(self.task_name) and self.args is not None
 
+    def row(self) -> DeadLetterRow:
+        return DeadLetterRow(
+            id=self.id,
+            task_id=self.task_id,
+            task=self.task_name,
+            queue=self.queue,
+            reason=self.reason,
+            exception=self.exception_type,
+            message=self.exception_message,
+            attempts=self.attempts,
+            failed_at=self.failed_at.isoformat(),
+            replayable=self.replayable,
+        )
+
 
 def exception_name(exc: BaseException | None) -> str:
     if exc is None:
@@ -99,30 +140,28 @@ def publish(entry: DeadLetter) -> None:
         entry.exception_type,
         entry.exception_message[:200],
     )
-    _trim_to_retention()
-
-
-def _trim_to_retention() -> None:
-    """Keep at most DLQ_MAX_ENTRIES envelopes (the newest, at the list's left end)."""
-    from pipeline.broker import broker_redis
-
-    with broker_redis() as client:
-        client.ltrim(DEAD_LETTER_QUEUE, 0, get_settings().dlq_max_entries - 1)
 
 
 def _send(body: dict[str, Any]) -> None:
-    with get_app().producer_or_acquire() as producer:
+    """Write one envelope (and its index entries, and the retention trim) to Redis, retrying a broker blip."""
+
+    def send(producer: Producer) -> None:
         # The default exchange routes by queue name, so delivery never depends on a stored binding.
         producer.publish(
-            body,
-            exchange="",
-            routing_key=DEAD_LETTER_QUEUE,
-            declare=[DLQ],
-            serializer="json",
-            retry=True,
-            retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5},
-            delivery_mode=2,
+            body, exchange="", routing_key=DEAD_LETTER_QUEUE, declare=[DLQ], serializer="json", delivery_mode=2
         )
+
+    for pause in (*RETRY_PAUSES_S, None):
+        try:
+            message = capture(send)
+            if message.dest != DEAD_LETTER_QUEUE:
+                raise RuntimeError(f"a dead-letter envelope was routed to {message.dest!r}")
+            store.push(message.body, body["id"], body.get("task_id"), get_settings().dlq_max_entries)
+            return
+        except (OperationalError, RedisConnectionError, RedisTimeoutError):
+            if pause is None:
+                raise
+            time.sleep(pause)
 
 
 def _spool_dir() -> Path:

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from pipeline.dlq.envelope import DeadLetter
 from tests.support.api import ApiServer, sse_events, wait_state
 from tests.support.procs import ROOT, RedisServer, Worker, wait_for
 
@@ -68,6 +69,8 @@ def test_probe_job_runs_and_streams_progress_until_it_succeeds(api: ApiServer) -
     assert percents == sorted(percents)
     assert all(0 < p <= 100 for p in percents)
     final = events[-1][1]
+    assert final["final"] is True
+    assert [data["final"] for _, data in events[:-1]] == [False] * (len(events) - 1)
     assert final["result"]["message"] == "e2e"
     assert final["progress"]["percent"] == 100
     assert final["attempts"] == 1
@@ -80,11 +83,13 @@ def test_permanent_failure_is_dead_lettered_and_operable_over_http(api: ApiServe
     with api.client() as client:
         job = client.post("/jobs/probe", json={"message": "doomed", "fail": "permanent"}).json()
         status = wait_state(client, job["id"], {"dead_lettered"})
+        assert status["final"] is True and status["dlq_id"]
         assert status["error"]["type"] == "PermanentError"
         assert "doomed" in status["error"]["message"]
 
         rows = client.get("/dlq", params={"task": "pipeline.*", "exception": "PermanentError"}).json()
         assert [r["task_id"] for r in rows] == [job["id"]]
+        assert rows == [DeadLetter.model_validate(client.get(f"/dlq/{job['id']}").json()).row().model_dump(mode="json")]
         assert client.get("/dlq", params={"task": "email.*"}).json() == []
         assert client.get("/dlq", params={"since": "1h"}).json()[0]["id"] == status["dlq_id"]
         assert client.get("/dlq", params={"since": "not a time"}).status_code == 422
@@ -115,11 +120,12 @@ def test_unknown_queued_and_scheduled_are_told_apart(idle: ApiServer) -> None:
     with idle.client() as client:
         never = str(uuid.uuid4())
         assert client.get(f"/jobs/{never}").json()["state"] == "unknown"
+        assert client.get(f"/jobs/{never}").json()["final"] is True
         assert [d["state"] for _, d in sse_events(client, f"/jobs/{never}/events", timeout=10)] == ["unknown"]
 
         queued = client.post("/jobs/probe", json={}).json()
         status = client.get(f"/jobs/{queued['id']}").json()
-        assert status["state"] == "queued"
+        assert status["state"] == "queued" and status["final"] is False
         assert status["task"] == "pipeline.probe"
         assert status["attempts"] == 0
 

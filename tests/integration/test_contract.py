@@ -113,16 +113,18 @@ def test_enqueue_with_the_same_idempotency_key_returns_the_same_job(session_work
 
 
 def test_job_status_reports_result_and_dead_letter(session_worker: Any, clean_dlq: None) -> None:
-    from pipeline.status import job_status
+    from pipeline.status import JobState, job_status
 
     ok = probe.enqueue({"message": "s"})
     probe.result(ok, timeout=30)
-    assert job_status(ok)["state"] == "succeeded"
+    succeeded = job_status(ok)
+    assert succeeded.state == JobState.SUCCEEDED and succeeded.final
     bad = probe.enqueue({"fail": "permanent"})
-    dead_letter(bad)
+    entry = dead_letter(bad)
     status = job_status(bad)
-    assert status["state"] == "dead_lettered" and status["error"]["type"] == "PermanentError"
-    assert json.dumps(status)  # JSON-safe for the CLI and the API
+    assert status.state == JobState.DEAD_LETTERED and status.final and status.dlq_id == entry.id
+    assert status.error is not None and status.error.type == "PermanentError"
+    assert json.loads(status.model_dump_json())["state"] == "dead_lettered"  # JSON-safe for the CLI and the API
 
 
 def test_celery_inspect_ping_reaches_the_worker(session_worker: Any) -> None:

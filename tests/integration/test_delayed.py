@@ -58,8 +58,8 @@ def test_parked_job_is_scheduled_and_released_as_celery_would_publish_it() -> No
     try:
         assert publish.is_parked(task_id)
         status = job_status(task_id)
-        assert status["state"] == "scheduled"
-        assert status["due_at"]
+        assert status.state == "scheduled"
+        assert status.due_at
         with broker_redis() as client:
             dest = client.hget(DELAYED_DEST_KEY, task_id)
             body = client.hget(DELAYED_MESSAGE_KEY, task_id)
@@ -119,7 +119,7 @@ def test_retry_longer_than_a_worker_may_hold_is_parked(make_worker: Any) -> None
     job = {"key": key, "fail": "transient", "fail_times": 1, "retry_after": 5}
     task_id = ledger.task.apply_async((job,), queue="retry-park").id
     wait_for(lambda: publish.is_parked(task_id), 20, 0.05, what="the retry to be parked")
-    assert job_status(task_id)["state"] == "retrying"
+    assert job_status(task_id).state == "retrying"
     wait_for(lambda: len(attempts(key)) >= 2, 30, 0.1, what="the second attempt")
     time.sleep(2 * VT)  # the parked retry must not come back twice
     first, second = attempts(key)

@@ -66,7 +66,7 @@ def test_421_twice_then_accepted_delivers_exactly_once(session_worker: Worker, s
     send.result(task_id, timeout=60)
     assert smtp_server.recorder.attempts[to] == 3
     assert len(smtp_server.recorder.delivered_to(to)) == 1
-    assert job_status(task_id)["attempts"] == 3
+    assert job_status(task_id).attempts == 3
 
 
 @pytest.mark.usefixtures("clean_dlq")

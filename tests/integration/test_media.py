@@ -16,12 +16,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from celery.result import AsyncResult
 
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.dlq import admin as dlq_admin
 from pipeline.errors import PayloadInvalid
-from pipeline.status import job_status
 from tasks.media import transcode
 from tests.support.media import make_clip
 from tests.support.procs import RedisServer, Worker, free_port, wait_for
@@ -149,7 +149,9 @@ def test_sources_outside_media_root_refused_at_enqueue(tmp_path: Path) -> None:
 
 
 def _running_ffmpeg(task_id: str) -> int | None:
-    progress = job_status(task_id).get("progress") or {}
+    # The pid is the task's own detail of its PROGRESS meta (the job status keeps percent and eta_s only).
+    result: AsyncResult[Any] = AsyncResult(task_id, app=get_app())
+    progress = result.info if result.state == "PROGRESS" and isinstance(result.info, dict) else {}
     pid = progress.get("ffmpeg_pid")
     return int(pid) if pid and progress.get("percent", 0) < 100 else None
 

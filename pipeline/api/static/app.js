@@ -6,8 +6,8 @@
 
 const TOKEN_KEY = "pipeline.token";
 const JOBS_KEY = "pipeline.jobs";
-// The server ends a stream at these states (at "failed" after a grace in which it may become dead_lettered).
-const FINAL = new Set(["succeeded", "dead_lettered", "failed", "unknown"]);
+// A job is followed until its status says `final` (pipeline.status decides; the server ends the stream there).
+const isFinal = (status) => status.final === true;
 const MAX_STREAMS = 4; // browsers allow ~6 connections per host: keep some for ordinary calls
 const MAX_JOBS = 30;
 
@@ -235,7 +235,7 @@ function render(id) {
 
 function follow(id) {
   const job = state.jobs.get(id);
-  if (!token() || !job || FINAL.has(job.status.state) || state.streams.has(id)) return;
+  if (!token() || !job || isFinal(job.status) || state.streams.has(id)) return;
   if (state.streams.size >= MAX_STREAMS) {
     setTimeout(() => poll(id), 2000);
     return;
@@ -247,13 +247,13 @@ function follow(id) {
     .finally(() => {
       state.streams.delete(id);
       const current = state.jobs.get(id);
-      if (current && !FINAL.has(current.status.state)) setTimeout(() => follow(id), 2000);
+      if (current && !isFinal(current.status)) setTimeout(() => follow(id), 2000);
     });
 }
 
 async function poll(id) {
   const job = state.jobs.get(id);
-  if (!job || FINAL.has(job.status.state) || state.streams.has(id)) return;
+  if (!job || isFinal(job.status) || state.streams.has(id)) return;
   try {
     const { status, body } = await api(`/jobs/${encodeURIComponent(id)}`);
     if (status === 200) update(id, body);
