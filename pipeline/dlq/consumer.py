@@ -12,6 +12,7 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 
+from pipeline.dlq.capture import from_message
 from pipeline.observability import metrics
 
 log = logging.getLogger(__name__)
@@ -20,8 +21,6 @@ log = logging.getLogger(__name__)
 class DeadLetteringConsumer(Consumer):
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         try:
-            from pipeline.dlq.capture import from_message
-
             from_message("undecodable", message, exc)
         except Exception:
             metrics.signal_handler_errors.labels(handler="on_decode_error").inc()
