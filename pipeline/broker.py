@@ -1,4 +1,4 @@
-"""Read-only views of the Redis broker, and a Redis client configured exactly like it.
+"""Read-only views of the Redis broker, a Redis client configured exactly like it, and its URL fit to show.
 
 Queue depth on Redis is the sum of `LLEN` over the queue's key and its priority sub-queue keys
 (`<queue>\\x06\\x16<priority>`); jobs delivered but not acknowledged sit in kombu's `unacked` hash.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,18 @@ from pipeline.constants import (
     UNACKED_KEY,
     WORK_QUEUES,
 )
+
+#: `scheme://user:` of a URL with a password, and the password (up to the `@`); never across whitespace.
+_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/@:]*:)[^\s/@]+@")
+
+
+def redact_url(text: str, mask: str = "***") -> str:
+    """`text` with the password of every URL in it replaced by `mask` (`redis://:***@host:6379/0`).
+
+    For messages, banners and logs that show the broker URL (or any text that may hold one); the user
+    name, host and database stay, so the URL still says where it points.
+    """
+    return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}{mask}@", text)
 
 
 @contextmanager

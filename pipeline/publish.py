@@ -136,6 +136,29 @@ def is_parked(task_id: str) -> bool:
     return parked_due(task_id) is not None
 
 
+@dataclass(frozen=True)
+class ParkedStats:
+    """Parked jobs (delayed, deferred by the rate limiter, long retries) and how late the most overdue is."""
+
+    count: int
+    #: Seconds since the earliest parked job was due (0 when none is): releasers move a job onto its
+    #: queue DELAYED_RELEASE_AHEAD seconds before it is due, so anything above a few poll intervals means
+    #: no worker or beat is releasing.
+    overdue_s: float
+
+
+def parked_stats(now: float | None = None) -> ParkedStats:
+    """Count the parked jobs and measure the most overdue one, in one round trip."""
+    with broker_redis() as client:
+        pipe = client.pipeline(transaction=True)
+        pipe.zcard(DELAYED_KEY)
+        pipe.zrange(DELAYED_KEY, 0, 0, withscores=True)
+        count, earliest = pipe.execute()
+    now = time.time() if now is None else now
+    overdue = max(0.0, now - float(earliest[0][1])) if earliest else 0.0
+    return ParkedStats(int(count), overdue)
+
+
 def _validate_all(typed: Any, payloads: Iterable[BaseModel | Mapping[str, Any]]) -> list[BaseModel]:
     jobs = []
     for index, payload in enumerate(payloads):

@@ -74,6 +74,16 @@ class ClusterRate:
         return 1 / jobs_per_second
 
 
+def request_header(request: Any, name: str) -> Any:
+    """A custom message header of a task request (`HEADER_*` of `pipeline.constants`), or None.
+
+    Depending on the path a message took (a first publish, Celery's own retry, a re-published signature),
+    a custom header is an entry of `request.headers` or an attribute of the request: read both.
+    """
+    value = (getattr(request, "headers", None) or {}).get(name)
+    return value if value is not None else getattr(request, name, None)
+
+
 @dataclasses.dataclass(frozen=True)
 class JobContext:
     """What a task's pure function may know about its run, without importing Celery."""
@@ -112,8 +122,7 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
 
     def job_context(self) -> JobContext:
         request = self.request
-        headers = request.headers or {}
-        key = headers.get(HEADER_IDEMPOTENCY_KEY) or getattr(request, HEADER_IDEMPOTENCY_KEY, None) or request.id
+        key = request_header(request, HEADER_IDEMPOTENCY_KEY) or request.id
         return JobContext(
             task_id=str(request.id),
             attempt=int(request.retries or 0) + 1,

@@ -1,23 +1,23 @@
 """Which transcode sources are acceptable: files inside MEDIA_ROOT, and http(s) URLs to public hosts.
 
 Local paths are checked at enqueue and again on the worker: no `..`, and the real path (symlinks
-followed) must be a file inside MEDIA_ROOT. URLs are checked in two steps: at enqueue without any
-network access (no literal private/loopback address, no `localhost`), and on the worker just before
-ffmpeg runs, by resolving the host: every address must be public. MEDIA_ALLOW_PRIVATE_URLS lifts the
-address rule (for in-cluster media servers). ffmpeg resolves the name again and follows redirects,
-so this stops direct requests to internal services, not a hostile DNS server; see README, "The tasks".
+followed) must be a file inside MEDIA_ROOT. URLs are checked in two steps by the SSRF guard
+shared with webhooks (`tasks.netguard`): at enqueue without any network access (no literal
+non-public address, no `localhost`), and on the worker just before ffmpeg runs, by resolving the host:
+every address must be public. MEDIA_ALLOW_PRIVATE_URLS lifts the address rule (for in-cluster media
+servers); name resolution failures are classified as the guard's docstring says. ffmpeg resolves the
+name again and follows redirects, so this stops direct requests to internal services, not a hostile
+DNS server; see README, "The tasks".
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
 from pipeline.config import get_settings
-from pipeline.errors import PermanentError, TransientError
+from tasks import netguard
 
 
 def is_remote(source: str) -> bool:
@@ -41,38 +41,19 @@ def local_source(value: str) -> Path:
     return real
 
 
-def _private(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%")[0])
-    return not ip.is_global or ip.is_multicast
-
-
 def check_url(value: str) -> None:
-    """Enqueue-time URL check (no network): a host, and not a private or loopback literal."""
+    """Enqueue-time URL check (no network): a host, and not `localhost` or a non-public address literal."""
     host = urlsplit(value).hostname
     if not host:
         raise ValueError("source_uri URL has no host")
     if get_settings().media_allow_private_urls:
         return
-    if host == "localhost" or host.endswith(".localhost"):
-        raise ValueError("source_uri must not point at localhost")
-    try:
-        private = _private(host)
-    except ValueError:
-        return  # a name: resolved on the worker
-    if private:
-        raise ValueError("source_uri must not point at a private, loopback or link-local address")
+    refusal = netguard.local_refusal(host)
+    if refusal is not None:
+        raise ValueError(f"source_uri must not point at a private address: {refusal}")
 
 
-def resolve_public(url: str) -> None:
-    """Worker-time URL check: every address of the host is public (PermanentError if not)."""
-    if get_settings().media_allow_private_urls:
-        return
-    parts = urlsplit(url)
-    try:
-        infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
-    except socket.gaierror as exc:
-        if exc.errno == socket.EAI_AGAIN:
-            raise TransientError(f"cannot resolve {parts.hostname} for now: {exc}") from exc
-        raise PermanentError(f"cannot resolve {parts.hostname}: {exc}") from exc
-    if any(_private(str(info[4][0])) for info in infos):
-        raise PermanentError(f"{parts.hostname} resolves to a private address; refusing to fetch it")
+def resolve_public(url: str) -> netguard.Target:
+    """Worker-time URL check (`netguard.vet`): every address of the host is public, unless
+    MEDIA_ALLOW_PRIVATE_URLS; a name that does not resolve fails as the guard says."""
+    return netguard.vet(url, allow_all=get_settings().media_allow_private_urls, setting="MEDIA_ALLOW_PRIVATE_URLS")

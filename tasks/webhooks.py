@@ -26,7 +26,7 @@ from pipeline import publish
 from pipeline.config import get_settings
 from pipeline.errors import PermanentError, TransientError
 from pipeline.task import JobContext, typed_task
-from tasks import webhook_http
+from tasks import netguard, webhook_http
 
 #: Longest Retry-After honoured as such; a longer one is treated as this (the job retries, not waits a week).
 MAX_RETRY_AFTER_S = 24 * 3600.0
@@ -106,7 +106,7 @@ def deliver(job: WebhookJob, ctx: JobContext) -> WebhookResult:
     if settings.webhook_signing_secret is None:
         raise PermanentError("WEBHOOK_SIGNING_SECRET is not set: refusing to send unsigned webhooks")
     url = httpx.URL(str(job.url))
-    target = webhook_http.vet(url, settings.webhook_allowed_hosts)
+    target = netguard.vet(str(url), settings.webhook_allowed_hosts, setting="WEBHOOK_ALLOWED_HOSTS")
     body = json.dumps({"event": job.event, "payload": job.payload}, separators=(",", ":")).encode()
     secret = settings.webhook_signing_secret.get_secret_value().encode()
     headers = {

@@ -1,7 +1,8 @@
 """Building the `POST /jobs/<kind>` route function of one job kind.
 
 The body parameter is exactly the kind's payload model (so the same JSON works for the API, the CLI and
-`send_task`). Delay and ETA are query parameters, bounded by the visibility timeout; the
+`send_task`). Delay and ETA are query parameters, at most `MAX_DELAY_S` ahead (a product limit: delayed
+jobs are parked in Redis, so the visibility timeout does not bound them); the
 `Idempotency-Key` header makes a repeated request return the first job's id. The function returns only
 after `enqueue()` did, i.e. after the publish to Redis returned; broker errors propagate to the 503
 handler in `pipeline.api.errors`.
@@ -18,7 +19,6 @@ from fastapi import Body, Header, HTTPException, Query, Response
 from pydantic import BeforeValidator
 
 from pipeline.api.models import Accepted
-from pipeline.config import get_settings
 from pipeline.task import TypedTask
 
 ETA_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?([Zz]|[+-]\d{2}:?\d{2})?$")
@@ -29,9 +29,11 @@ def status_path(job_id: str) -> str:
     return f"/jobs/{job_id}"
 
 
-def max_delay_s() -> int:
-    """Longest delay the Redis broker honours safely: a countdown past the visibility timeout is redelivered."""
-    return get_settings().visibility_timeout
+#: Furthest ahead a job may be scheduled through the API: a year. Any delay is safe (a job due later than
+#: DELAYED_RELEASE_AHEAD is parked in Redis by `pipeline.publish.schedule`, not held by a worker); this only
+#: refuses absurd values, e.g. milliseconds sent as seconds.
+MAX_DELAY_S = 365 * 24 * 3600
+MAX_DELAY_TEXT = f"{MAX_DELAY_S // 86400} days"
 
 
 def parse_eta(value: Any) -> Any:
@@ -51,11 +53,11 @@ def _run_at(delay_seconds: float | None, eta: datetime | None) -> tuple[float | 
         )
     if eta is not None:
         eta = eta if eta.tzinfo else eta.replace(tzinfo=UTC)
-        if eta - datetime.now(UTC) > timedelta(seconds=max_delay_s()):
+        if eta - datetime.now(UTC) > timedelta(seconds=MAX_DELAY_S):
             raise HTTPException(
                 422,
                 detail=[
-                    {"loc": ["query", "eta"], "type": "value_error", "msg": f"eta is more than {max_delay_s()} s ahead"}
+                    {"loc": ["query", "eta"], "type": "value_error", "msg": f"eta is more than {MAX_DELAY_TEXT} ahead"}
                 ],
             )
     return delay_seconds, eta
@@ -89,7 +91,12 @@ def enqueue_endpoint(typed: TypedTask[Any, Any]) -> Any:
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
             default=None,
             annotation=Annotated[
-                float | None, Query(ge=0, le=max_delay_s(), description="Run no sooner than this many seconds.")
+                float | None,
+                Query(
+                    ge=0,
+                    le=MAX_DELAY_S,
+                    description=f"Run no sooner than this many seconds (at most {MAX_DELAY_S}: {MAX_DELAY_TEXT}).",
+                ),
             ],
         ),
         inspect.Parameter(
@@ -98,7 +105,10 @@ def enqueue_endpoint(typed: TypedTask[Any, Any]) -> Any:
             default=None,
             annotation=Annotated[
                 IsoDateTime | None,
-                Query(description="Run no sooner than this time (ISO 8601, UTC if no offset); not with delay_seconds."),
+                Query(
+                    description=f"Run no sooner than this time (ISO 8601, UTC if no offset), at most {MAX_DELAY_TEXT} "
+                    "ahead; not with delay_seconds."
+                ),
             ],
         ),
         inspect.Parameter(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +12,7 @@ from typing import Any
 
 import typer
 
+from pipeline.broker import redact_url
 from pipeline.dlq import filters
 
 
@@ -45,11 +45,6 @@ def fail(message: str, code: int = 1, as_json: bool = False) -> typer.Exit:
     return typer.Exit(code)
 
 
-def redact(url: str) -> str:
-    """A URL with its password replaced, fit for messages and logs."""
-    return re.sub(r"(://[^:/@]*:)[^@/]+@", r"\1***@", url)
-
-
 @contextmanager
 def broker_errors() -> Iterator[None]:
     """Turn 'Redis is unreachable' (from kombu, redis-py or Celery's result backend) into one clear error."""
@@ -66,7 +61,9 @@ def broker_errors() -> Iterator[None]:
             raise
         reason = " ".join(str(exc).split()) or type(exc).__name__
         typer.secho(
-            f"error: cannot reach Redis at {redact(get_settings().broker_url)}: {reason}", fg=typer.colors.RED, err=True
+            f"error: cannot reach Redis at {redact_url(get_settings().broker_url)}: {reason}",
+            fg=typer.colors.RED,
+            err=True,
         )
         raise SystemExit(3) from None
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from pipeline.broker import redact_url
 from pipeline.config import API_TOKEN_MIN_LENGTH, Settings, get_settings
 
 FLOWER_PORT = 5555
@@ -217,7 +218,7 @@ def _banner(settings: Settings, children: list[Child], api_token: str | None = N
     lines = [
         "",
         "pipeline is running:",
-        f"  redis   {settings.broker_url}"
+        f"  redis   {redact_url(settings.broker_url)}"
         + ("  (embedded, AOF in " + str(settings.data_dir / "redis") + ")" if "redis" in names else ""),
         "  worker  every queue; logs below",
         f"  flower  http://127.0.0.1:{FLOWER_PORT}",

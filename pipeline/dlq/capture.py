@@ -10,6 +10,7 @@ from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.constants import HEADER_IDEMPOTENCY_KEY
 from pipeline.dlq.envelope import DeadLetter, Reason, exception_name, flush_spool, publish
+from pipeline.task import request_header
 
 log = logging.getLogger(__name__)
 PREVIEW_BYTES = 2048
@@ -28,7 +29,7 @@ def from_failure(task: Any, task_id: str | None, exc: BaseException | None, args
     request = task.request
     name = str(task.name)
     headers = {}
-    key = getattr(request, HEADER_IDEMPOTENCY_KEY, None) or (request.headers or {}).get(HEADER_IDEMPOTENCY_KEY)
+    key = request_header(request, HEADER_IDEMPOTENCY_KEY)
     if key:
         headers[HEADER_IDEMPOTENCY_KEY] = key
     publish(

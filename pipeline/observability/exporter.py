@@ -1,8 +1,9 @@
 """`pipeline exporter`: queue-level gauges read from Redis at each scrape, in one ordinary process.
 
 Serves `QUEUE_FAMILIES` of `pipeline.observability.metrics`: depth per queue (all priority sub-queues), jobs in
-flight (kombu's `unacked` hash), age of the oldest waiting job per queue, the dead-letter queue's size
-and whether the broker could be read. Run exactly one per deployment (any number is harmless, but
+flight (kombu's `unacked` hash), age of the oldest waiting job per queue, the dead-letter queue's size,
+the jobs parked until they are due (`pipeline:delayed`) with how overdue the earliest one is, and whether
+the broker could be read. Run exactly one per deployment (any number is harmless, but
 every one reads Redis on every scrape). It is a custom collector on a registry of its own, so it
 never mixes with the multiprocess files a worker writes.
 """
@@ -12,7 +13,8 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import redis
@@ -20,7 +22,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from pipeline import broker
+from pipeline import broker, publish
 from pipeline.constants import DEAD_LETTER_QUEUE, WORK_QUEUES
 from pipeline.observability.metrics import QUEUE_FAMILIES
 
@@ -33,14 +35,16 @@ def _family(name: str) -> GaugeMetricFamily:
 
 
 class QueueCollector(Collector):
-    def __init__(self, queues: Sequence[str] = WORK_QUEUES) -> None:
+    def __init__(self, queues: Sequence[str] = WORK_QUEUES, clock: Callable[[], float] = time.time) -> None:
         self.queues = tuple(queues)
+        self.clock = clock
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = _family("pipeline_broker_up")
         try:
             stats = broker.queue_stats((*self.queues, DEAD_LETTER_QUEUE))
             in_flight = broker.unacked_count()
+            parked = publish.parked_stats(self.clock())
         except (redis.RedisError, OSError) as exc:
             log.warning("exporter could not read the broker: %s", exc)
             up.add_metric([], 0)
@@ -56,8 +60,11 @@ class QueueCollector(Collector):
             age.add_metric([s.name], s.oldest_age_s or 0.0)
         flight = _family("pipeline_queue_in_flight")
         flight.add_metric([], in_flight)
+        delayed, overdue = _family("pipeline_delayed_jobs"), _family("pipeline_delayed_overdue_seconds")
+        delayed.add_metric([], parked.count)
+        overdue.add_metric([], parked.overdue_s)
         up.add_metric([], 1)
-        yield from (depth, age, dlq, flight, up)
+        yield from (depth, age, dlq, flight, delayed, overdue, up)
 
 
 def registry_for(queues: Sequence[str]) -> CollectorRegistry:

@@ -64,5 +64,7 @@ QUEUE_FAMILIES: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "pipeline_queue_in_flight": ("Jobs delivered to workers and not yet acknowledged (all queues).", ()),
     "pipeline_queue_oldest_age_seconds": ("Age of the oldest waiting job (0 when the queue is empty).", ("queue",)),
     "pipeline_dlq_size": ("Envelopes in the dead-letter queue.", ()),
+    "pipeline_delayed_jobs": ("Jobs parked in Redis until they are due (delays, deferrals, long retries).", ()),
+    "pipeline_delayed_overdue_seconds": ("How long ago the most overdue parked job was due (0 when none is).", ()),
     "pipeline_broker_up": ("1 when the exporter could read the broker on this scrape, else 0.", ()),
 }

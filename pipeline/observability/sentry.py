@@ -7,7 +7,7 @@ from `beat_init` (so Sentry Crons monitors the beat entries), the API from its s
 Nothing secret leaves the process: `send_default_pii=False` (task args/kwargs are sent as
 "[Filtered]"), `include_local_variables=False` (frame locals hold payloads and passwords), and
 `scrub_event` rewrites every string of the event: the value of every secret setting (any
-`SecretStr` field of `Settings`: SMTP password, tokens, signing keys, ...), credentials inside URLs,
+`SecretStr` field of `Settings`: SMTP password, tokens, signing keys, ...), passwords inside URLs,
 `password=...`-style pairs, and e-mail addresses.
 """
 
@@ -23,10 +23,10 @@ from pydantic import SecretStr
 from sentry_sdk.integrations.celery import CeleryIntegration
 from sentry_sdk.scrubber import DEFAULT_DENYLIST, EventScrubber
 
+from pipeline.broker import redact_url
 from pipeline.config import Settings, get_settings
 
 FILTERED = "[Filtered]"
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^\s/@:]*:[^\s/@]+@")
 _PAIRS = re.compile(
     r"(?i)\b(?P<key>password|passwd|pwd|secret|token|api[_-]?key|authorization|auth)"
     r"(?P<sep>[\"']?\s*[:=]\s*[\"']?)(?:Bearer\s+|Basic\s+)?[^\s\"'&,;]+"
@@ -47,10 +47,10 @@ def secret_values(settings: Settings) -> list[str]:
 
 
 def scrub_text(text: str, secrets: list[str], *, emails: bool = True) -> str:
-    """`text` without the `secrets`, URL credentials, `password=...` values and (with `emails`) addresses."""
+    """`text` without the `secrets`, URL passwords, `password=...` values and (with `emails`) addresses."""
     for secret in secrets:
         text = text.replace(secret, FILTERED)
-    text = _URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{FILTERED}@", text)
+    text = redact_url(text, FILTERED)
     text = _PAIRS.sub(lambda m: f"{m.group('key')}{m.group('sep')}{FILTERED}", text)
     return _EMAIL.sub("[email]", text) if emails else text
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeline.constants import HEADER_PUBLISHED_AT
 from pipeline.observability import metrics
+from pipeline.task import request_header
 
 _started: dict[str, float] = {}
 
@@ -31,9 +32,7 @@ def queue_of(task: Any, request: Any = None) -> str:
 
 
 def _published_at(request: Any) -> float | None:
-    value = getattr(request, HEADER_PUBLISHED_AT, None)
-    if value is None:
-        value = (getattr(request, "headers", None) or {}).get(HEADER_PUBLISHED_AT)
+    value = request_header(request, HEADER_PUBLISHED_AT)
     return float(value) if isinstance(value, int | float) else None
 
 

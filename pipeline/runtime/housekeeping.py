@@ -1,5 +1,6 @@
-"""Housekeeping tasks the beat schedule runs (`pipeline.config.beat`): dead-letter retention and the envelope
-spool, the purge of stored artifacts (nightly), queue-health figures for the metrics exporter (every minute)."""
+"""Housekeeping tasks the beat schedule runs (`pipeline.config.beat`), nightly: dead-letter retention and the
+envelope spool, and the purge of stored artifacts. (Queue figures need no task: the metrics exporter reads
+Redis at each scrape.)"""
 
 from __future__ import annotations
 

@@ -41,11 +41,6 @@ return released
 """
 
 
-def parked_count() -> int:
-    with broker_redis() as client:
-        return int(client.zcard(DELAYED_KEY))
-
-
 def release_due(now: float | None = None, limit: int = 500) -> int:
     """Move up to `limit` jobs due within DELAYED_RELEASE_AHEAD onto their queues; return how many."""
     horizon = (time.time() if now is None else now) + get_settings().release_ahead

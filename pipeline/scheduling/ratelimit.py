@@ -23,7 +23,7 @@ from pipeline import publish
 from pipeline.broker import broker_redis
 from pipeline.constants import HEADER_RATE_SLOT, HEADER_THROTTLED, RATE_LIMIT_KEY
 from pipeline.observability import metrics
-from pipeline.task import ClusterRate, PipelineTask
+from pipeline.task import ClusterRate, PipelineTask, request_header
 
 # GCRA with reservation. ARGV: emission interval T and burst tolerance tau, in ms. Returns the wait (ms)
 # before the caller's slot, 0 when it may start now; the slot is taken either way.
@@ -54,10 +54,6 @@ def acquire(limit: ClusterRate, task_name: str, job: Any) -> float:
     return max(0.0, float(wait) / 1000)
 
 
-def _header(request: Any, name: str) -> Any:
-    return (request.headers or {}).get(name) or getattr(request, name, None)
-
-
 def admit(task: PipelineTask, job: Any) -> None:
     """Return when `job` may run now (or its task has no cluster limit); otherwise publish it again for its
     slot and raise `Ignore`. Installed in `pipeline.task.ADMISSION` by the worker's runtime."""
@@ -65,7 +61,7 @@ def admit(task: PipelineTask, job: Any) -> None:
     if limit is None:
         return
     request = task.request
-    slot = _header(request, HEADER_RATE_SLOT)
+    slot = request_header(request, HEADER_RATE_SLOT)
     # How late a deferred job may start on its slot: half an interval, so starts stay spread.
     if slot is not None and time.time() - float(slot) <= limit.interval() / 2:
         return  # the slot this message was given when it was deferred, and it is (about) now
@@ -74,7 +70,7 @@ def admit(task: PipelineTask, job: Any) -> None:
     if wait <= 0:
         return
     slot = time.time() + wait
-    throttled = int(_header(request, HEADER_THROTTLED) or 0) + 1
+    throttled = int(request_header(request, HEADER_THROTTLED) or 0) + 1
     headers = {**(request.headers or {}), HEADER_RATE_SLOT: slot, HEADER_THROTTLED: throttled}
     again = task.signature_from_request(request, headers=headers)
     publish.schedule(lambda producer, eta: again.apply_async(producer=producer, eta=eta), str(request.id), slot)

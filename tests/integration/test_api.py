@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from pipeline.config import get_settings
 from pipeline.dlq.envelope import DeadLetter
 from tests.support.api import ApiServer, sse_events, wait_state
 from tests.support.procs import ROOT, RedisServer, Worker, wait_for
@@ -143,8 +144,41 @@ def test_unknown_queued_and_scheduled_are_told_apart(idle: ApiServer) -> None:
 
         both = client.post("/jobs/probe", params={"eta": at, "delay_seconds": 5}, json={})
         assert both.status_code == 422
-        too_far = client.post("/jobs/probe", params={"delay_seconds": 10**7}, json={})
+
+
+def test_delays_beyond_the_visibility_timeout_are_parked_and_a_year_is_the_limit(idle: ApiServer) -> None:
+    beyond = get_settings().visibility_timeout * 3  # parked in Redis: no worker holds it, none redelivers it
+    with idle.client() as client:
+        before = depth(client)
+        accepted = client.post("/jobs/probe", params={"delay_seconds": beyond}, json={})
+        assert accepted.status_code == 202
+        status = client.get(accepted.json()["status_url"]).json()
+        assert status["state"] == "scheduled"
+        ahead = datetime.fromisoformat(status["eta"]) - datetime.now(UTC)
+        assert timedelta(seconds=beyond - 60) < ahead <= timedelta(seconds=beyond + 1)
+
+        at = (datetime.now(UTC) + timedelta(days=200)).isoformat()
+        later = client.post("/jobs/probe", params={"eta": at}, json={})
+        assert later.status_code == 202
+        assert client.get(later.json()["status_url"]).json()["state"] == "scheduled"
+        assert depth(client) == before  # both parked, not waiting on the queue
+
+        too_far = client.post("/jobs/probe", params={"delay_seconds": 366 * 86400}, json={})
         assert too_far.status_code == 422
+        assert too_far.json()["detail"][0]["loc"] == ["query", "delay_seconds"]
+        far_eta = (datetime.now(UTC) + timedelta(days=366)).isoformat()
+        too_late = client.post("/jobs/probe", params={"eta": far_eta}, json={})
+        assert too_late.status_code == 422
+        assert "365 days" in too_late.json()["detail"][0]["msg"]
+        negative = client.post("/jobs/probe", params={"delay_seconds": -1}, json={})
+        assert negative.status_code == 422
+        assert depth(client) == before
+
+        operation = client.get("/openapi.json").json()["paths"]["/jobs/probe"]["post"]
+        params = {p["name"]: p for p in operation["parameters"]}
+        assert params["delay_seconds"]["schema"]["anyOf"][0]["maximum"] == 365 * 86400
+        assert "365 days" in params["delay_seconds"]["description"]
+        assert "365 days" in params["eta"]["description"]
 
 
 def test_idempotency_key_returns_the_same_job(idle: ApiServer) -> None:

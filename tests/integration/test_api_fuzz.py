@@ -66,7 +66,7 @@ class Bearer:
 def test_no_server_errors_for_generated_requests(case: Any, fuzz_api: ApiServer) -> None:
     case.call_and_validate(
         base_url=fuzz_api.url,
-        # Cross-field rules (delay_seconds xor eta, an eta within the visibility timeout) cannot be said in
+        # Cross-field rules (delay_seconds xor eta, an eta at most 365 days ahead) cannot be said in
         # OpenAPI, so a schema-valid request may rightly get a 422; every other check stays on.
         excluded_checks=[positive_data_acceptance],
     )

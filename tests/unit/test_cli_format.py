@@ -1,4 +1,4 @@
-"""Parsing of durations, times and payload input for the `pipeline` command."""
+"""Parsing of durations, times and payload input for the `pipeline` command; URLs shown without passwords."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import typer
 
+from pipeline.broker import redact_url
 from pipeline.cli.output import parse_duration, parse_time, read_payload
 
 
@@ -35,3 +36,18 @@ def test_payload_from_json_and_flags(tmp_path) -> None:
 def test_payload_must_be_an_object() -> None:
     with pytest.raises(typer.BadParameter, match="JSON object"):
         read_payload("[1, 2]", [])
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("redis://:hunter2@redis:6379/0", "redis://:***@redis:6379/0"),
+        ("rediss://app:p:w-9@h:6380/1", "rediss://app:***@h:6380/1"),
+        ("redis://redis:6379/0", "redis://redis:6379/0"),  # no password: unchanged
+        ("at redis://:x@h/0 via http://h:80 to a@b.org", "at redis://:***@h/0 via http://h:80 to a@b.org"),
+        ("sentinel://:s1@a:26379;sentinel://:s2@b:26379", "sentinel://:***@a:26379;sentinel://:***@b:26379"),
+    ],
+)  # fmt: skip
+def test_url_passwords_are_redacted(text: str, shown: str) -> None:
+    assert redact_url(text) == shown
+    assert redact_url(text, "[Filtered]").count("[Filtered]") == shown.count("***")

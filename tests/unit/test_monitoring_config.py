@@ -113,6 +113,7 @@ def test_every_alert_has_a_unit_test_and_reads_exported_metrics() -> None:
         "PipelineDeadLetterQueueGrowing",
         "PipelineNoWorkerForQueue",
         "PipelineTaskFailureRatioHigh",
+        "PipelineDelayedJobsOverdue",
         "RedisMemoryHigh",
     }
 
@@ -146,6 +147,8 @@ def test_dashboard_queries_name_only_exported_metrics() -> None:
         "pipeline_rate_limit_throttled_total",
         "pipeline_signal_handler_errors_total",
         "pipeline_workers_up",
+        "pipeline_delayed_jobs",
+        "pipeline_delayed_overdue_seconds",
     ):
         assert name in used, f"the dashboard shows nothing of {name}"
 

@@ -1,4 +1,4 @@
-"""Queue-wait arithmetic and the dead-PID sweep, without a broker."""
+"""Queue-wait arithmetic, reading custom headers off a request, and the dead-PID sweep, without a broker."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
-from pipeline.constants import HEADER_PUBLISHED_AT
+from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT, HEADER_RATE_SLOT
 from pipeline.observability.endpoint import sweep
 from pipeline.observability.task_metrics import queue_wait
+from pipeline.task import request_header
 
 
 def _request(published: float | None, eta: str | None = None) -> SimpleNamespace:
@@ -35,6 +36,15 @@ def test_wait_is_clamped_at_zero_when_clocks_disagree() -> None:
 
 def test_no_header_no_observation() -> None:
     assert queue_wait(_request(None), now=10.0) is None
+
+
+def test_header_is_read_from_the_headers_dict_or_the_request_attribute() -> None:
+    in_dict = SimpleNamespace(eta=None, headers={HEADER_PUBLISHED_AT: 50.0})
+    assert queue_wait(in_dict, now=52.0) == 2.0
+    both = SimpleNamespace(headers={HEADER_IDEMPOTENCY_KEY: "k-1"}, **{HEADER_IDEMPOTENCY_KEY: "k-1"})
+    assert request_header(both, HEADER_IDEMPOTENCY_KEY) == "k-1"
+    assert request_header(SimpleNamespace(**{HEADER_RATE_SLOT: 0.0}), HEADER_RATE_SLOT) == 0.0  # no headers attribute
+    assert request_header(SimpleNamespace(headers=None), HEADER_RATE_SLOT) is None
 
 
 def test_sweep_marks_only_dead_pids(tmp_path: Path) -> None:
