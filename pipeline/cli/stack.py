@@ -176,7 +176,7 @@ def plan(settings: Settings, with_api: bool) -> list[Child]:
     children.append(
         Child("metrics", [*pipeline_cli, "exporter", "--port", str(EXPORTER_PORT), "--address", "127.0.0.1"])
     )
-    # The schedule and its leader lock live in Redis (celery-redbeat, see pipeline/schedule.py): no state file.
+    # The schedule and its leader lock live in Redis (celery-redbeat, see pipeline/config/beat.py): no state file.
     children.append(Child("beat", [*celery, "beat", "-l", "INFO"]))
     children.append(Child("flower", [*celery, "flower", f"--port={FLOWER_PORT}", "--address=127.0.0.1"]))
     if with_api and importlib.util.find_spec("pipeline.api") is not None:
