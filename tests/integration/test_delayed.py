@@ -12,6 +12,7 @@ import pytest
 from pipeline import publish as delayed
 from pipeline.broker import broker_redis, decode_message
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
+from pipeline.scheduling.delayed import release_due
 from pipeline.status import job_status
 from tests.support.procs import wait_for
 from tests.support.worker_app import attempts, ledger
@@ -142,7 +143,7 @@ def test_concurrent_releasers_release_each_entry_exactly_once(redis_server: Any)
     counts: list[int] = []
 
     def release() -> None:
-        while (n := delayed.release_due(limit=7)) > 0:
+        while (n := release_due(limit=7)) > 0:
             counts.append(n)
 
     threads = [threading.Thread(target=release) for _ in range(4)]
