@@ -21,13 +21,14 @@ import httpx
 import pytest
 
 from tests.support.api import ApiServer, sse_events, wait_state
+from tests.support.inproc import InProcessWorker
 from tests.support.procs import ROOT, RedisServer, Worker, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def api(session_worker: Worker, work_dir: Path) -> Iterator[ApiServer]:
+def api(session_worker: InProcessWorker, work_dir: Path) -> Iterator[ApiServer]:
     server = ApiServer("main", work_dir / "logs").start()
     yield server
     server.stop()

@@ -139,10 +139,12 @@ class Worker:
         if queues:
             self.argv += ["-Q", queues]
         self.proc: subprocess.Popen[bytes] | None = None
+        self.terminated = False
 
     def start(self, timeout: float = 60) -> Worker:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
+        self.terminated = False
         self.proc = subprocess.Popen(
             self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -178,11 +180,17 @@ class Worker:
         assert self.proc is not None
         return self.proc.wait(timeout)
 
+    def terminate(self) -> None:
+        """Send SIGTERM (the worker starts its shutdown); `stop()` waits for it."""
+        if self.proc is not None and self.proc.poll() is None and not self.terminated:
+            self.proc.terminate()
+            self.terminated = True
+
     def stop(self, timeout: float = 30) -> None:
         if self.proc is None:
             return
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
         self.kill_group(signal.SIGKILL)  # pool children left behind, if any
