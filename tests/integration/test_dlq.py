@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from kombu import Connection, Exchange
 
 from pipeline.dlq import admin as dlq_admin
 from pipeline.dlq import envelope as dlq
+from tests.support.cli import run_cli
 from tests.support.procs import wait_for
 from tests.support.worker_app import attempts, ledger, ledger_client
 
@@ -22,9 +22,7 @@ pytestmark = pytest.mark.integration
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli.main", *args], capture_output=True, text=True, timeout=60, check=False
-    )
+    return run_cli(*args)
 
 
 def entries(**filters: Any) -> list[dlq_admin.DeadLetter]:
