@@ -57,6 +57,18 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.pop("CELERY_RESULT_BACKEND", None)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Schemathesis names its items per API operation but gives them all one node id; pytest-xdist tells
+    tests apart by node id (and would run one of them), so each gets the id its name says."""
+    from _pytest.nodeid import NodeId  # pytest 9 keeps the id here (private, hence the check below)
+
+    for item in items:
+        parent, _, last = item.nodeid.rpartition("::")
+        if parent and last != item.name:
+            item._id = NodeId.parse(f"{parent}::{item.name}")
+            assert item.nodeid.endswith(item.name), item.nodeid
+
+
 @pytest.fixture(scope="session")
 def work_dir() -> Path:
     base = _state["base"]
@@ -102,9 +114,24 @@ def session_worker(services: None, work_dir: Path) -> Iterator[InProcessWorker]:
 @pytest.fixture(scope="session")
 def transcode_worker(services: None, work_dir: Path) -> Iterator[Worker]:
     """A prefork worker (concurrency 2) on the transcode queue: revoke kills a pool child, time limits apply."""
-    worker = Worker("transcode", work_dir / "logs", {}, queues=TRANSCODE_QUEUE).start()
+    # The embedded session worker releases due delayed jobs for every queue; this one polls rarely, so a
+    # test that races releasers of its own (`no_background_releaser`) is all but alone.
+    worker = Worker("transcode", work_dir / "logs", {"DELAYED_POLL_INTERVAL": "60"}, queues=TRANSCODE_QUEUE)
+    worker.start()
     yield worker
     worker.stop()
+
+
+@pytest.fixture
+def no_background_releaser() -> Iterator[None]:
+    """Pause this process's delayed-job releaser (the embedded worker's) for a test that races its own."""
+    from pipeline.scheduling import delayed
+
+    running = delayed._releaser is not None
+    delayed.stop_releaser()
+    yield
+    if running:
+        delayed.start_releaser()
 
 
 @pytest.fixture

@@ -127,6 +127,7 @@ def test_retry_longer_than_a_worker_may_hold_is_parked(make_worker: Any) -> None
     assert ledger.result(task_id, timeout=10).attempt == 2
 
 
+@pytest.mark.usefixtures("no_background_releaser")
 def test_concurrent_releasers_release_each_entry_exactly_once(redis_server: Any) -> None:
     """Four releasers racing over the same 400 due entries push each one exactly once."""
     import threading
