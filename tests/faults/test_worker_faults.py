@@ -81,7 +81,7 @@ def test_sigterm_requeues_a_long_task_within_the_soft_shutdown_bound(make_worker
 
 def test_sigterm_lets_a_short_task_finish(make_worker: Any) -> None:
     key = "sigterm-finish"
-    w1 = make_worker("term3", env={"WORKER_SOFT_SHUTDOWN_TIMEOUT": "8"}, queues=QUEUE, concurrency=1)
+    w1 = make_worker("term3", env={"WORKER_SOFT_SHUTDOWN_TIMEOUT": "4"}, queues=QUEUE, concurrency=1)
     send(key=key, sleep_s=1.5)
     started(key)
     w1.send_signal(signal.SIGTERM)

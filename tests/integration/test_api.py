@@ -23,13 +23,14 @@ import pytest
 from pipeline.config import get_settings
 from pipeline.dlq.envelope import DeadLetter
 from tests.support.api import ApiServer, sse_events, wait_state
+from tests.support.inproc import InProcessWorker
 from tests.support.procs import ROOT, RedisServer, Worker, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def api(session_worker: Worker, work_dir: Path) -> Iterator[ApiServer]:
+def api(session_worker: InProcessWorker, work_dir: Path) -> Iterator[ApiServer]:
     server = ApiServer("main", work_dir / "logs").start()
     yield server
     server.stop()

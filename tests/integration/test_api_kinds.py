@@ -2,7 +2,7 @@
 
 The body is the kind's first `examples` entry from its payload model (what the page and /docs offer),
 with its recipient made unique, every http(s) URL in it pointed at a local HTTP sink, and the source
-file the transcode example names created in MEDIA_ROOT. The session worker runs the jobs and delivers
+file the transcode example names created in MEDIA_ROOT. The session workers run the jobs and deliver
 email to the session's SMTP server, so outcomes are checked at the receiving end.
 """
 
@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.api import ApiServer, wait_state
+from tests.support.inproc import InProcessWorker
 from tests.support.media import make_clip
 from tests.support.procs import Worker, free_port, wait_for
 from tests.support.smtp import SmtpServer
@@ -78,7 +79,7 @@ def point_urls_at(value: Any, url: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def api(session_worker: Worker, work_dir: Path) -> Iterator[ApiServer]:
+def api(session_worker: InProcessWorker, transcode_worker: Worker, work_dir: Path) -> Iterator[ApiServer]:
     server = ApiServer("kinds", work_dir / "logs").start()
     yield server
     server.stop()

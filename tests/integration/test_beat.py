@@ -41,13 +41,12 @@ def gaps(times: list[float]) -> list[float]:
 
 
 def test_two_beats_fire_each_slot_once_and_the_standby_takes_over(
-    beats: list[Beat], make_worker: Any, work_dir: Path
+    beats: list[Beat], session_worker: Any, work_dir: Path
 ) -> None:
     key = uuid.uuid4().hex
     entry = f"test-tick-{key[:8]}"
     schedule = {entry: {"task": "test.tick", "every": EVERY, "payload": {"key": key}}}
     env = {**BEAT_ENV, "BEAT_SCHEDULE": json.dumps(schedule)}
-    make_worker("beat-consumer", queues="default", concurrency=1)
 
     leader = Beat(f"a-{key[:6]}", work_dir / "logs", env).start()
     beats.append(leader)

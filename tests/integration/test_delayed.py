@@ -12,7 +12,7 @@ import pytest
 from pipeline import publish
 from pipeline.broker import broker_redis, decode_message
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
-from pipeline.scheduling import delayed
+from pipeline.scheduling.delayed import release_due
 from pipeline.status import job_status
 from tests.support.procs import wait_for
 from tests.support.worker_app import attempts, ledger
@@ -127,6 +127,7 @@ def test_retry_longer_than_a_worker_may_hold_is_parked(make_worker: Any) -> None
     assert ledger.result(task_id, timeout=10).attempt == 2
 
 
+@pytest.mark.usefixtures("no_background_releaser")
 def test_concurrent_releasers_release_each_entry_exactly_once(redis_server: Any) -> None:
     """Four releasers racing over the same 400 due entries push each one exactly once."""
     import threading
@@ -143,7 +144,7 @@ def test_concurrent_releasers_release_each_entry_exactly_once(redis_server: Any)
     counts: list[int] = []
 
     def release() -> None:
-        while (n := delayed.release_due(limit=7)) > 0:
+        while (n := release_due(limit=7)) > 0:
             counts.append(n)
 
     threads = [threading.Thread(target=release) for _ in range(4)]

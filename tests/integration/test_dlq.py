@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from pipeline.dlq import envelope as dlq
 from pipeline.dlq import store
 from pipeline.publish import capture_many
 from pipeline.status import JobState, job_status
+from tests.support.cli import run_cli
 from tests.support.dlq import dead_letter
 from tests.support.procs import wait_for
 from tests.support.worker_app import attempts, ledger, ledger_client
@@ -27,9 +27,7 @@ pytestmark = pytest.mark.integration
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli.main", *args], capture_output=True, text=True, timeout=60, check=False
-    )
+    return run_cli(*args)
 
 
 def entries(**filters: Any) -> list[dlq_admin.DeadLetter]:

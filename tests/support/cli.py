@@ -1,0 +1,21 @@
+"""The `pipeline` command run in the test process (typer's CliRunner), with what a subprocess would report.
+
+Settings and the Celery app are the test process's (the same environment a subprocess would read), so a
+command costs no interpreter start. A command that crashes re-raises here instead of becoming exit code 1.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`pipeline ARGS`: its exit code, stdout and stderr."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli.main import app
+
+    result = CliRunner().invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(["pipeline", *args], result.exit_code, result.stdout, result.stderr)
