@@ -1,10 +1,11 @@
-"""The `celery worker` process: a prompt shutdown, and a soft shutdown that waits only while it holds jobs.
+"""The `celery worker` process: a prompt shutdown, and a soft shutdown only when the worker holds jobs.
 
 * Celery's soft shutdown (WORKER_SOFT_SHUTDOWN_TIMEOUT; SIGTERM is remapped to SIGQUIT by the start scripts)
-  lets running jobs finish before a cold shutdown requeues the rest. With `worker_enable_soft_shutdown_on_idle`
-  it waits the whole timeout even when the worker is idle; without it, it does not wait for jobs held with
-  an ETA (`celery/worker/worker.py: WorkController.wait_for_soft_shutdown`). `Worker` waits when the worker
-  holds any job, running or reserved, and never when it holds none.
+  lets running jobs finish before a cold shutdown requeues the rest. It runs inside the signal handler and
+  sleeps the whole timeout (`celery/worker/worker.py: WorkController.wait_for_soft_shutdown`). With
+  `worker_enable_soft_shutdown_on_idle` it does so even when the worker is idle; without it, it skips jobs
+  held with an ETA. `Worker` sleeps it when the worker holds any job, running or reserved, and never when it
+  holds none.
 * A shutdown signal only sets a flag that the event loop reads after its next poll, which sleeps up to a
   second when nothing is scheduled (Python retries an interrupted poll, PEP 475). `PromptShutdown` wakes
   the loop every WAKE_S seconds, so an idle worker, and `pipeline run` on Ctrl-C, stop within about 2 s.
