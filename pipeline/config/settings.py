@@ -175,6 +175,8 @@ class Settings(BaseSettings):
     #: Port of `pipeline exporter` (queue depth, in-flight, oldest age, DLQ size).
     exporter_port: int = Field(default=9809, ge=1, le=65535)
     log_format: Literal["auto", "json", "text"] = "auto"
+    #: Write task arguments, return values and message bodies into logs (and so Sentry events). Off: never.
+    log_payloads: bool = False
     #: Flower's basic auth, `user:password[,user2:password2]`. Required unless FLOWER_UNAUTHENTICATED.
     flower_basic_auth: SecretStr | None = None
     #: Development only: let Flower start without authentication (`pipeline run` sets it).

@@ -10,6 +10,7 @@ from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.constants import HEADER_IDEMPOTENCY_KEY
 from pipeline.dlq.envelope import DeadLetter, Reason, exception_name, flush_spool, publish
+from pipeline.observability import payloads
 from pipeline.task import request_header
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,15 @@ def _body_fields(message: Any) -> dict[str, Any]:
 
 def from_message(
     reason: Reason, message: Any, exc: BaseException | None, *, task_name: str | None = None, task_id: str | None = None
-) -> None:
-    """The worker refused a message: disallowed content, unknown task name, or an undecodable body."""
+) -> str | None:
+    """The worker refused a message: disallowed content, unknown task name, or an undecodable body.
+
+    Returns the entry's id. Inside `payloads.refused_message` (Celery's signals sent while our consumer
+    handles a message it already dead-lettered) it returns that entry's id and publishes nothing.
+    """
+    handled = payloads.refused_entry()
+    if handled is not None:
+        return handled or None
     headers = message.headers if isinstance(message.headers, dict) else {}
     name = task_name or headers.get("task")
     if reason == "unknown_task":
@@ -75,7 +83,7 @@ def from_message(
         exc_type, exc_message = exception_name(exc), str(exc)
     else:
         exc_type, exc_message = "UnknownMessage", "message is not a Celery task"
-    publish(
+    return publish(
         DeadLetter(
             reason=reason,
             task_name=name,

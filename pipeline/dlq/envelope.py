@@ -119,8 +119,8 @@ def exception_name(exc: BaseException | None) -> str:
     return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
-def publish(entry: DeadLetter) -> None:
-    """Publish `entry` to the dead-letter queue, or spool it to disk if the broker refuses."""
+def publish(entry: DeadLetter) -> str:
+    """Publish `entry` to the dead-letter queue (returns its id), or spool it to disk if the broker refuses."""
     if entry.traceback and len(entry.traceback) > TRACEBACK_LIMIT:
         entry = entry.model_copy(update={"traceback": "...\n" + entry.traceback[-TRACEBACK_LIMIT:]})
     body = entry.model_dump(mode="json")
@@ -134,12 +134,14 @@ def publish(entry: DeadLetter) -> None:
     task = entry.task_name if entry.task_name in get_app().tasks else metrics.UNREGISTERED  # bounded label set
     metrics.tasks.labels(task=task, queue=entry.queue or "unknown", outcome="dead_lettered").inc()
     log.warning(
-        "dead-lettered %s[%s] (%s: %s)",
+        "dead-lettered %s[%s] as %s (%s: %s)",
         entry.task_name,
         entry.task_id,
+        entry.id,
         entry.exception_type,
         entry.exception_message[:200],
     )
+    return entry.id
 
 
 def _send(body: dict[str, Any]) -> None:

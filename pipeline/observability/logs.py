@@ -5,9 +5,10 @@ when LOG_FORMAT=text (LOG_FORMAT=auto, the default, means text when ENVIRONMENT=
 record written while a task runs — by the task's own code, by libraries, by Celery — carries
 `task_id`, `task_name`, `queue` and `attempt`, read from Celery's current task by a handler filter
 (so it also works in thread pools). Known secret values and URL credentials are removed from each
-line. Celery calls it through the `setup_logging` signal (worker, pool children, beat); other
-processes (the API) call it themselves, as they call `init_sentry` (re-exported from
-`pipeline.observability.sentry`).
+line, and Celery's own lines carry no task payload, result or message body unless LOG_PAYLOADS=true
+(`pipeline.observability.payloads`). Celery calls it through the `setup_logging` signal (worker, pool
+children, beat); other processes (the API) call it themselves, as they call `init_sentry` (re-exported
+from `pipeline.observability.sentry`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from typing import Any
 from celery._state import get_current_task
 
 from pipeline.config import get_settings
+from pipeline.observability import payloads
+from pipeline.observability.payloads import PAYLOAD_KEYS
 from pipeline.observability.sentry import init_sentry, scrub_text, secret_values
 
 __all__ = ["configure_logging", "init_sentry"]
 TASK_FIELDS = ("task_id", "task_name", "queue", "attempt")
-PAYLOAD_KEYS = frozenset({"args", "kwargs", "return_value", "argsrepr", "kwargsrepr"})
 TEXT_FORMAT = "[%(asctime)s: %(levelname)s/%(processName)s] %(name)s: %(message)s%(task_suffix)s"
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "task_suffix", *TASK_FIELDS}
 
@@ -104,3 +106,4 @@ def configure_logging(level: str | int | None = None, logfile: str | None = None
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level or settings.log_level)
+    payloads.install(settings.log_payloads)

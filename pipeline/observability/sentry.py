@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
+from urllib.parse import urlsplit
 
 import sentry_sdk
 from pydantic import SecretStr
@@ -25,6 +26,7 @@ from sentry_sdk.scrubber import DEFAULT_DENYLIST, EventScrubber
 
 from pipeline.broker import redact_url
 from pipeline.config import Settings, get_settings
+from pipeline.observability import payloads
 
 FILTERED = "[Filtered]"
 _PAIRS = re.compile(
@@ -35,15 +37,40 @@ _EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
 _DENYLIST = [*DEFAULT_DENYLIST, "smtp_password", "signing_key", "dsn", "broker_url", "redis_url"]
 
 
+MIN_SECRET = 4  # shorter values are not removed from text: they would match ordinary words
+#: Secret settings that are `user:password[,user2:password2]` lists: the passwords are secret, the users not.
+USER_PASSWORD_LISTS = frozenset({"flower_basic_auth"})
+#: Secret settings that are URLs whose user part is a credential too (a DSN's key).
+URL_KEYS = frozenset({"sentry_dsn"})
+
+
+def _secret_parts(name: str, raw: str) -> list[str]:
+    """What of one secret setting's value is secret: the whole value, plus its credential parts."""
+    parts = [raw]
+    if name in USER_PASSWORD_LISTS:
+        parts += [item.partition(":")[2] for item in raw.split(",")]
+    elif "://" in raw:
+        try:
+            url = urlsplit(raw)
+            parts += [url.password or "", (url.username or "") if name in URL_KEYS else ""]
+        except ValueError:  # not a URL after all: the whole value stands
+            pass
+    return parts
+
+
 def secret_values(settings: Settings) -> list[str]:
-    """The values of every secret setting, longest first (so overlapping secrets are all removed)."""
-    values = []
+    """The secret values to remove from text, longest first (so overlapping secrets are all removed).
+
+    Exact values only: each secret setting's whole value (any `SecretStr` field of `Settings`), the
+    passwords of `user:password` lists and of URLs, and a DSN's key; never user names, schemes or
+    other fragments, which would turn ordinary words ("admin", "http") into `[Filtered]`.
+    """
+    values: set[str] = set()
     for name in type(settings).model_fields:
         value = getattr(settings, name)
-        if isinstance(value, SecretStr) and len(value.get_secret_value()) >= 4:
-            raw = value.get_secret_value()
-            values += [raw, *(part for part in re.split(r"[,:]", raw) if len(part) >= 4)]
-    return sorted(set(values), key=len, reverse=True)
+        if isinstance(value, SecretStr):
+            values.update(p for p in _secret_parts(name, value.get_secret_value()) if len(p) >= MIN_SECRET)
+    return sorted(values, key=len, reverse=True)
 
 
 def scrub_text(text: str, secrets: list[str], *, emails: bool = True) -> str:
@@ -104,5 +131,6 @@ def init_sentry(component: str) -> bool:
         traces_sample_rate=settings.sentry_traces_sample_rate,
         integrations=[CeleryIntegration(monitor_beat_tasks=component == "beat", propagate_traces=True)],
     )
+    payloads.install(settings.log_payloads)  # error log lines become events: none may carry a payload
     sentry_sdk.set_tag("component", component)
     return True
