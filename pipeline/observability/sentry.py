@@ -8,7 +8,7 @@ Nothing secret leaves the process: `send_default_pii=False` (task args/kwargs ar
 "[Filtered]"), `include_local_variables=False` (frame locals hold payloads and passwords), and
 `scrub_event` rewrites every string of the event: the value of every secret setting (any
 `SecretStr` field of `Settings`: SMTP password, tokens, signing keys, ...), passwords inside URLs,
-`password=...`-style pairs, and e-mail addresses.
+`password=...`-style pairs, e-mail addresses, and every value of a request's query string.
 """
 
 from __future__ import annotations
@@ -82,6 +82,14 @@ def scrub_text(text: str, secrets: list[str], *, emails: bool = True) -> str:
     return _EMAIL.sub("[email]", text) if emails else text
 
 
+def redact_query(query: str) -> str:
+    """A URL query string with every value replaced by `[Filtered]`, names kept: `token=[Filtered]&page=[Filtered]`."""
+    if not query:
+        return query
+    items = (item.partition("=") for item in query.split("&"))
+    return "&".join(f"{name}={FILTERED}" if sep else FILTERED for name, sep, _ in items)
+
+
 def _walk(value: Any, fix: Callable[[str], str]) -> Any:
     if isinstance(value, str):
         return fix(value)
@@ -99,6 +107,9 @@ def scrub_event(event: dict[str, Any], _hint: dict[str, Any] | None = None) -> d
         job["args"] = job["kwargs"] = FILTERED
         if job.get("task_name"):
             event.setdefault("tags", {})["celery_task_name"] = job["task_name"]
+    request = event.get("request")
+    if isinstance(request, dict) and isinstance(request.get("query_string"), str):
+        request["query_string"] = redact_query(request["query_string"])
     secrets = secret_values(get_settings())
     scrubbed: dict[str, Any] = _walk(event, lambda s: scrub_text(s, secrets))
     return scrubbed

@@ -6,20 +6,17 @@ payload value appears anywhere in what the worker sends.
 
 from __future__ import annotations
 
-import gzip
-import itertools
 import json
-import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from pipeline.observability.sentry import scrub_event
 from tests.support.obs_tasks import leaky
-from tests.support.procs import free_port, wait_for
+from tests.support.procs import wait_for
+from tests.support.sentry_sink import Ingest
 
 pytestmark = pytest.mark.integration
 QUEUE = "obs-sentry"
@@ -31,56 +28,11 @@ SMTP_PASSWORD = "smtp-secret-4242"  # noqa: S105  # a planted value the test mus
 EMAIL = "alice.customer@example.com"
 
 
-class Ingest:
-    """Collects every envelope POSTed to it (decompressed)."""
-
-    def __init__(self) -> None:
-        self.bodies: list[bytes] = []
-        self.lock = threading.Lock()
-        ingest = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    raw = gzip.decompress(raw)
-                with ingest.lock:
-                    ingest.bodies.append(raw)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(b"{}")
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def dsn(self) -> str:
-        return f"http://publickey@127.0.0.1:{self.server.server_address[1]}/1"
-
-    def events(self) -> list[dict[str, Any]]:
-        found = []
-        with self.lock:
-            bodies = list(self.bodies)
-        for body in bodies:
-            lines = body.split(b"\n")
-            for header, payload in itertools.pairwise(lines[1:]):
-                try:
-                    if json.loads(header).get("type") == "event":
-                        found.append(json.loads(payload))
-                except ValueError:
-                    continue
-        return found
-
-
 @pytest.fixture
 def ingest() -> Iterator[Ingest]:
     server = Ingest()
     yield server
-    server.server.shutdown()
+    server.stop()
 
 
 def test_failing_task_sends_one_scrubbed_event(ingest: Ingest, make_worker: Any) -> None:

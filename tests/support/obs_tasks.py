@@ -41,3 +41,23 @@ def leaky(job: LeakyJob, ctx: JobContext) -> LeakyResult:
         f"SMTP login refused for {job.email} via smtp://mailer:{job.smtp_password}@smtp.example.com; "
         f"flower auth {flower}; sentinel {sentinel}; password={job.smtp_password}"
     )
+
+
+class TalkJob(BaseModel):
+    echo: str
+
+
+class TalkResult(BaseModel):
+    echo: str
+
+
+@typed_task("test.talker", kind="test-talker", payload=TalkJob, result=TalkResult)
+def talker(job: TalkJob, ctx: JobContext) -> TalkResult:
+    """Logs an error naming a user, a URL, Flower's password and the Sentry DSN; returns its payload."""
+    settings = get_settings()
+    flower = settings.flower_basic_auth.get_secret_value() if settings.flower_basic_auth else ""
+    dsn = settings.sentry_dsn.get_secret_value() if settings.sentry_dsn else ""
+    log.error(
+        "user admin fetched https://example.org/report; flower password %s; dsn %s", flower.partition(":")[2], dsn
+    )
+    return TalkResult(echo=job.echo)
