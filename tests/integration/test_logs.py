@@ -43,6 +43,8 @@ def test_task_log_lines_are_json_with_task_fields(make_worker: Any) -> None:
     assert own["logger"] == "tests.obs"
     assert own["report_kind"] == "weekly", "extra fields are kept"
     assert any("succeeded" in m for m in by_message), "Celery's own task lines carry the fields too"
+    succeeded = next(m for m in by_message if "succeeded in" in m)
+    assert "ok" not in succeeded, "no return value in the succeeded line (LOG_PAYLOADS=false)"
 
     text = worker.log()
     assert SENTINEL_SECRET not in text

@@ -1,6 +1,6 @@
 """No payloads, no secrets: real workers and a real API, with a local HTTP server standing in for Sentry.
 
-- A refused message (unregistered task, undecodable body) gives a log line and a Sentry event that name
+- A refused message (unregistered task, undecodable body, pickle) gives a log line and a Sentry event that name
   its dead-letter entry and hold none of its body.
 - Celery's "succeeded" line has no return value, unless LOG_PAYLOADS=true.
 - Secrets are filtered by value, not by fragment: with FLOWER_BASIC_AUTH=admin:s3cret and a DSN set,
@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
 from kombu import Connection
 
 from pipeline.celery_app import get_app
-from pipeline.constants import DLQ_INDEX_KEY
+from pipeline.constants import DEAD_LETTER_QUEUE
 from pipeline.dlq import admin as dlq_admin
 from tests.support.api import ApiServer
 from tests.support.dlq import dead_letter
@@ -74,29 +75,33 @@ def test_refused_messages_name_their_dead_letter_entry_never_their_body(
             content_encoding="utf-8",
             headers={"task": "test.leaky", "id": bad_id, "lang": "py", "argsrepr": marker},
         )
-    unknown, bad = dead_letter(unknown_id), dead_letter(bad_id)
-    assert (unknown.reason, bad.reason) == ("unknown_task", "undecodable")
+    foreign = Celery(broker=redis_server.url)
+    foreign.conf.update(task_serializer="pickle", accept_content=["pickle", "json"])
+    pickled_id = foreign.send_task("test.leaky", args=[{"note": marker}], queue=queue).id
+    unknown, bad, pickled = dead_letter(unknown_id), dead_letter(bad_id), dead_letter(pickled_id)
+    assert (unknown.reason, bad.reason, pickled.reason) == ("unknown_task", "undecodable", "rejected")
     assert bad.body_preview is not None and marker in bad.body_preview, "the body is kept in the dead-letter entry"
 
     def consumer_lines() -> list[dict[str, Any]] | None:
         lines = [line for line in _json_lines(worker.log()) if line["logger"] == CONSUMER_LOGGER]
-        return lines if len(lines) >= 2 else None
+        return lines if len(lines) >= 3 else None
 
     lines = wait_for(consumer_lines, 30, 0.1, what="Celery's lines for the refused messages")
     assert isinstance(lines, list)
-    by_id = {entry.id: [line for line in lines if entry.id in line["message"]] for entry in (unknown, bad)}
+    by_id = {entry.id: [line for line in lines if entry.id in line["message"]] for entry in (unknown, bad, pickled)}
     assert (
         len(by_id[unknown.id]) == 1 and "unregistered task of type 'does.not.exist'" in by_id[unknown.id][0]["message"]
     )
     assert len(by_id[bad.id]) == 1 and "Can't decode message body" in by_id[bad.id][0]["message"]
+    assert len(by_id[pickled.id]) == 1 and "Received invalid task message" in by_id[pickled.id][0]["message"]
     assert marker not in worker.log()
 
-    events = _events(ingest, CONSUMER_LOGGER, 2)
+    events = _events(ingest, CONSUMER_LOGGER, 3)
     formatted = [e["logentry"]["formatted"] for e in events]
-    assert any(unknown.id in f for f in formatted) and any(bad.id in f for f in formatted)
+    assert all(any(entry.id in f for f in formatted) for entry in (unknown, bad, pickled))
     assert marker not in ingest.text()
-    once = [e for e in dlq_admin.list_entries() if e.task_id in (unknown_id, bad_id)]
-    assert len(once) == 2, "each dead-lettered once (the consumer), not again (the signal handlers)"
+    once = [e for e in dlq_admin.list_entries() if e.task_id in (unknown_id, bad_id, pickled_id)]
+    assert len(once) == 3, "each dead-lettered once (the consumer), not again (the signal handlers)"
 
 
 def _succeeded_line(worker: Worker, task_id: str) -> str:
@@ -151,8 +156,8 @@ def test_api_logs_like_a_worker_without_query_values_and_reports_errors(ingest: 
             assert client.get("/healthz", params={"token": "abc123secret"}).status_code == 200
             # Unknown query parameters are refused (422), and still logged, without their values.
             assert client.get("/dlq/nothing-here", params={"token": "abc123secret", "q": "x"}).status_code == 422
-            redis.client().set(DLQ_INDEX_KEY, "not a hash")  # every DLQ lookup now fails in Redis (WRONGTYPE)
-            assert client.get("/dlq/nothing-here").status_code == 500
+            redis.client().set(DEAD_LETTER_QUEUE, "not a list")  # listing the DLQ now fails in Redis (WRONGTYPE)
+            assert client.get("/dlq", params={"task": "abc123secret"}).status_code == 500
 
         event = wait_for(
             lambda: next((e for e in ingest.events() if e.get("exception")), None), 30, 0.2, what="the API's event"
@@ -160,6 +165,7 @@ def test_api_logs_like_a_worker_without_query_values_and_reports_errors(ingest: 
         assert isinstance(event, dict)
         assert event["exception"]["values"][-1]["type"] == "ResponseError"
         assert event["tags"]["component"] == "api"
+        assert event["request"]["query_string"] == "task=[Filtered]"
 
         def access_lines() -> list[dict[str, Any]] | None:
             lines = [line for line in _json_lines(api.log()) if line["logger"] == "uvicorn.access"]
