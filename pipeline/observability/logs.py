@@ -29,7 +29,14 @@ from pipeline.observability.sentry import init_sentry, scrub_text, secret_values
 __all__ = ["configure_logging", "init_sentry"]
 TASK_FIELDS = ("task_id", "task_name", "queue", "attempt")
 TEXT_FORMAT = "[%(asctime)s: %(levelname)s/%(processName)s] %(name)s: %(message)s%(task_suffix)s"
-_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "task_suffix", *TASK_FIELDS}
+# uvicorn adds `color_message` (its template with terminal colours): not a field worth a JSON key
+_STANDARD = set(logging.makeLogRecord({}).__dict__) | {
+    "message",
+    "asctime",
+    "task_suffix",
+    "color_message",
+    *TASK_FIELDS,
+}
 
 
 class TaskContextFilter(logging.Filter):
