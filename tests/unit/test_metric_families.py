@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client.metrics import MetricWrapperBase
 
 from pipeline.observability import metrics
@@ -14,3 +16,17 @@ def test_every_family_is_listed_and_labelled() -> None:
     assert declared == listed
     unlabelled = [family._name for family in metrics.FAMILIES if not family._labelnames]
     assert unlabelled == [], "an unlabelled family holds a value from import on: it could not switch modes"
+
+
+def test_no_directory_is_made_without_metrics_port() -> None:
+    from prometheus_client import values
+
+    from pipeline.config import get_settings
+    from pipeline.observability import multiproc
+
+    assert get_settings().metrics_port is None
+    before = values.ValueClass
+    assert multiproc.prepare("unit@host") is None
+    assert multiproc.directory() is None
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+    assert values.ValueClass is before
