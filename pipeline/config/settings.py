@@ -217,7 +217,7 @@ class Settings(BaseSettings):
         if self.prometheus_multiproc_dir is not None and not self.prometheus_multiproc_dir.is_dir():
             raise ValueError(
                 f"PROMETHEUS_MULTIPROC_DIR: {self.prometheus_multiproc_dir} is not a directory "
-                "(the start scripts create it; unset it to run without multiprocess metrics)"
+                "(the start scripts create it; unset it and a worker with METRICS_PORT makes one of its own)"
             )
         if self.api_token is not None and len(self.api_token.get_secret_value()) < API_TOKEN_MIN_LENGTH:
             raise ValueError(f"API_TOKEN must be at least {API_TOKEN_MIN_LENGTH} characters (use a random secret)")
