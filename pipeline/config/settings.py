@@ -169,7 +169,8 @@ class Settings(BaseSettings):
     #: Port of the worker node's /metrics endpoint (one per node, served by the main process). Unset: none.
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_address: str = "0.0.0.0"  # noqa: S104  # scraped from other hosts; restrict by network policy
-    #: prometheus-client's multiprocess directory; set and wiped by the start scripts, never by Python.
+    #: prometheus-client's multiprocess directory, set and wiped by the start scripts. Unset: a worker with
+    #: METRICS_PORT makes its own (`pipeline.observability.multiproc`); Python never wipes a given one.
     prometheus_multiproc_dir: Path | None = None
     metrics_sweep_interval: float = Field(default=30.0, gt=0)
     #: Port of `pipeline exporter` (queue depth, in-flight, oldest age, DLQ size).
@@ -218,7 +219,7 @@ class Settings(BaseSettings):
         if self.prometheus_multiproc_dir is not None and not self.prometheus_multiproc_dir.is_dir():
             raise ValueError(
                 f"PROMETHEUS_MULTIPROC_DIR: {self.prometheus_multiproc_dir} is not a directory "
-                "(the start scripts create it; unset it to run without multiprocess metrics)"
+                "(the start scripts create it; unset it and a worker with METRICS_PORT makes one of its own)"
             )
         if self.api_token is not None and len(self.api_token.get_secret_value()) < API_TOKEN_MIN_LENGTH:
             raise ValueError(f"API_TOKEN must be at least {API_TOKEN_MIN_LENGTH} characters (use a random secret)")

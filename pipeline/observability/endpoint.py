@@ -1,16 +1,15 @@
 """The worker's `/metrics` endpoint: one HTTP server per worker node, in the worker's main process.
 
-Started from `worker_ready` (after the pool has forked) on `METRICS_PORT`. Under the prefork pool the
-children's figures reach it through prometheus-client's multiprocess mode: the start scripts
-(`deploy/docker/start-worker*`) set `PROMETHEUS_MULTIPROC_DIR` and wipe it *before* Python starts,
-because the library picks its storage when it is first imported and the children inherit it.
+Started from `worker_ready` (after the pool has forked) on `METRICS_PORT`. The pool's processes record
+into prometheus-client's multiprocess directory (`multiproc`): the one the start scripts
+(`deploy/docker/start-worker*`) set and wipe, or, for a plain `celery -A pipeline worker`, a fresh one
+the worker prepares in `celeryd_init` before the pool forks. The endpoint serves the sum of every
+process's files, whatever the pool (prefork, threads, solo, gevent).
 
-A worker started by hand without that directory:
-
-* prefork pool: each child would count into its own memory, and an endpoint in the main process would
-  report (almost) nothing. So metrics are **off**, and the worker logs a warning saying so and how to
-  turn them on, rather than serve numbers that undercount.
-* threads / solo / gevent pools: one process records everything; the ordinary registry is served.
+A prefork worker that has no directory (an embedded `WorkController`, which sends no `celeryd_init`, or a
+directory that could not be created) would count each child into its own memory and report (almost)
+nothing, so its metrics are **off** and it logs a warning saying so. Other pools without a directory
+serve the ordinary registry: one process records everything.
 
 Dead children: `worker_process_shutdown` (in the child, not guaranteed to run) marks the child dead,
 and a sweep thread here marks every PID whose files remain but whose process is gone.
@@ -28,7 +27,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, multiprocess, start_http_server
 
 from pipeline.config import get_settings
-from pipeline.observability import metrics
+from pipeline.observability import metrics, multiproc
 
 log = logging.getLogger(__name__)
 _PID_FILE = re.compile(r"_(\d+)\.db$")
@@ -36,7 +35,7 @@ _state: dict[str, Any] = {}
 
 
 def multiprocess_dir() -> Path | None:
-    return get_settings().prometheus_multiproc_dir
+    return multiproc.directory()
 
 
 def _is_prefork(consumer: Any) -> bool:
@@ -56,9 +55,9 @@ def serve_worker_metrics(consumer: Any) -> None:
     directory = multiprocess_dir()
     if directory is None and _is_prefork(consumer):
         log.warning(
-            "worker metrics are OFF: the prefork pool needs PROMETHEUS_MULTIPROC_DIR (an empty directory, "
-            "set before the worker starts) so that its child processes' figures can be added up. "
-            "Start workers with deploy/docker/start-worker*, which set it."
+            "worker metrics are OFF: the prefork pool needs a multiprocess directory so that its child "
+            "processes' figures can be added up. `celery worker` prepares one when METRICS_PORT is set "
+            "(see the log above if it failed), or set PROMETHEUS_MULTIPROC_DIR to an empty directory."
         )
         return
     registry: CollectorRegistry = REGISTRY
@@ -70,7 +69,12 @@ def serve_worker_metrics(consumer: Any) -> None:
     _state["server"] = server
     for queue in _consumed_queues(consumer):
         metrics.workers_up.labels(queue=queue).set(1)
-    log.info("worker metrics on http://%s:%d/metrics", settings.metrics_address, settings.metrics_port)
+    log.info(
+        "worker metrics on http://%s:%d/metrics (multiprocess directory: %s)",
+        settings.metrics_address,
+        settings.metrics_port,
+        directory or "none, one process records everything",
+    )
 
 
 def mark_dead(pid: int) -> None:

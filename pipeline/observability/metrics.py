@@ -6,9 +6,11 @@ Names use base units and `_total` for counters; labels are `task`, `queue`, `out
 Two kinds of figures:
 
 * per-process families below (task outcomes, runtimes, queue wait, ...). Worker processes record
-  them; under the prefork pool prometheus-client's multiprocess mode (`PROMETHEUS_MULTIPROC_DIR`,
-  set and wiped by `deploy/docker/start-worker*`) sums the children's files and the worker's main
-  process serves them (`pipeline.observability.endpoint`).
+  them; prometheus-client's multiprocess mode (`PROMETHEUS_MULTIPROC_DIR`: set by the start scripts,
+  or prepared by the worker itself, `pipeline.observability.multiproc`) sums the pool children's files
+  and the worker's main process serves them (`pipeline.observability.endpoint`). Keep every family
+  labelled: the worker switches to multiprocess mode after this module is imported, which is safe only
+  while no family holds a value.
 * queue-level gauges (`QUEUE_FAMILIES`), read from Redis at scrape time by the single-process
   `pipeline exporter` (`pipeline.observability.exporter`): custom collectors do not work in multiprocess mode.
 """
@@ -57,6 +59,9 @@ rate_limit_throttled = Counter(
     "Attempts the cluster-wide rate limiter made wait (the task was deferred, not failed).",
     ["task"],
 )
+
+#: Every per-process family above (each has labels, so none holds a value before `.labels()`).
+FAMILIES: Final = (tasks, task_runtime, task_queue_wait, signal_handler_errors, workers_up, rate_limit_throttled)
 
 #: name → (help, labels) of the gauges `pipeline exporter` serves; read from Redis on every scrape.
 QUEUE_FAMILIES: Final[dict[str, tuple[str, tuple[str, ...]]]] = {

@@ -23,7 +23,7 @@ from celery.utils.dispatch import Signal
 
 from pipeline.constants import HEADER_PUBLISHED_AT
 from pipeline.dlq import capture
-from pipeline.observability import endpoint, logs, metrics, sentry, task_metrics
+from pipeline.observability import endpoint, logs, metrics, multiproc, sentry, task_metrics
 from pipeline.scheduling import delayed
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,12 @@ def on_setup_logging(loglevel: Any = None, logfile: str | None = None, **_: Any)
 
 
 @guarded
+def on_celeryd_init_metrics(sender: Any = None, **_: Any) -> None:
+    """`celery worker`'s main process, before the pool forks: a multiprocess metrics directory if needed."""
+    multiproc.prepare(str(sender or "worker"))
+
+
+@guarded
 def on_celeryd_init(**_: Any) -> None:
     sentry.init_sentry("worker")
 
@@ -153,6 +159,7 @@ def on_beat_init(**_: Any) -> None:
 
 _HANDLERS: list[tuple[Signal, Callable[..., None]]] = [
     (signals.setup_logging, on_setup_logging),
+    (signals.celeryd_init, on_celeryd_init_metrics),
     (signals.celeryd_init, on_celeryd_init),
     (signals.beat_init, on_beat_init),
     (signals.task_prerun, on_task_prerun),

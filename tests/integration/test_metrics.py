@@ -1,4 +1,5 @@
-"""Worker metrics over HTTP from a real prefork worker (concurrency 2) started by the real start script.
+"""Worker metrics over HTTP from a real prefork worker (concurrency 2) started by the real start script,
+and from plain `celery worker` commands that prepare their own multiprocess directory.
 
 The classic bug this guards against: an endpoint in the worker's main process that sees only its own
 registry reports fewer tasks than ran (each pool child counted into its own memory).
@@ -138,13 +139,38 @@ def test_queue_wait_excludes_countdown_and_includes_real_waiting(
     assert 1.5 <= blocked_wait < 15
 
 
-def test_prefork_worker_without_multiprocess_dir_says_metrics_are_off(make_worker: object) -> None:
-    port = free_port()
-    worker = make_worker(  # type: ignore[operator]
-        "nometrics", env={"METRICS_PORT": str(port), "PROMETHEUS_MULTIPROC_DIR": ""}, queues="obs-none"
-    )
-    wait_for(lambda: "worker metrics are OFF" in worker.log(), 20, 0.1, what="the metrics-off warning")
-    assert try_scrape(port) is None
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_plain_worker_prepares_and_removes_its_own_multiprocess_dir(
+    pool: str, make_worker: object, redis_server: RedisServer, work_dir: Path
+) -> None:
+    """A worker started by hand (no start script, no PROMETHEUS_MULTIPROC_DIR) counts every task exactly."""
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ, "the worker must start without the variable"
+    tmp = work_dir / f"tmp-plain-{pool}"  # TMPDIR: where the worker makes its directory
+    tmp.mkdir(parents=True, exist_ok=True)
+    port, queue = free_port(), f"obs-plain-{pool}"
+    env = {"METRICS_PORT": str(port), "METRICS_ADDRESS": "127.0.0.1", "TMPDIR": str(tmp), "METRICS_SWEEP_INTERVAL": "1"}
+    worker = make_worker(f"plain-{pool}", env=env, queues=queue, pool=pool)  # type: ignore[operator]
+    made = list(tmp.glob("pipeline-metrics-*"))
+    assert len(made) == 1, made
+    assert f"multiprocess directory: {made[0]})" in worker.log()
+
+    key, n = uuid.uuid4().hex, 8
+    for _ in range(n):
+        ledger.task.apply_async(({"key": key, "sleep_s": 0.1},), queue=queue)
+    wait_for(lambda: redis_server.client().llen(f"test:done:{key}") == n, 60, 0.1, what=f"{n} tasks done")
+    labels = {"task": "test.ledger", "queue": queue}
+    samples = _wait_value(port, "pipeline_tasks_total", n, outcome="succeeded", **labels)
+    assert value(samples, "pipeline_task_runtime_seconds_count", **labels) == n
+    assert value(samples, "pipeline_workers_up", queue=queue) == 1
+    writers = {f.name.rsplit("_", 1)[1] for f in made[0].glob("counter_*.db")}
+    if pool == "prefork":
+        pids = {str(record["pid"]) for record in attempts(key)}
+        assert len(pids) >= 2, f"both pool children should have run tasks, saw pids {pids}"
+        assert {f"{pid}.db" for pid in pids} <= writers, "each child counts into its own file"
+    assert "worker metrics are OFF" not in worker.log()
+
+    worker.stop()
+    assert not made[0].exists(), "the worker removes its directory when it exits"
 
 
 def test_revoked_and_rejected_are_counted(metrics_worker: MetricsWorker, clean_dlq: None) -> None:
