@@ -52,5 +52,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ops.router())
     app.include_router(ops.health_router())
     page.mount(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes, timeout_s=settings.api_body_timeout)
     return app

@@ -161,6 +161,8 @@ class Settings(BaseSettings):
     api_port: int = Field(default=8000, ge=1, le=65535)
     #: Seconds a client is told to wait (Retry-After) when the broker is unreachable.
     api_retry_after: int = Field(default=5, ge=1, le=3600)
+    #: Seconds a request's whole body may take to arrive; past it the answer is 408 and the connection closes.
+    api_body_timeout: float = Field(default=10.0, gt=0, le=600)
 
     # --- Local stack and logs -----------------------------------------------------------------
     data_dir: Path = Path(".data")
