@@ -6,6 +6,7 @@ API_BODY_TIMEOUT, so a request that never finishes its body is answered within t
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,3 +118,24 @@ def test_a_body_shorter_than_its_content_length_gets_408_and_the_connection_clos
     assert head.startswith(b"HTTP/1.1 408 "), received
     assert b"connection: close" in head.lower()
     assert b"did not arrive within 1 s" in body
+
+
+def test_docs_load_swagger_ui_from_the_api_itself(api: ApiServer) -> None:
+    page = httpx.get(f"{api.url}/docs")  # open, like /openapi.json
+    assert page.status_code == 200
+    html = page.text
+    assets = re.findall(r'(?:src|href)="([^"]*)"', html)
+    assert assets, html
+    assert "//" not in "".join(assets), assets  # no CDN: every asset is a path on this origin
+    assert re.search(r"https?://", html) is None, html
+    served = {url: httpx.get(f"{api.url}{url}") for url in assets}
+    assert all(r.status_code == 200 for r in served.values()), {u: r.status_code for u, r in served.items()}
+    (script,) = (u for u in assets if u.endswith(".js"))
+    assert served[script].headers["content-type"].startswith("text/javascript")
+    assert b"SwaggerUIBundle" in served[script].content
+    (style,) = (u for u in assets if u.endswith(".css"))
+    assert served[style].headers["content-type"].startswith("text/css")
+    assert "url: '/openapi.json'" in html
+    # Only the files the page loads are served, not the rest of Swagger UI's distribution.
+    assert httpx.get(f"{api.url}/static/swagger-ui/index.html").status_code == 404
+    assert httpx.get(f"{api.url}/static/app.js").status_code == 200  # the job page's assets are still there
