@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.errors import PayloadInvalid
+from pipeline.config import load_settings
+from pipeline.errors import ConfigError, PayloadInvalid
 from tasks import email_templates
 from tasks.email import EmailJob, build_message, send
 
@@ -104,3 +105,9 @@ def test_links_render_only_as_http_urls() -> None:
     for bad in ("javascript:alert(1)", "JaVaScRiPt:alert(1)", "java\tscript:x", "https:no-host", "mailto:a@b.c"):
         with pytest.raises(email_templates.TemplateError, match="link"):
             link.render(u=bad)
+
+
+def test_smtp_from_is_one_header_line() -> None:
+    assert load_settings(smtp_from="Pipeline Tests <tests@pipeline.test>").smtp_from.startswith("Pipeline")
+    with pytest.raises(ConfigError, match=r"SMTP_FROM.*U\+2028"):
+        load_settings(smtp_from="Pipeline\u2028Bcc: victim@example.com <tests@pipeline.test>")
