@@ -23,7 +23,7 @@ import jinja2
 EMAIL_TEMPLATES = Path(__file__).parent / "templates" / "email"
 TEMPLATE_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 #: Variables holding a link: `url`, `action_url`, `reset_url`...
-URL_VARIABLE = re.compile(r"^(?:.*_)?url$")
+URL_VARIABLE = re.compile(r"^(?:.*_)?url$", re.IGNORECASE)
 URL_SCHEMES = ("http", "https")
 MAX_URL_LENGTH = 2048
 

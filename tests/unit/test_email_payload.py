@@ -99,6 +99,9 @@ def test_header_fields_keep_ordinary_unicode_and_names() -> None:
 
 def test_links_render_only_as_http_urls() -> None:
     assert email_templates.check_variables({"url": "http://example.com/a", "name": "javascript:x"})
+    with pytest.raises(email_templates.TemplateError, match="'Docs_URL'"):
+        email_templates.check_variables({"Docs_URL": "javascript:x"})
+    assert email_templates.check_variables({"curl": "javascript:x", "urls": "x"})  # not link variables
     env = email_templates.environment()
     link = env.from_string('<a href="{{ u | http_url }}">x</a>')
     assert link.render(u="HTTPS://example.com/a?b=1&c=2") == '<a href="HTTPS://example.com/a?b=1&amp;c=2">x</a>'
