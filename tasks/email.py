@@ -13,13 +13,14 @@ from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.utils import format_datetime, parseaddr
 
-from pydantic import BaseModel, ConfigDict, EmailStr, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pipeline.broker import broker_redis
 from pipeline.config import get_settings
 from pipeline.errors import PermanentError
 from pipeline.once import Once
 from pipeline.task import JobContext, typed_task
+from pipeline.text import HeaderEmail, HeaderText, single_line
 from tasks import email_templates, mailer
 
 MAX_RECIPIENTS = 50
@@ -39,16 +40,22 @@ class EmailJob(BaseModel):
         },
     )
 
-    to: list[EmailStr] = Field(min_length=1, max_length=MAX_RECIPIENTS)
-    #: Overrides the template's subject; one of the two is required.
-    subject: str | None = Field(default=None, min_length=1, max_length=998, pattern=r"^[^\r\n]*$")
+    to: list[HeaderEmail] = Field(min_length=1, max_length=MAX_RECIPIENTS)
+    #: Overrides the template's subject; one of the two is required. One line: no line breaks or controls.
+    subject: HeaderText | None = Field(default=None, min_length=1, max_length=998)
     template_id: str = Field(pattern=email_templates.TEMPLATE_ID.pattern)
+    #: The template's variables; `url` and `*_url` ones must be http(s) URLs.
     variables: dict[str, str] = Field(default_factory=dict, max_length=200)
-    cc: list[EmailStr] = Field(default_factory=list, max_length=MAX_RECIPIENTS)
-    bcc: list[EmailStr] = Field(default_factory=list, max_length=MAX_RECIPIENTS)
-    reply_to: EmailStr | None = None
+    cc: list[HeaderEmail] = Field(default_factory=list, max_length=MAX_RECIPIENTS)
+    bcc: list[HeaderEmail] = Field(default_factory=list, max_length=MAX_RECIPIENTS)
+    reply_to: HeaderEmail | None = None
     #: Same key → sent once. Default: the job's idempotency key (the enqueue key, else the task id).
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @field_validator("variables")
+    @classmethod
+    def _links_are_http(cls, variables: dict[str, str]) -> dict[str, str]:
+        return email_templates.check_variables(variables)  # TemplateError is a ValueError
 
     @model_validator(mode="after")
     def _renders(self) -> EmailJob:
@@ -57,6 +64,11 @@ class EmailJob(BaseModel):
         rendered = email_templates.render(self.template_id, self.variables)  # TemplateError is a ValueError
         if not (self.subject or rendered.subject):
             raise ValueError(f"template {self.template_id!r} has no subject.txt: pass a subject")
+        if rendered.subject and not self.subject:
+            try:
+                single_line(rendered.subject)
+            except ValueError as exc:  # a variable put a control character into the template's subject
+                raise ValueError(f"the subject rendered from the variables: {exc}") from None
         return self
 
     @property

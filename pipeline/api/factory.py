@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from pipeline.api import errors, events, jobs, ops, page
+from pipeline.api import docs, errors, events, jobs, ops, page
 from pipeline.api.limits import BodyLimit
 from pipeline.config import Settings, get_settings
 from pipeline.errors import ConfigError
@@ -43,7 +43,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         description=DESCRIPTION,
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # served by pipeline.api.docs, with Swagger UI's assets from this API
         redoc_url=None,
     )
     errors.install(app)
@@ -51,6 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(events.router())
     app.include_router(ops.router())
     app.include_router(ops.health_router())
+    docs.mount(app)  # before the page's /static mount, which would take /static/swagger-ui/* too
     page.mount(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes, timeout_s=settings.api_body_timeout)
     return app

@@ -55,10 +55,15 @@ def router(registry: dict[str, TypedTask[Any, Any]]) -> APIRouter:
             summary=f"Enqueue a {kind} job ({typed.name})",
             description=kind_info(typed).description,
             dependencies=[Depends(require_json)],
+            # A body without Content-Type is read as JSON (documented). FastAPI's strict default guards
+            # cookie-authenticated apps against cross-site form posts; these routes need a bearer header,
+            # which a cross-site request cannot carry without a CORS preflight.
+            strict_content_type=False,
             responses={
                 400: {"model": Problem, "description": "The body is not UTF-8 text, or Content-Length is invalid."},
+                408: {"model": Problem, "description": "The body did not arrive within API_BODY_TIMEOUT."},
                 413: {"model": Problem, "description": "Request body too large."},
-                415: {"model": Problem, "description": "The body is not JSON."},
+                415: {"model": Problem, "description": "Content-Type is not JSON (none at all is read as JSON)."},
             },
         )
 

@@ -33,6 +33,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from pipeline.config.beat import BeatEntry
 from pipeline.errors import ConfigError
 from pipeline.retry import RetryPolicy
+from pipeline.text import HeaderText
 
 #: Where `pipeline run` starts its embedded Redis when REDIS_URL is not set; also the default REDIS_URL.
 LOCAL_REDIS_PORT = 6390
@@ -123,7 +124,8 @@ class Settings(BaseSettings):
     smtp_port: int | None = Field(default=None, ge=1, le=65535)
     smtp_username: str | None = None
     smtp_password: SecretStr | None = None
-    smtp_from: str = "pipeline@localhost"
+    #: The From header of every message: one line (no line breaks or control characters).
+    smtp_from: HeaderText = "pipeline@localhost"
     smtp_security: Literal["none", "starttls", "tls"] = "starttls"
     smtp_timeout: float = Field(default=30.0, gt=0, le=600)
     #: CA bundle to verify the SMTP server's certificate (unset: the system's trust store).
@@ -159,6 +161,8 @@ class Settings(BaseSettings):
     api_port: int = Field(default=8000, ge=1, le=65535)
     #: Seconds a client is told to wait (Retry-After) when the broker is unreachable.
     api_retry_after: int = Field(default=5, ge=1, le=3600)
+    #: Seconds a request's whole body may take to arrive; past it the answer is 408 and the connection closes.
+    api_body_timeout: float = Field(default=10.0, gt=0, le=600)
 
     # --- Local stack and logs -----------------------------------------------------------------
     data_dir: Path = Path(".data")

@@ -9,8 +9,11 @@ options, so the callback is inert there.
 
 The callback fills `basic_auth` from FLOWER_BASIC_AUTH (`user:password[,user2:password2]`, from the
 environment, `.env` or the secrets directory) unless Flower was given `--basic_auth` or `--auth`
-itself, and stops Flower with exit status 2 when no authentication is configured — unless
-FLOWER_UNAUTHENTICATED=true, a development flag that `pipeline run` sets.
+itself, and stops Flower with exit status 2 when no authentication is configured (or FLOWER_BASIC_AUTH
+is malformed) — unless FLOWER_UNAUTHENTICATED=true, a development flag that `pipeline run` sets. The
+message goes to stderr and the exit is `SystemExit(2)`: a `SystemExit` carrying the message itself would
+exit with status 1, and nothing between tornado's callback and the interpreter (Flower's command,
+click, celery's `main`) catches it.
 """
 
 from __future__ import annotations
@@ -26,7 +29,13 @@ REFUSAL = (
     "pipeline: Flower refuses to start without authentication: set FLOWER_BASIC_AUTH=user:password "
     "(or pass --basic_auth/--auth). For a local development stack only, set FLOWER_UNAUTHENTICATED=true."
 )
+EXIT_REFUSED = 2
 _installed: list[Any] = []
+
+
+def _refuse(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_REFUSED)
 
 
 def check_auth(options: Any) -> None:
@@ -38,13 +47,13 @@ def check_auth(options: Any) -> None:
         credentials = settings.flower_basic_auth.get_secret_value()
         options.basic_auth = [c.strip() for c in credentials.split(",") if c.strip()]
     if any(":" not in credential for credential in options.basic_auth or ()):
-        raise SystemExit("pipeline: FLOWER_BASIC_AUTH must be user:password[,user2:password2]")
+        _refuse("pipeline: FLOWER_BASIC_AUTH must be user:password[,user2:password2]")
     if options.basic_auth or options.auth:
         return
     if settings.flower_unauthenticated:
         log.warning("Flower runs WITHOUT authentication (FLOWER_UNAUTHENTICATED=true): development only")
         return
-    raise SystemExit(REFUSAL)
+    _refuse(REFUSAL)
 
 
 def install() -> None:

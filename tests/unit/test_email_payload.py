@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.errors import PayloadInvalid
+from pipeline.config import load_settings
+from pipeline.errors import ConfigError, PayloadInvalid
 from tasks import email_templates
 from tasks.email import EmailJob, build_message, send
 
@@ -46,6 +47,17 @@ def test_html_is_autoescaped_text_is_not() -> None:
         (job(to=[f"u{i}@example.com" for i in range(51)]), "to"),
         (job(subject="Hi\r\nBcc: victim@example.com"), "subject"),
         (job(surprise=1), "surprise"),
+        (job(variables={**WELCOME, "action_url": "javascript:alert(1)"}), "'action_url': a link must be"),
+        (job(variables={**WELCOME, "action_url": "data:text/html,<b>x</b>"}), "'action_url'"),
+        (job(variables={**WELCOME, "action_url": "//evil.example/x"}), "'action_url'"),
+        (job(variables={**WELCOME, "action_url": " https://example.com"}), "'action_url'"),
+        (
+            job(
+                template_id="password-reset", variables={"name": "A", "reset_url": "ftp://x/y", "expires_minutes": "5"}
+            ),
+            "'reset_url'",
+        ),
+        (job(variables={**WELCOME, "name": "Ada\x07"}), "subject rendered from the variables"),
     ],
 )
 def test_bad_payload_refused_at_enqueue(payload: dict[str, Any], message: str) -> None:
@@ -64,3 +76,41 @@ def test_message_has_both_parts_and_a_stable_message_id() -> None:
     assert first["Reply-To"] == "help@example.com"
     assert [p.get_content_type() for p in first.iter_parts()] == ["text/plain", "text/html"]
     assert parsed.recipients == ["ada@example.com", "bob@example.com", "eve@example.com"]
+
+
+#: Every line or paragraph separator Python knows (str.splitlines), and other control characters.
+SEPARATORS = ["\r", "\n", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\x00", "\t", "\x1b", "\x7f"]
+
+
+@pytest.mark.parametrize("char", SEPARATORS, ids=[f"U+{ord(c):04X}" for c in SEPARATORS])
+@pytest.mark.parametrize("field", ["subject", "to", "cc", "bcc", "reply_to"])
+def test_header_fields_refuse_separators_and_controls_at_enqueue(field: str, char: str) -> None:
+    value = f"Hi{char}Bcc: victim@example.com" if field == "subject" else f"Ada{char}Eve <ada@example.com>"
+    payload = job(**{field: value if field in ("subject", "reply_to") else [value]})
+    with pytest.raises(PayloadInvalid, match=f"found U\\+{ord(char):04X}"):
+        send.enqueue(payload)
+
+
+def test_header_fields_keep_ordinary_unicode_and_names() -> None:
+    parsed = EmailJob.model_validate(job(subject="Grüße \u2013 ✓ 日本", to=["Ada Lovelace <ada@example.com>"]))
+    assert build_message(parsed, "k")["Subject"] == "Grüße \u2013 ✓ 日本"
+    assert parsed.to == ["ada@example.com"]
+
+
+def test_links_render_only_as_http_urls() -> None:
+    assert email_templates.check_variables({"url": "http://example.com/a", "name": "javascript:x"})
+    with pytest.raises(email_templates.TemplateError, match="'Docs_URL'"):
+        email_templates.check_variables({"Docs_URL": "javascript:x"})
+    assert email_templates.check_variables({"curl": "javascript:x", "urls": "x"})  # not link variables
+    env = email_templates.environment()
+    link = env.from_string('<a href="{{ u | http_url }}">x</a>')
+    assert link.render(u="HTTPS://example.com/a?b=1&c=2") == '<a href="HTTPS://example.com/a?b=1&amp;c=2">x</a>'
+    for bad in ("javascript:alert(1)", "JaVaScRiPt:alert(1)", "java\tscript:x", "https:no-host", "mailto:a@b.c"):
+        with pytest.raises(email_templates.TemplateError, match="link"):
+            link.render(u=bad)
+
+
+def test_smtp_from_is_one_header_line() -> None:
+    assert load_settings(smtp_from="Pipeline Tests <tests@pipeline.test>").smtp_from.startswith("Pipeline")
+    with pytest.raises(ConfigError, match=r"SMTP_FROM.*U\+2028"):
+        load_settings(smtp_from="Pipeline\u2028Bcc: victim@example.com <tests@pipeline.test>")
