@@ -15,7 +15,8 @@ from pipeline.api.auth import require_token
 from pipeline.api.enqueue import enqueue_endpoint, require_json
 from pipeline.api.models import Accepted, Kind, Problem
 from pipeline.api.strict import reject_unknown_query
-from pipeline.browse import MAX_LIMIT, BadCursor, BrowseState, JobPage, browse
+from pipeline.browse.listing import browse
+from pipeline.browse.model import MAX_LIMIT, BadCursor, BrowseState, JobPage
 from pipeline.celery_app import get_app
 from pipeline.constants import WORK_QUEUES
 from pipeline.status import JobStatus, job_status

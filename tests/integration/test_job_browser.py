@@ -160,6 +160,7 @@ def test_running_retrying_succeeded_and_dead_lettered_jobs(api: ApiServer, clean
         assert [r["id"] for r in page["jobs"]] == [flaky, doomed]  # newest first
         flaky_row, row = page["jobs"]
         assert row["dlq_id"] == status["dlq_id"] and row["attempts"] == 1
+        assert row["enqueued_at"] == status["accepted_at"] and row["finished_at"]
         assert row["exception"] == "pipeline.errors.PermanentError"  # the type only: its message quotes the payload
         assert flaky_row["attempts"] == 5
         assert page["counts"]["default"]["dead_lettered"] == 2

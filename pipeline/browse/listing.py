@@ -1,36 +1,26 @@
-"""The job browser: every queue's jobs by state, with counts and stable cursor paging, never a payload.
-
-Where each state is read (nothing here consumes or changes anything):
-
-* ``waiting`` — the queue's Redis lists (every priority sub-queue, highest priority first), newest first;
-* ``scheduled`` — parked delayed jobs (``pipeline:delayed`` and its destination hash), earliest due first;
-* ``running`` — kombu's ``unacked`` hash: delivered to a worker and not yet acknowledged (running, or
-  reserved by a worker's prefetch / held until its ETA);
-* ``retrying``, ``succeeded``, ``failed`` — the queue's recent-jobs index (`pipeline.records`, the newest
-  RECENT_JOBS_MAX accepted jobs), each resolved from the first bytes of its result-backend entry (Celery
-  writes ``{"status": ...`` first), so counting reads no results; ``failed`` omits dead-lettered jobs;
-* ``dead_lettered`` — the dead-letter queue, by the original queue of each entry, newest first.
-
-A retrying job is also where it waits for its next attempt. Rows carry ids, task, queue, state, times
-and attempts; the detail is `pipeline.status.job_status` (and the dead-letter entry). Cursors are opaque:
-an offset into the lists (newest first: workers taking the oldest never make a page skip a job), else a
-(score, id) position.
-"""
+"""Reading the job browser's pages from Redis (see `pipeline.browse`): counts, then one page of one source."""
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
-from pydantic import BaseModel, Field
 
 from pipeline.broker import broker_redis, queue_keys
+from pipeline.browse.model import (
+    MAX_LIMIT,
+    BrowseState,
+    JobPage,
+    JobRow,
+    cursor_after,
+    cursor_offset,
+    decode_cursor,
+    encode_cursor,
+)
 from pipeline.celery_app import get_app
 from pipeline.constants import (
     DELAYED_DEST_KEY,
@@ -46,21 +36,10 @@ from pipeline.constants import (
 )
 from pipeline.dlq import admin as dlq_admin
 
-MAX_LIMIT = 500
 #: Celery's result-backend entries start with the state (`_get_result_meta` puts it first).
 _STATUS = re.compile(rb'"status":\s*"([A-Z_]+)"')
 _HEAD_BYTES = 80
 _SCAN_CHUNK = 500
-
-
-class BrowseState(StrEnum):
-    WAITING = "waiting"
-    SCHEDULED = "scheduled"
-    RUNNING = "running"
-    RETRYING = "retrying"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    DEAD_LETTERED = "dead_lettered"
 
 
 #: Celery state of a recent job → the browser's state (others are counted where the job waits or runs).
@@ -71,71 +50,6 @@ _RECENT = {
     "REVOKED": BrowseState.FAILED,
     "REJECTED": BrowseState.FAILED,
 }
-
-
-class BadCursor(ValueError):
-    """The cursor was not issued for this queue and state (or is not a cursor at all)."""
-
-    def __init__(self) -> None:
-        super().__init__("cursor is not a next_cursor of this queue and state; start again without one")
-
-
-class JobRow(BaseModel):
-    """One job in a listing: no payload, no result; `GET /jobs/{id}` has the detail."""
-
-    id: str
-    task: str | None
-    queue: str
-    state: BrowseState
-    attempts: int | None = Field(default=None, description="Attempts made so far, when known.")
-    enqueued_at: str | None = Field(default=None, description="When it was published or accepted (ISO 8601, UTC).")
-    due_at: str | None = Field(default=None, description="When a scheduled job is released (ISO 8601, UTC).")
-    finished_at: str | None = Field(default=None, description="When its last attempt ended (ISO 8601, UTC).")
-    exception: str | None = Field(default=None, description="The exception type of a failed or retrying job.")
-    dlq_id: str | None = Field(default=None, description="The dead-letter entry (`GET /dlq/{id}`).")
-
-
-class JobPage(BaseModel):
-    queue: str
-    state: BrowseState
-    total: int = Field(description="Jobs in this queue and state.")
-    jobs: list[JobRow]
-    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
-    counts: dict[str, dict[BrowseState, int]] = Field(description="Queue → state → number of jobs.")
-
-
-def _encode(queue: str, state: BrowseState, position: Any) -> str:
-    raw = json.dumps({"q": queue, "s": state.value, "p": position}, separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def _decode(cursor: str | None, queue: str, state: BrowseState) -> Any:
-    if not cursor:
-        return None
-    try:
-        data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        if data["q"] == queue and data["s"] == state.value:
-            return data["p"]
-    except (ValueError, TypeError, KeyError):
-        pass
-    raise BadCursor
-
-
-def _offset(position: Any) -> int:
-    if isinstance(position, int) and position >= 0:
-        return position
-    raise BadCursor
-
-
-def _after(position: Any) -> tuple[float, str] | None:
-    if position is None:
-        return None
-    if isinstance(position, list) and len(position) == 2 and isinstance(position[1], str):
-        try:
-            return float(position[0]), position[1]
-        except (TypeError, ValueError):
-            pass
-    raise BadCursor
 
 
 def _iso(epoch: Any) -> str | None:
@@ -151,8 +65,7 @@ def _headers(raw: bytes | str | None) -> dict[str, Any]:
     return headers if isinstance(headers, dict) else {}
 
 
-def _message_row(raw: bytes | str | None, queue: str, state: BrowseState, fallback_id: str = "?") -> JobRow:
-    headers = _headers(raw)
+def _message_row(headers: dict[str, Any], queue: str, state: BrowseState, fallback_id: str = "?") -> JobRow:
     retries = headers.get("retries")
     return JobRow(
         id=str(headers.get("id") or fallback_id),
@@ -172,14 +85,14 @@ def _queue_of(key: bytes | str) -> str:
     return _text(key).split(PRIORITY_SEPARATOR, 1)[0]
 
 
-def _unacked(client: redis.Redis) -> list[tuple[str, bytes]]:
-    """(queue, message) of every delivered-but-unacknowledged job; kombu stores [message, exchange, routing key]."""
+def _unacked(client: redis.Redis) -> list[tuple[str, dict[str, Any]]]:
+    """(queue, headers) of every delivered-but-unacknowledged job; kombu keeps [message, exchange, routing key]."""
     found = []
     for value in client.hvals(UNACKED_KEY):
         try:
             message, _, routing_key = json.loads(value)
-            found.append((str(routing_key), json.dumps(message).encode()))
-        except (ValueError, TypeError):
+            found.append((str(routing_key), message.get("headers") or {}))
+        except (ValueError, TypeError, AttributeError):
             continue
     return found
 
@@ -213,41 +126,43 @@ def _recent(client: redis.Redis, queues: Iterable[str]) -> dict[str, list[tuple[
     }
 
 
-def _dead_letters() -> list[dlq_admin.DeadLetter]:
-    entries = dlq_admin.list_entries()
-    return sorted(entries, key=lambda e: (e.failed_at.timestamp(), e.id), reverse=True)
+class _Snapshot(NamedTuple):
+    table: dict[str, dict[BrowseState, int]]
+    recent: dict[str, list[tuple[str, float, BrowseState]]]
+    dead: list[dlq_admin.DeadLetter]
 
 
-def counts() -> dict[str, dict[BrowseState, int]]:
-    """Jobs per work queue and state (a dead letter counts under its original queue)."""
+def _snapshot(client: redis.Redis) -> _Snapshot:
+    """Jobs per work queue and state (a dead letter counts under its original queue), and what they came from."""
     table = {queue: dict.fromkeys(BrowseState, 0) for queue in WORK_QUEUES}
-    with broker_redis() as client:
-        pipe = client.pipeline(transaction=False)
-        for queue in WORK_QUEUES:
-            for key in queue_keys(queue):
-                pipe.llen(key)
-        pipe.hvals(DELAYED_DEST_KEY)
-        *lengths, dests = pipe.execute()
-        steps = len(queue_keys(WORK_QUEUES[0]))
-        for i, queue in enumerate(WORK_QUEUES):
-            table[queue][BrowseState.WAITING] = sum(lengths[i * steps : (i + 1) * steps])
-        for dest in dests:
-            if (queue := _queue_of(dest)) in table:
-                table[queue][BrowseState.SCHEDULED] += 1
-        for queue, _ in _unacked(client):
-            if queue in table:
-                table[queue][BrowseState.RUNNING] += 1
-        for queue, jobs in _recent(client, WORK_QUEUES).items():
-            for _, _, state in jobs:
-                table[queue][state] += 1
-    for entry in _dead_letters():
+    pipe = client.pipeline(transaction=False)
+    for queue in WORK_QUEUES:
+        for key in queue_keys(queue):
+            pipe.llen(key)
+    pipe.hvals(DELAYED_DEST_KEY)
+    *lengths, dests = pipe.execute()
+    steps = len(queue_keys(WORK_QUEUES[0]))
+    for i, queue in enumerate(WORK_QUEUES):
+        table[queue][BrowseState.WAITING] = sum(lengths[i * steps : (i + 1) * steps])
+    for dest in dests:
+        if (queue := _queue_of(dest)) in table:
+            table[queue][BrowseState.SCHEDULED] += 1
+    for queue, _ in _unacked(client):
+        if queue in table:
+            table[queue][BrowseState.RUNNING] += 1
+    recent = _recent(client, WORK_QUEUES)
+    for queue, jobs in recent.items():
+        for _, _, state in jobs:
+            table[queue][state] += 1
+    dead = sorted(dlq_admin.list_entries(), key=lambda e: (e.failed_at.timestamp(), e.id), reverse=True)
+    for entry in dead:
         if entry.queue in table:
             table[entry.queue][BrowseState.DEAD_LETTERED] += 1
-    return table
+    return _Snapshot(table, recent, dead)
 
 
 def _waiting(client: redis.Redis, queue: str, position: Any, limit: int) -> tuple[list[JobRow], str | None]:
-    offset = _offset(position or 0)
+    offset = cursor_offset(position or 0)
     keys = queue_keys(queue)
     pipe = client.pipeline(transaction=False)
     for key in keys:
@@ -260,24 +175,26 @@ def _waiting(client: redis.Redis, queue: str, position: Any, limit: int) -> tupl
             skip -= length
             continue
         need = limit - len(rows)
-        rows += [_message_row(raw, queue, BrowseState.WAITING) for raw in client.lrange(key, skip, skip + need - 1)]
+        rows += [
+            _message_row(_headers(raw), queue, BrowseState.WAITING) for raw in client.lrange(key, skip, skip + need - 1)
+        ]
         skip = 0
         if len(rows) >= limit:
             break
     end = offset + len(rows)
-    return rows, _encode(queue, BrowseState.WAITING, end) if end < sum(lengths) and rows else None
+    return rows, encode_cursor(queue, BrowseState.WAITING, end) if end < sum(lengths) and rows else None
 
 
 def _running(client: redis.Redis, queue: str, position: Any, limit: int) -> tuple[list[JobRow], str | None]:
-    offset = _offset(position or 0)
-    rows = [_message_row(raw, queue, BrowseState.RUNNING) for q, raw in _unacked(client) if q == queue]
+    offset = cursor_offset(position or 0)
+    rows = [_message_row(headers, queue, BrowseState.RUNNING) for q, headers in _unacked(client) if q == queue]
     rows.sort(key=lambda r: (r.enqueued_at or "", r.id))
     page = rows[offset : offset + limit]
-    return page, _encode(queue, BrowseState.RUNNING, offset + limit) if offset + limit < len(rows) else None
+    return page, encode_cursor(queue, BrowseState.RUNNING, offset + limit) if offset + limit < len(rows) else None
 
 
 def _scheduled(client: redis.Redis, queue: str, position: Any, limit: int) -> tuple[list[JobRow], str | None]:
-    after = _after(position)
+    after = cursor_after(position)
     start = 0
     chosen: list[tuple[str, float]] = []
     more = False
@@ -300,18 +217,18 @@ def _scheduled(client: redis.Redis, queue: str, position: Any, limit: int) -> tu
     messages = client.hmget(DELAYED_MESSAGE_KEY, [m for m, _ in chosen]) if chosen else []
     rows = []
     for (member, score), raw in zip(chosen, messages, strict=True):
-        row = _message_row(raw, queue, BrowseState.SCHEDULED, member)
+        row = _message_row(_headers(raw), queue, BrowseState.SCHEDULED, member)
         row.due_at = _iso(score)
         rows.append(row)
     last = chosen[-1] if chosen else None
-    return rows, _encode(queue, BrowseState.SCHEDULED, [last[1], last[0]]) if more and last else None
+    return rows, encode_cursor(queue, BrowseState.SCHEDULED, [last[1], last[0]]) if more and last else None
 
 
 def _recent_rows(
-    client: redis.Redis, queue: str, state: BrowseState, position: Any, limit: int
+    client: redis.Redis, recent: _Snapshot, queue: str, state: BrowseState, position: Any, limit: int
 ) -> tuple[list[JobRow], str | None]:
-    after = _after(position)
-    jobs = [(task_id, score) for task_id, score, s in _recent(client, [queue])[queue] if s is state]
+    after = cursor_after(position)
+    jobs = [(task_id, score) for task_id, score, s in recent.recent[queue] if s is state]
     if after is not None:
         jobs = [(task_id, score) for task_id, score in jobs if (score, task_id) < after]
     page, more = jobs[:limit], len(jobs) > limit
@@ -340,10 +257,10 @@ def _recent_rows(
             )
         )
     last = page[-1] if page else None
-    return rows, _encode(queue, state, [last[1], last[0]]) if more and last else None
+    return rows, encode_cursor(queue, state, [last[1], last[0]]) if more and last else None
 
 
-def _json(raw: bytes | None) -> dict[str, Any]:
+def _json(raw: bytes | str | None) -> dict[str, Any]:
     try:
         value = json.loads(raw) if raw else {}
     except ValueError:
@@ -351,12 +268,15 @@ def _json(raw: bytes | None) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _dead_lettered(queue: str, position: Any, limit: int) -> tuple[list[JobRow], str | None]:
-    after = _after(position)
-    entries = [e for e in _dead_letters() if e.queue == queue]
+def _dead_lettered(
+    client: redis.Redis, snapshot: _Snapshot, queue: str, position: Any, limit: int
+) -> tuple[list[JobRow], str | None]:
+    after = cursor_after(position)
+    entries = [e for e in snapshot.dead if e.queue == queue]
     if after is not None:
         entries = [e for e in entries if (e.failed_at.timestamp(), e.id) < after]
     page, more = entries[:limit], len(entries) > limit
+    records = client.mget([JOB_RECORD_KEY.format(id=e.task_id or "-") for e in page]) if page else []
     rows = [
         JobRow(
             id=e.task_id or e.id,
@@ -364,15 +284,16 @@ def _dead_lettered(queue: str, position: Any, limit: int) -> tuple[list[JobRow],
             queue=queue,
             state=BrowseState.DEAD_LETTERED,
             attempts=e.attempts,
+            enqueued_at=_json(record).get("accepted_at"),
             finished_at=e.failed_at.isoformat(),
             exception=e.exception_type,
             dlq_id=e.id,
         )
-        for e in page
+        for e, record in zip(page, records, strict=True)
     ]
     last = page[-1] if page else None
     position = [last.failed_at.timestamp(), last.id] if last else None
-    return rows, _encode(queue, BrowseState.DEAD_LETTERED, position) if more else None
+    return rows, encode_cursor(queue, BrowseState.DEAD_LETTERED, position) if more else None
 
 
 def browse(queue: str, state: BrowseState, cursor: str | None = None, limit: int = 50) -> JobPage:
@@ -381,20 +302,20 @@ def browse(queue: str, state: BrowseState, cursor: str | None = None, limit: int
         raise ValueError(f"unknown queue {queue!r}; known: {', '.join(WORK_QUEUES)}")
     if not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be between 1 and {MAX_LIMIT}")
-    position = _decode(cursor, queue, state)
-    table = counts()
-    if state is BrowseState.DEAD_LETTERED:
-        rows, next_cursor = _dead_lettered(queue, position, limit)
-    else:
-        with broker_redis() as client:
-            if state is BrowseState.WAITING:
-                rows, next_cursor = _waiting(client, queue, position, limit)
-            elif state is BrowseState.RUNNING:
-                rows, next_cursor = _running(client, queue, position, limit)
-            elif state is BrowseState.SCHEDULED:
-                rows, next_cursor = _scheduled(client, queue, position, limit)
-            else:
-                rows, next_cursor = _recent_rows(client, queue, state, position, limit)
+    position = decode_cursor(cursor, queue, state)
+    with broker_redis() as client:
+        snapshot = _snapshot(client)
+        if state is BrowseState.DEAD_LETTERED:
+            rows, next_cursor = _dead_lettered(client, snapshot, queue, position, limit)
+        elif state is BrowseState.WAITING:
+            rows, next_cursor = _waiting(client, queue, position, limit)
+        elif state is BrowseState.RUNNING:
+            rows, next_cursor = _running(client, queue, position, limit)
+        elif state is BrowseState.SCHEDULED:
+            rows, next_cursor = _scheduled(client, queue, position, limit)
+        else:
+            rows, next_cursor = _recent_rows(client, snapshot, queue, state, position, limit)
+    table = snapshot.table
     return JobPage(
         queue=queue, state=state, total=table[queue][state], jobs=rows, next_cursor=next_cursor, counts=table
     )
