@@ -189,6 +189,8 @@ def _running(client: redis.Redis, queue: str, position: Any, limit: int) -> tupl
     offset = cursor_offset(position or 0)
     rows = [_message_row(headers, queue, BrowseState.RUNNING) for q, headers in _unacked(client) if q == queue]
     rows.sort(key=lambda r: (r.enqueued_at or "", r.id))
+    for row in rows:  # the attempt under way counts, as in `job_status`
+        row.attempts = (row.attempts or 0) + 1
     page = rows[offset : offset + limit]
     return page, encode_cursor(queue, BrowseState.RUNNING, offset + limit) if offset + limit < len(rows) else None
 

@@ -40,7 +40,9 @@ class JobRow(BaseModel):
     task: str | None
     queue: str
     state: BrowseState
-    attempts: int | None = Field(default=None, description="Attempts made so far, when known.")
+    attempts: int | None = Field(
+        default=None, description="Attempts made so far, the one under way included (0 while waiting)."
+    )
     enqueued_at: str | None = Field(default=None, description="When it was published or accepted (ISO 8601, UTC).")
     due_at: str | None = Field(default=None, description="When a scheduled job is released (ISO 8601, UTC).")
     finished_at: str | None = Field(default=None, description="When its last attempt ended (ISO 8601, UTC).")

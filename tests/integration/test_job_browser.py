@@ -137,7 +137,7 @@ def test_running_retrying_succeeded_and_dead_lettered_jobs(api: ApiServer, clean
         running = client.post("/jobs/probe", json={"message": MARKER, "sleep_s": 3}).json()["id"]
         wait_for(lambda: running in ids(client, "default", "running"), 30, 0.1, what="a running job listed")
         row = next(r for r in listing(client, "default", "running")["jobs"] if r["id"] == running)
-        assert row["task"] == "pipeline.probe" and row["state"] == "running"
+        assert row["task"] == "pipeline.probe" and row["state"] == "running" and row["attempts"] == 1
 
         done = [client.post("/jobs/probe", json={"message": MARKER}).json()["id"] for _ in range(3)]
         for job_id in done:
