@@ -104,8 +104,8 @@ def _recent(client: redis.Redis, queues: Iterable[str]) -> dict[str, list[tuple[
     for queue in queues:
         pipe.zrevrange(RECENT_JOBS_KEY.format(queue=queue), 0, -1, withscores=True)
     indexes: list[list[tuple[Any, Any]]] = pipe.execute()
-    backend: Any = get_app().backend
-    pipe = client.pipeline(transaction=False)
+    backend: Any = get_app().backend  # RESULT_BACKEND_URL may name another Redis than the broker
+    pipe = backend.client.pipeline(transaction=False)
     indexes = [[(_text(member), float(score)) for member, score in entries] for entries in indexes]
     ids = [member for entries in indexes for member, _ in entries]
     for task_id in ids:
@@ -235,14 +235,11 @@ def _recent_rows(
         jobs = [(task_id, score) for task_id, score in jobs if (score, task_id) < after]
     page, more = jobs[:limit], len(jobs) > limit
     backend: Any = get_app().backend
-    pipe = client.pipeline(transaction=False)
-    for task_id, _ in page:
-        pipe.get(backend.get_key_for_task(task_id))
-        pipe.get(JOB_RECORD_KEY.format(id=task_id))
-    fetched = pipe.execute() if page else []
+    metas = backend.client.mget([backend.get_key_for_task(task_id) for task_id, _ in page]) if page else []
+    records = client.mget([JOB_RECORD_KEY.format(id=task_id) for task_id, _ in page]) if page else []
     rows = []
-    for i, (task_id, score) in enumerate(page):
-        meta, record = _json(fetched[2 * i]), _json(fetched[2 * i + 1])
+    for (task_id, score), raw_meta, raw_record in zip(page, metas, records, strict=True):
+        meta, record = _json(raw_meta), _json(raw_record)
         result = meta.get("result")
         rows.append(
             JobRow(
