@@ -207,6 +207,7 @@ function update(id, status) {
   render(id);
   if (state.selected === id) showDetail(id, false);
   if (status.state === "dead_lettered" && was !== "dead_lettered") loadDlq();
+  if (status.state !== was) refreshBrowserSoon();
 }
 
 function render(id) {
@@ -416,6 +417,13 @@ function browserRow(job) {
     el("td", { class: "num" }, job.attempts === null || job.attempts === undefined ? "–" : String(job.attempts)),
     el("td", { class: "muted small" }, job.exception ? job.exception.split(".").pop() : ""),
   );
+}
+
+let browserTimer = null;
+
+function refreshBrowserSoon() {
+  // A job this tab follows changed state: the counts changed too (at most one reload per second).
+  if (browserTimer === null) browserTimer = setTimeout(() => ((browserTimer = null), loadBrowser()), 1000);
 }
 
 function browseFrom(queue, name) {
