@@ -44,6 +44,9 @@ KEY_PREFIX: Final = "pipeline:"
 ENQUEUE_IDEMPOTENCY_KEY: Final = KEY_PREFIX + "enqueue:{task}:{key}"
 #: Written before a job is published (task name, accepted time, ETA) so status can tell queued from unknown.
 JOB_RECORD_KEY: Final = KEY_PREFIX + "job:{id}"
+#: The queue's recently accepted jobs, ZSET task id → accepted time (epoch s), capped at RECENT_JOBS_MAX;
+#: written in the same round trip as the record. The job browser (`pipeline.browse`) reads it.
+RECENT_JOBS_KEY: Final = KEY_PREFIX + "recent:{queue}"
 
 #: The dead-letter index (`pipeline.dlq.store`): hashes entry id → the `dead_letter` list element, and
 #: original task id → entry id, written in the same MULTI as the list.

@@ -34,7 +34,7 @@ from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY, HEADER_PUBLISHED_AT, JOB_RECORD_KEY
 from pipeline.errors import PayloadInvalid
-from pipeline.records import accepted_entry
+from pipeline.records import accepted_entry, remember_recent
 
 #: Messages per Redis round trip in `enqueue_many`.
 CHUNK = 1000
@@ -189,6 +189,7 @@ def enqueue_many(typed: Any, payloads: Iterable[BaseModel | Mapping[str, Any]]) 
             pipe = client.pipeline(transaction=False)
             for task_id in chunk_ids:  # before the jobs, as `enqueue()` does: an id is never "unknown"
                 pipe.set(JOB_RECORD_KEY.format(id=task_id), record, ex=ttl)
+            remember_recent(pipe, typed.queue, chunk_ids)
             for dest, group in groupby(messages, key=lambda m: m.dest):
                 batch = list(group)
                 pipe.lpush(dest, *[m.body for m in batch])

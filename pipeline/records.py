@@ -3,18 +3,25 @@
 Celery answers PENDING for any id it never saw. So every producer path of the pipeline (`enqueue`,
 fan-out, DLQ replay) records the job id in Redis (`pipeline:job:<id>`, JSON with task name, accepted time
 and ETA) *before* publishing, with a TTL of RESULT_EXPIRES past the ETA. `pipeline.status` reads it.
+
+In the same round trip the id joins its queue's recent-jobs index (`pipeline:recent:<queue>`, a sorted set
+by accepted time trimmed to the newest RECENT_JOBS_MAX), from which the job browser (`pipeline.browse`)
+lists retrying, succeeded and failed jobs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import time
 from datetime import UTC, datetime
 from typing import Any
 
+from redis.client import Pipeline
+
 from pipeline.broker import broker_redis
 from pipeline.config import get_settings
-from pipeline.constants import JOB_RECORD_KEY
+from pipeline.constants import JOB_RECORD_KEY, RECENT_JOBS_KEY
 
 
 def accepted_entry(task_name: str, eta: datetime | None = None) -> tuple[str, int]:
@@ -27,17 +34,34 @@ def accepted_entry(task_name: str, eta: datetime | None = None) -> tuple[str, in
     return json.dumps(record), get_settings().result_expires + int(ahead) + 1
 
 
-def record_accepted(task_id: str, task_name: str, eta: datetime | None = None) -> None:
-    """Remember that `task_id` was accepted; call before publishing it (raises if Redis is unreachable)."""
+def remember_recent(pipe: Pipeline, queue: str | None, task_ids: list[str], now: float | None = None) -> None:
+    """Queue the commands adding `task_ids` to `queue`'s recent-jobs index and trimming it (none if no queue)."""
+    if queue is None or not task_ids:
+        return
+    key = RECENT_JOBS_KEY.format(queue=queue)
+    at = time.time() if now is None else now
+    pipe.zadd(key, dict.fromkeys(task_ids, at))
+    pipe.zremrangebyrank(key, 0, -get_settings().recent_jobs_max - 1)
+
+
+def record_accepted(task_id: str, task_name: str, eta: datetime | None = None, queue: str | None = None) -> None:
+    """Remember that `task_id` was accepted (on `queue`); call before publishing it (raises if Redis is down)."""
     value, ttl = accepted_entry(task_name, eta)
     with broker_redis() as client:
-        client.set(JOB_RECORD_KEY.format(id=task_id), value, ex=ttl)
+        pipe = client.pipeline(transaction=True)
+        pipe.set(JOB_RECORD_KEY.format(id=task_id), value, ex=ttl)
+        remember_recent(pipe, queue, [task_id])
+        pipe.execute()
 
 
-def forget_accepted(task_id: str) -> None:
+def forget_accepted(task_id: str, queue: str | None = None) -> None:
     """Drop the record of a job whose publish failed (best effort: Redis is likely the reason it failed)."""
     with contextlib.suppress(Exception), broker_redis() as client:
-        client.delete(JOB_RECORD_KEY.format(id=task_id))
+        pipe = client.pipeline(transaction=True)
+        pipe.delete(JOB_RECORD_KEY.format(id=task_id))
+        if queue is not None:
+            pipe.zrem(RECENT_JOBS_KEY.format(queue=queue), task_id)
+        pipe.execute()
 
 
 def accepted_record(task_id: str) -> dict[str, Any] | None:

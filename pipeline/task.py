@@ -219,6 +219,11 @@ class TypedTask(Generic[P, R]):
             raise TypeError(f"{self.name} is registered by something other than typed_task")
         return task
 
+    @property
+    def queue(self) -> str:
+        """The queue the app's router sends this task's jobs to."""
+        return str(get_app().amqp.router.route({}, self.name)["queue"].name)
+
     def validate(self, payload: P | Mapping[str, Any]) -> P:
         job = validate_payload(self.name, self.payload_model, payload)
         size = len(json.dumps(job.model_dump(mode="json")))
@@ -251,7 +256,8 @@ class TypedTask(Generic[P, R]):
                 headers[HEADER_IDEMPOTENCY_KEY] = idempotency_key
             args = (job.model_dump(mode="json"),)
             due = due_time(countdown, eta)
-            records.record_accepted(claim.task_id, self.name, _eta(due))  # first, so the id is never "unknown"
+            queue = self.queue
+            records.record_accepted(claim.task_id, self.name, _eta(due), queue)  # first: never "unknown"
 
             def send(producer: Any, at: datetime | None) -> None:
                 timing: dict[str, Any] = {"eta": at} if at is not None else {}
@@ -260,7 +266,7 @@ class TypedTask(Generic[P, R]):
             try:
                 publish.schedule(send, claim.task_id, due)
             except BaseException:
-                records.forget_accepted(claim.task_id)
+                records.forget_accepted(claim.task_id, queue)
                 raise
             return claim.task_id
 

@@ -1,4 +1,4 @@
-"""Job routes: `POST /jobs/<kind>` for every registered kind, `GET /jobs/{id}`, `GET /kinds`.
+"""Job routes: `POST /jobs/<kind>` for every registered kind, `GET /jobs/{id}`, `GET /jobs`, `GET /kinds`.
 
 The enqueue routes are generated from `pipeline.task.REGISTRY` (see `pipeline.api.enqueue`), so OpenAPI
 documents each kind's payload model, and only registered kinds can be enqueued.
@@ -9,13 +9,16 @@ from __future__ import annotations
 import inspect
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
 
 from pipeline.api.auth import require_token
 from pipeline.api.enqueue import enqueue_endpoint, require_json
 from pipeline.api.models import Accepted, Kind, Problem
 from pipeline.api.strict import reject_unknown_query
+from pipeline.browse.listing import browse
+from pipeline.browse.model import MAX_LIMIT, BadCursor, BrowseState, JobPage
 from pipeline.celery_app import get_app
+from pipeline.constants import WORK_QUEUES
 from pipeline.status import JobStatus, job_status
 from pipeline.task import TypedTask
 
@@ -37,6 +40,10 @@ def kind_info(typed: TypedTask[Any, Any]) -> Kind:
         payload_schema=schema,
         example=examples[0] if isinstance(examples[0], dict) else {},
     )
+
+
+def _bad_query(name: str, message: str) -> HTTPException:
+    return HTTPException(422, detail=[{"loc": ["query", name], "msg": message, "type": "value_error"}])
 
 
 def router(registry: dict[str, TypedTask[Any, Any]]) -> APIRouter:
@@ -74,6 +81,25 @@ def router(registry: dict[str, TypedTask[Any, Any]]) -> APIRouter:
     @routes.get("/jobs/{job_id}", response_model=JobStatus, tags=["jobs"], summary="A job's state and result")
     def get_job(job_id: JobId) -> JobStatus:
         return job_status(job_id)
+
+    @routes.get(
+        "/jobs",
+        response_model=JobPage,
+        tags=["jobs"],
+        summary="Every queue's jobs by state: counts and one page of rows (no payloads)",
+    )
+    def list_jobs(
+        queue: Annotated[str, Query(description="A work queue.", json_schema_extra={"enum": list(WORK_QUEUES)})],
+        state: Annotated[BrowseState, Query(description="Which of the queue's jobs to list.")],
+        cursor: Annotated[str | None, Query(max_length=512, description="`next_cursor` of the previous page.")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Rows per page.")] = 50,
+    ) -> JobPage:
+        if queue not in WORK_QUEUES:
+            raise _bad_query("queue", f"unknown queue; one of {', '.join(WORK_QUEUES)}")
+        try:
+            return browse(queue, state, cursor, limit)
+        except BadCursor as exc:
+            raise _bad_query("cursor", str(exc)) from None
 
     @routes.get("/kinds", response_model=list[Kind], tags=["jobs"], summary="Job kinds, their schemas and examples")
     def list_kinds() -> list[Kind]:

@@ -76,6 +76,8 @@ class Settings(BaseSettings):
     retry_jitter: float = Field(default=0.2, ge=0, lt=1)
     enqueue_idempotency_ttl: int = Field(default=86400, ge=1)
     max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
+    #: Accepted jobs remembered per queue for the job browser's retrying / succeeded / failed lists.
+    recent_jobs_max: int = Field(default=1000, ge=10, le=100_000)
 
     # --- Scheduling: delayed jobs ----------------------------------------------------------------
     delayed_poll_interval: float = Field(default=1.0, gt=0, le=60)

@@ -95,7 +95,7 @@ def replay(ident: str) -> str:
             if store.lookup(entry.id) is None:  # replayed or deleted since it was read
                 raise DeadLetterNotFound(ident)
             new_id = uuid()
-            records.record_accepted(new_id, entry.task_name)
+            records.record_accepted(new_id, entry.task_name, queue=entry.queue)
             get_app().send_task(
                 entry.task_name,
                 args=entry.args,

@@ -2,9 +2,9 @@
 
 A person's path through the page: give the token, start a job with progress (a transcode of a 30 s
 clip; the probe when the transcode kind is absent), watch its bar reach 100 % and open its result;
-send a job that fails, replay it from the dead-letter queue. Screenshots of the page go to
-test-artifacts/. The browser is the system's (`scripts/ensure-system-deps` installs it); nothing is
-downloaded.
+send a job that fails, replay it from the dead-letter queue; browse every queue's jobs by state,
+including jobs the page did not start. Screenshots of the page go to test-artifacts/. The browser is
+the system's (`scripts/ensure-system-deps` installs it); nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -17,10 +17,13 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
+from pipeline.runtime.probe import probe
+from pipeline.status import job_status
 from tests.support.api import ApiServer
 from tests.support.inproc import InProcessWorker
 from tests.support.media import make_clip
-from tests.support.procs import ROOT, Worker, wait_for
+from tests.support.procs import ROOT, RedisServer, Worker, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -172,3 +175,65 @@ def test_the_token_is_kept_for_the_tab_only(page: Page, api: ApiServer) -> None:
     page.click("#sign-out")
     expect(page.locator("#token-dialog")).to_be_visible()
     assert page.evaluate("sessionStorage.getItem('pipeline.token')") is None
+
+
+def test_the_job_browser_lists_every_queues_jobs_by_state(
+    page: Page, api: ApiServer, redis_server: RedisServer, clean_dlq: None
+) -> None:
+    # Jobs this page never started, enqueued from this process: parked ones (more than a page), one that
+    # succeeds, one that is dead-lettered.
+    parked = [probe.enqueue({"message": f"later {i}"}, countdown=3600 + i) for i in range(25)]
+    try:
+        done = probe.enqueue({"message": "enqueued elsewhere"})
+        doomed = probe.enqueue({"message": "enqueued elsewhere, failing", "fail": "permanent"})
+        probe.result(done, timeout=60)
+        wait_for(lambda: job_status(doomed).state == "dead_lettered", 60, 0.1, what="a dead-lettered job")
+
+        sign_in(page, api)
+        scheduled = page.locator("#counts-rows button[data-queue='default'][data-state='scheduled']")
+        expect(scheduled).not_to_have_text("0")
+        assert int(scheduled.inner_text()) >= len(parked)
+        scheduled.click()
+        expect(page.locator("#browser-list-title")).to_contain_text("scheduled in default")
+        rows = page.locator("#browser-rows tr")
+        expect(rows).to_have_count(20)  # a page
+        seen = rows.evaluate_all("trs => trs.map(tr => tr.dataset.id)")
+        expect(page.locator("#browser-first")).to_be_disabled()
+        while page.locator("#browser-next").is_enabled():
+            first = rows.first.get_attribute("data-id")
+            page.click("#browser-next")
+            expect(rows.first).not_to_have_attribute("data-id", str(first))
+            seen += rows.evaluate_all("trs => trs.map(tr => tr.dataset.id)")
+        assert set(parked) <= set(seen) and len(seen) == len(set(seen))
+        expect(page.locator("#browser-position")).not_to_have_text("page 1")
+        page.click("#browser-first")
+        expect(page.locator("#browser-position")).to_have_text("page 1")
+
+        page.click("#counts-rows button[data-queue='default'][data-state='succeeded']")
+        expect(page.locator("#browser-list-title")).to_contain_text("succeeded in default")
+        row = page.locator(f"#browser-rows tr[data-id='{done}']")
+        expect(row).to_contain_text("pipeline.probe")
+        row.click()
+        expect(page.locator("#detail-id")).to_have_text(done)
+        expect(page.locator("#detail-facts")).to_contain_text("succeeded")
+        expect(page.locator("#detail-output")).to_contain_text('"message": "enqueued elsewhere"')
+
+        page.click("#counts-rows button[data-queue='default'][data-state='dead_lettered']")
+        row = page.locator(f"#browser-rows tr[data-id='{doomed}']")
+        expect(row).to_contain_text("PermanentError")
+        assert "enqueued elsewhere" not in page.locator("#browser-rows").inner_text()  # no payloads in the list
+        row.click()
+        expect(page.locator("#detail-id")).to_have_text(doomed)
+        expect(page.locator("#detail-facts")).to_contain_text("dead lettered")
+        expect(page.locator("#detail-output")).to_contain_text("PermanentError")
+
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = ARTIFACTS / "api-page-jobs.png"
+        page.locator("#browser").screenshot(path=str(shot))
+        print(f"job browser screenshot: {shot}")
+        assert shot.stat().st_size > 5_000
+    finally:
+        client = redis_server.client()
+        client.zrem(DELAYED_KEY, *parked)
+        client.hdel(DELAYED_MESSAGE_KEY, *parked)
+        client.hdel(DELAYED_DEST_KEY, *parked)

@@ -3,7 +3,7 @@
 Layers, bottom to top (a module may import its own layer and the ones below, never above):
 
 1. core, directly in `pipeline/`: settings (`config/`), the app factory, errors, retry, the typed task contract
-2. `status`, `dlq/`, `scheduling/`, `observability/`, `storage/`
+2. `status`, `browse`, `dlq/`, `scheduling/`, `observability/`, `storage/`
 3. `runtime/`: the worker's wiring
 4. `api/`, `cli/`
 
@@ -23,7 +23,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = {"pipeline", "pipeline.__main__"}
-LAYER_2 = ("pipeline.status", "pipeline.dlq", "pipeline.scheduling", "pipeline.observability", "pipeline.storage")
+LAYER_2 = (
+    "pipeline.status",
+    "pipeline.browse",
+    "pipeline.dlq",
+    "pipeline.scheduling",
+    "pipeline.observability",
+    "pipeline.storage",
+)
 
 
 def _module_name(path: Path) -> str:

@@ -12,7 +12,17 @@ const MAX_STREAMS = 4; // browsers allow ~6 connections per host: keep some for 
 const MAX_JOBS = 30;
 
 const $ = (id) => document.getElementById(id);
-const state = { kinds: [], kind: null, jobs: new Map(), streams: new Map(), selected: null };
+const state = {
+  kinds: [],
+  kind: null,
+  jobs: new Map(),
+  streams: new Map(),
+  selected: null,
+  // The job browser: which queue and state it lists, the cursors of the pages before this one, this page's.
+  browser: { queue: "default", state: "waiting", back: [], cursor: null, next: null },
+};
+const BROWSE_STATES = ["waiting", "scheduled", "running", "retrying", "succeeded", "failed", "dead_lettered"];
+const BROWSE_LIMIT = 20;
 
 // --- elements ------------------------------------------------------------------------------------
 
@@ -197,6 +207,7 @@ function update(id, status) {
   render(id);
   if (state.selected === id) showDetail(id, false);
   if (status.state === "dead_lettered" && was !== "dead_lettered") loadDlq();
+  if (status.state !== was) refreshBrowserSoon();
 }
 
 function render(id) {
@@ -310,7 +321,9 @@ async function showDetail(id, fetchFresh) {
     }
   }
   if (!s) return;
+  const wasHidden = $("detail").hidden;
   $("detail").hidden = false;
+  if (wasHidden || fetchFresh) $("detail").scrollIntoView({ block: "nearest" });
   $("detail-id").textContent = id;
   const facts = [
     ["state", el("span", { class: `badge ${s.state}` }, s.state.replace("_", " "))],
@@ -332,6 +345,98 @@ async function showDetail(id, fetchFresh) {
     : s.result !== null && s.result !== undefined
       ? JSON.stringify(s.result, null, 2)
       : `(no result yet: ${s.state.replace("_", " ")})`;
+}
+
+// --- job browser: every queue's jobs by state (GET /jobs) ------------------------------------------------
+
+const stateLabel = (name) => name.replace("_", " ");
+
+async function loadBrowser() {
+  const b = state.browser;
+  const params = new URLSearchParams({ queue: b.queue, state: b.state, limit: String(BROWSE_LIMIT) });
+  if (b.cursor) params.set("cursor", b.cursor);
+  let response;
+  try {
+    response = await api(`/jobs?${params}`);
+  } catch (err) {
+    return;
+  }
+  if (response.status === 422 && b.cursor) {
+    browseFrom(b.queue, b.state); // a cursor from before a restart or a change: start over
+    return;
+  }
+  if (response.status !== 200) return;
+  const page = response.body;
+  b.next = page.next_cursor;
+  renderCounts(page.counts);
+  $("browser-list-title").textContent = `${stateLabel(page.state)} in ${page.queue} (${page.total})`;
+  $("browser-empty").hidden = page.jobs.length > 0;
+  $("browser-table").hidden = page.jobs.length === 0;
+  $("browser-rows").replaceChildren(...page.jobs.map(browserRow));
+  $("browser-first").disabled = b.back.length === 0;
+  $("browser-next").disabled = !b.next;
+  $("browser-position").textContent = `page ${b.back.length + 1}`;
+}
+
+function renderCounts(counts) {
+  $("counts-head").replaceChildren(el("th", {}, "Queue"), ...BROWSE_STATES.map((name) => el("th", {}, stateLabel(name))));
+  $("counts-rows").replaceChildren(
+    ...Object.entries(counts).map(([queue, byState]) =>
+      el(
+        "tr",
+        { dataset: { queue } },
+        el("td", {}, queue),
+        ...BROWSE_STATES.map((name) => {
+          const n = byState[name] || 0;
+          const selected = queue === state.browser.queue && name === state.browser.state;
+          return el(
+            "td",
+            {},
+            el(
+              "button",
+              { type: "button", class: `small ${n ? "" : "zero"}`, dataset: { queue, state: name }, "aria-pressed": String(selected), "aria-label": `${stateLabel(name)} in ${queue}: ${n}`, onclick: () => browseFrom(queue, name) },
+              String(n),
+            ),
+          );
+        }),
+      ),
+    ),
+  );
+}
+
+function browserRow(job) {
+  const done = job.due_at || job.finished_at;
+  return el(
+    "tr",
+    { dataset: { id: job.id, state: job.state }, tabindex: "0", onclick: () => showDetail(job.id, true), onkeydown: (e) => e.key === "Enter" && showDetail(job.id, true) },
+    el("td", {}, el("code", { title: job.id }, shortId(job.id))),
+    el("td", {}, el("code", {}, job.task || "?")),
+    el("td", {}, el("span", { class: `badge ${job.state}` }, stateLabel(job.state))),
+    el("td", { class: "nowrap" }, job.enqueued_at ? new Date(job.enqueued_at).toLocaleString() : "–"),
+    el("td", { class: "nowrap" }, done ? new Date(done).toLocaleString() : "–"),
+    el("td", { class: "num" }, job.attempts === null || job.attempts === undefined ? "–" : String(job.attempts)),
+    el("td", { class: "muted small" }, job.exception ? job.exception.split(".").pop() : ""),
+  );
+}
+
+let browserTimer = null;
+
+function refreshBrowserSoon() {
+  // A job this tab follows changed state: the counts changed too (at most one reload per second).
+  if (browserTimer === null) browserTimer = setTimeout(() => ((browserTimer = null), loadBrowser()), 1000);
+}
+
+function browseFrom(queue, name) {
+  Object.assign(state.browser, { queue, state: name, back: [], cursor: null, next: null });
+  loadBrowser();
+}
+
+function browseNext() {
+  const b = state.browser;
+  if (!b.next) return;
+  b.back.push(b.cursor);
+  b.cursor = b.next;
+  loadBrowser();
 }
 
 // --- dead-letter queue -----------------------------------------------------------------------------
@@ -419,6 +524,7 @@ async function start() {
   await loadKinds();
   loadDlq();
   loadQueues();
+  loadBrowser();
   if (started) {
     for (const id of state.jobs.keys()) follow(id); // a new token after a refusal: resume following
     return;
@@ -428,12 +534,16 @@ async function start() {
   for (const job of saved) track(job.id, job.kind, job.added);
   setInterval(loadQueues, 5000);
   setInterval(loadDlq, 10000);
+  setInterval(loadBrowser, 5000);
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   $("job-form").addEventListener("submit", submitJob);
   $("reset-example").addEventListener("click", () => selectKind(state.kind));
   $("dlq-refresh").addEventListener("click", loadDlq);
+  $("browser-refresh").addEventListener("click", loadBrowser);
+  $("browser-next").addEventListener("click", browseNext);
+  $("browser-first").addEventListener("click", () => browseFrom(state.browser.queue, state.browser.state));
   $("detail-close").addEventListener("click", () => {
     $("detail").hidden = true;
     state.selected = null;
