@@ -4,6 +4,8 @@ Everything runs against a Redis of its own (no other worker consumes its queues)
 the way an operator would start it by hand: METRICS_PORT set, no PROMETHEUS_MULTIPROC_DIR, prefork.
 Prometheus scrapes both every second and evaluates `deploy/prometheus/alerts.yml` every second; the
 test's copy of the rules has every `for:` set to 0s (`instant_rules`), the expressions are the real ones.
+Alerts seen firing: DLQ growth and failure ratio (a burst of permanent failures), queue wait (a real
+backlog behind slow jobs on the worker's queue), no worker for a queue (jobs where nobody consumes).
 """
 
 from __future__ import annotations
@@ -74,7 +76,11 @@ def stack(work_dir: Path) -> Iterator[Stack]:
         worker.stop()
         if exporter is not None:
             exporter.terminate()
-            exporter.wait(10)
+            try:
+                exporter.wait(10)
+            except subprocess.TimeoutExpired:
+                exporter.kill()
+                exporter.wait(5)
         prometheus.stop()
         redis.stop()
 
@@ -98,6 +104,11 @@ def test_prometheus_counts_probes_and_fires_the_real_alerts(stack: Stack) -> Non
     stack.wait_scalar("pipeline_dlq_size", 4)
     stack.wait_scalar(f'sum(pipeline_tasks_total{{{PROBE}, outcome="dead_lettered"}})', 4)
 
+    # A real backlog on the worker's own queue: 8 jobs of 3 s on 2 pool processes, the last ones wait 6-9 s
+    # before they start, so the queue-wait p95 over every job so far is above the 5 s threshold.
+    stack.probes(8, {"message": "slow", "sleep_s": 3}, "--wait")
+    stack.wait_scalar(f'sum(pipeline_tasks_total{{{PROBE}, outcome="succeeded"}})', n + 8)
+
     # A backlog where no worker consumes.
     stack.probes(3, {"message": "stuck"}, "--queue", BACKLOG)
     stack.wait_scalar(f'pipeline_queue_depth{{queue="{BACKLOG}"}}', 3)
@@ -109,6 +120,7 @@ def test_prometheus_counts_probes_and_fires_the_real_alerts(stack: Stack) -> Non
         ("PipelineDeadLetterQueueGrowing", ""),
         ("PipelineNoWorkerForQueue", BACKLOG),
         ("PipelineTaskFailureRatioHigh", "default"),
+        ("PipelineQueueWaitHigh", "default"),
     }
     try:
         wait_for(lambda: wanted <= fired(), 20, 0.5, what="the alerts to fire")
@@ -117,5 +129,5 @@ def test_prometheus_counts_probes_and_fires_the_real_alerts(stack: Stack) -> Non
     assert ("PipelineNoWorkerForQueue", "default") not in fired(), "the worker's queue has a worker"
     assert not {name for name, _ in fired()} & {"PipelineBrokerUnreadable", "PipelineDelayedJobsOverdue"}
     # The successes were counted exactly once, by the worker's one endpoint over both pool children.
-    assert prom.scalar(f'sum(pipeline_tasks_total{{{PROBE}, outcome="succeeded"}})') == n
+    assert prom.scalar(f'sum(pipeline_tasks_total{{{PROBE}, outcome="succeeded"}})') == n + 8
     assert prom.scalar('sum(pipeline_workers_up{queue="default"})') == 1
