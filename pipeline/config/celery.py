@@ -15,6 +15,13 @@ from pipeline.config.beat import maintenance_entries
 from pipeline.config.settings import Settings
 from pipeline.constants import BEAT_KEY_PREFIX, ROUTES, WORK_QUEUES
 
+
+def _transport_class(broker_url: str) -> str:
+    """The broker transport, by the URL's scheme (redis, rediss, sentinel; several `;`-separated for failover)."""
+    sentinel = urlsplit(broker_url.split(";")[0]).scheme == "sentinel"
+    return f"pipeline.dlq.transport:{'SentinelTransport' if sentinel else 'Transport'}"
+
+
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 
 
@@ -55,6 +62,9 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "broker_url": settings.broker_url,
         "result_backend": settings.result_url,
+        # kombu's Redis transport, extended so that bytes in a queue that are not a message are
+        # dead-lettered instead of stopping the worker (`pipeline.dlq.transport`).
+        "broker_transport": _transport_class(settings.broker_url),
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
         "visibility_timeout": settings.visibility_timeout,
