@@ -146,3 +146,16 @@ def test_a_running_worker_refuses_to_add_the_dlq(poison_worker: Worker) -> None:
     wait_for(lambda: "add_consumer ignored" in poison_worker.log(), 10, what="the refusal")
     assert_good_job_runs(poison_worker, poison_worker.pid)
     assert list(ledger_client().lrange("dead_letter", 0, -1)) == before
+
+
+def test_an_envelope_that_reaches_a_worker_goes_back_unchanged(poison_worker: Worker) -> None:
+    """Defence in depth: a DLQ envelope delivered to a worker anyway is neither run nor dead-lettered again."""
+    before = _seed_dead_letters(3)
+    client = ledger_client()
+    client.lmove("dead_letter", QUEUE, "RIGHT", "LEFT")  # the oldest envelope, onto a queue the worker consumes
+    wait_for(lambda: "refusing to consume the dead-letter queue" in poison_worker.log(), 15, what="the refusal")
+    wait_for(lambda: client.llen("dead_letter") == 3, 10, what="the envelope to be back")
+    assert list(client.lrange("dead_letter", 0, -1)) == before  # same place, same bytes, nothing nested
+    assert all(dlq_admin.get(e.id).id == e.id for e in entries())  # the index still finds every entry
+    assert_good_job_runs(poison_worker, poison_worker.pid)
+    assert queue_empty() and len(entries()) == 3
