@@ -16,8 +16,12 @@ from pipeline.config.settings import Settings
 from pipeline.constants import BEAT_KEY_PREFIX, ROUTES, WORK_QUEUES
 
 
-def _transport_class(broker_url: str) -> str:
-    """The broker transport, by the URL's scheme (redis, rediss, sentinel; several `;`-separated for failover)."""
+def worker_broker_transport(broker_url: str) -> str:
+    """`broker_transport` for a worker: kombu's Redis transport, extended so that bytes in a queue that are not
+    a message are dead-lettered instead of stopping the worker (`pipeline.dlq.transport`). Chosen by the URL's
+    scheme (redis, rediss, sentinel; the first of several `;`-separated URLs). Only workers set it
+    (`pipeline.runtime.worker`): other processes keep kombu's own, so their broker URI (Flower's broker
+    view reads it) stays `redis://...`."""
     sentinel = urlsplit(broker_url.split(";")[0]).scheme == "sentinel"
     return f"pipeline.dlq.transport:{'SentinelTransport' if sentinel else 'Transport'}"
 
@@ -62,9 +66,6 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "broker_url": settings.broker_url,
         "result_backend": settings.result_url,
-        # kombu's Redis transport, extended so that bytes in a queue that are not a message are
-        # dead-lettered instead of stopping the worker (`pipeline.dlq.transport`).
-        "broker_transport": _transport_class(settings.broker_url),
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
         "visibility_timeout": settings.visibility_timeout,

@@ -13,6 +13,8 @@
   for a message it cannot run and refuse it. `Worker.setup_queues` (after Celery applied `-Q`/`-X`,
   `celery/worker/worker.py: WorkController.setup_queues`) refuses to start instead: one line on
   stderr naming the queue, exit status 2.
+* The worker consumes through `pipeline.dlq.transport` (set in `on_before_init`, before any connection):
+  queue elements that are not messages are dead-lettered instead of stopping it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from celery import bootsteps
 from celery.apps.worker import Worker as CeleryWorker
 from celery.worker import state
 
+from pipeline.config import get_settings
+from pipeline.config.celery import worker_broker_transport
 from pipeline.constants import DEAD_LETTER_QUEUE
 
 #: Longest time the worker's event loop sleeps before it looks at a pending shutdown.
@@ -47,6 +51,11 @@ def refuse_dead_letter_queue(queues: Any) -> None:
 
 
 class Worker(CeleryWorker):
+    def on_before_init(self, quiet: bool = False, **kwargs: Any) -> None:
+        # Before the worker opens any connection: it consumes through `pipeline.dlq.transport`.
+        self.app.conf.broker_transport = worker_broker_transport(get_settings().broker_url)
+        super().on_before_init(quiet=quiet, **kwargs)
+
     def setup_queues(self, include: Any, exclude: Any = None) -> None:
         super().setup_queues(include, exclude)
         refuse_dead_letter_queue(self.app.amqp.queues.consume_from)
