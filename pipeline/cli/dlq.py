@@ -59,6 +59,8 @@ def show(
         typer.echo(f"{'payload:':12} {entry.payload if entry.payload is not None else entry.args}")
     if entry.body_preview:
         typer.echo(f"{'body:':12} {entry.body_preview[:500]}")
+    if entry.body_size is not None:
+        typer.echo(f"{'body size:':12} {entry.body_size} bytes, sha256 {entry.body_sha256}")
     if entry.traceback:
         typer.echo("traceback:\n" + entry.traceback)
 

@@ -15,6 +15,17 @@ from pipeline.config.beat import maintenance_entries
 from pipeline.config.settings import Settings
 from pipeline.constants import BEAT_KEY_PREFIX, ROUTES, WORK_QUEUES
 
+
+def worker_broker_transport(broker_url: str) -> str:
+    """`broker_transport` for a worker: kombu's Redis transport, extended so that bytes in a queue that are not
+    a message are dead-lettered instead of stopping the worker (`pipeline.dlq.transport`). Chosen by the URL's
+    scheme (redis, rediss, sentinel; the first of several `;`-separated URLs). Only workers set it
+    (`pipeline.runtime.worker`): other processes keep kombu's own, so their broker URI (Flower's broker
+    view reads it) stays `redis://...`."""
+    sentinel = urlsplit(broker_url.split(";")[0]).scheme == "sentinel"
+    return f"pipeline.dlq.transport:{'SentinelTransport' if sentinel else 'Transport'}"
+
+
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 
 

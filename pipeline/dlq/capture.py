@@ -9,12 +9,12 @@ from typing import Any
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.constants import HEADER_IDEMPOTENCY_KEY
+from pipeline.dlq import poison
 from pipeline.dlq.envelope import DeadLetter, Reason, exception_name, flush_spool, publish
 from pipeline.observability import payloads
 from pipeline.task import request_header
 
 log = logging.getLogger(__name__)
-PREVIEW_BYTES = 2048
 
 
 def _queue_for(task_name: str | None, delivery_info: dict[str, Any] | None) -> str | None:
@@ -51,17 +51,31 @@ def from_failure(task: Any, task_id: str | None, exc: BaseException | None, args
     )
 
 
+def _args_kwargs(args: Any, kwargs: Any) -> bool:
+    return isinstance(args, list) and isinstance(kwargs, dict)
+
+
 def _body_fields(message: Any) -> dict[str, Any]:
-    """Arguments from a JSON protocol-2 body; a preview of anything else. Never unpickles."""
-    body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
+    """Arguments from a JSON protocol-2 body; a bounded preview of anything else. Never unpickles.
+
+    A body over the worker's size limit is never decoded: the entry keeps its first bytes, size and sha256.
+    """
+    body = poison.body_bytes(message)
+    if len(body) > poison.body_limit(get_settings().max_payload_bytes):
+        return poison.bounded_body(body)
     if message.content_type == "application/json":
         try:
             decoded = json.loads(body)
         except ValueError:
             decoded = None
-        if isinstance(decoded, list) and len(decoded) >= 2:
+        if (
+            isinstance(decoded, list)
+            and len(decoded) >= 2
+            and isinstance(decoded[0], list)
+            and isinstance(decoded[1], dict)
+        ):
             return {"args": list(decoded[0]), "kwargs": dict(decoded[1]) or None}
-    return {"body_preview": body[:PREVIEW_BYTES].decode("utf-8", "replace")}
+    return {"body_preview": body[: poison.PREVIEW_BYTES].decode("utf-8", "replace")}
 
 
 def from_message(
@@ -75,6 +89,10 @@ def from_message(
     handled = payloads.refused_entry()
     if handled is not None:
         return handled or None
+    if poison.from_dead_letter_queue(message.delivery_info):
+        # An envelope is never dead-lettered again (it would nest, and the original entry would be gone).
+        log.error("a message from the dead-letter queue reached a refusal path; it is not dead-lettered again")
+        return None
     headers = message.headers if isinstance(message.headers, dict) else {}
     name = task_name or headers.get("task")
     if reason == "unknown_task":
@@ -93,6 +111,19 @@ def from_message(
             exception_message=exc_message,
             content_type=message.content_type,
             **_body_fields(message),
+        )
+    )
+
+
+def from_raw(raw: bytes, queue: str | None, exc: BaseException) -> str:
+    """A queue held bytes that are not a broker message at all (not JSON, or not kombu's envelope)."""
+    return publish(
+        DeadLetter(
+            reason="undecodable",
+            queue=queue,
+            exception_type=exception_name(exc),
+            exception_message=str(exc),
+            **poison.bounded_body(raw),
         )
     )
 

@@ -47,6 +47,8 @@ DLQ = Queue(
     DEAD_LETTER_QUEUE, Exchange(DEAD_LETTER_QUEUE, type="direct", durable=True), DEAD_LETTER_QUEUE, durable=True
 )
 TRACEBACK_LIMIT = 20_000
+#: Fields a foreign message fills (names, ids, error text) are cut to this many characters.
+TEXT_LIMIT = 2_000
 Reason = Literal["failed", "rejected", "unknown_task", "undecodable"]
 #: Pauses between attempts to write an envelope before it is spooled (a broker blip is not an outage).
 RETRY_PAUSES_S = (0.2, 0.7, 1.2)
@@ -86,6 +88,9 @@ class DeadLetter(BaseModel):
     content_type: str | None = None
     #: For a refused message: the start of its raw body, as text (it is never deserialised).
     body_preview: str | None = None
+    #: For a refused message whose body is kept only as a preview: its whole size and sha256.
+    body_size: int | None = None
+    body_sha256: str | None = None
     headers: dict[str, Any] = Field(default_factory=dict)
 
     @property
@@ -112,6 +117,9 @@ class DeadLetter(BaseModel):
         )
 
 
+_TEXT_FIELDS = ("task_name", "task_id", "queue", "exception_type", "exception_message", "content_type")
+
+
 def exception_name(exc: BaseException | None) -> str:
     if exc is None:
         return "UnknownMessage"
@@ -123,6 +131,9 @@ def publish(entry: DeadLetter) -> str:
     """Publish `entry` to the dead-letter queue (returns its id), or spool it to disk if the broker refuses."""
     if entry.traceback and len(entry.traceback) > TRACEBACK_LIMIT:
         entry = entry.model_copy(update={"traceback": "...\n" + entry.traceback[-TRACEBACK_LIMIT:]})
+    long = {f: v[:TEXT_LIMIT] for f in _TEXT_FIELDS if isinstance(v := getattr(entry, f), str) and len(v) > TEXT_LIMIT}
+    if long:
+        entry = entry.model_copy(update=long)
     body = entry.model_dump(mode="json")
     try:
         _send(body)

@@ -9,21 +9,57 @@
 * A shutdown signal only sets a flag that the event loop reads after its next poll, which sleeps up to a
   second when nothing is scheduled (Python retries an interrupted poll, PEP 475). `PromptShutdown` wakes
   the loop every WAKE_S seconds, so an idle worker, and `pipeline run` on Ctrl-C, stop within about 2 s.
+* A worker asked to consume the dead-letter queue (`-Q default,dead_letter`) would take every envelope
+  for a message it cannot run and refuse it. `Worker.setup_queues` (after Celery applied `-Q`/`-X`,
+  `celery/worker/worker.py: WorkController.setup_queues`) refuses to start instead: one line on
+  stderr naming the queue, exit status 2.
+* The worker consumes through `pipeline.dlq.transport` (set in `on_before_init`, before any connection):
+  queue elements that are not messages are dead-lettered instead of stopping it.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from celery import bootsteps
 from celery.apps.worker import Worker as CeleryWorker
 from celery.worker import state
 
+from pipeline.config import get_settings
+from pipeline.config.celery import worker_broker_transport
+from pipeline.constants import DEAD_LETTER_QUEUE
+
 #: Longest time the worker's event loop sleeps before it looks at a pending shutdown.
 WAKE_S = 0.25
 
 
+#: Exit status of a worker that refuses to start (a usage error, as for a bad setting).
+EX_REFUSED = 2
+
+
+def refuse_dead_letter_queue(queues: Any) -> None:
+    """Exit (status 2, one line on stderr) when `queues`, the names a worker would consume, hold the DLQ."""
+    if DEAD_LETTER_QUEUE in set(queues):
+        print(
+            f"pipeline: refusing to start: a worker never consumes the dead-letter queue {DEAD_LETTER_QUEUE!r}"
+            " (remove it from -Q; use `pipeline dlq` to list and replay its entries)",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(EX_REFUSED)
+
+
 class Worker(CeleryWorker):
+    def on_before_init(self, quiet: bool = False, **kwargs: Any) -> None:
+        # Before the worker opens any connection: it consumes through `pipeline.dlq.transport`.
+        self.app.conf.broker_transport = worker_broker_transport(get_settings().broker_url)
+        super().on_before_init(quiet=quiet, **kwargs)
+
+    def setup_queues(self, include: Any, exclude: Any = None) -> None:
+        super().setup_queues(include, exclude)
+        refuse_dead_letter_queue(self.app.amqp.queues.consume_from)
+
     def wait_for_soft_shutdown(self) -> Any:
         if not (state.active_requests or state.reserved_requests):
             return None

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from pipeline.config import load_settings
-from pipeline.config.celery import celery_conf
+from pipeline.config.celery import celery_conf, worker_broker_transport
 from pipeline.errors import ConfigError
 
 
@@ -25,6 +25,13 @@ def test_defaults_give_reliable_celery_conf() -> None:
     assert conf["result_expires"] > 0
     assert {q.name for q in conf["task_queues"]} == {"default", "email", "pdf", "transcode", "webhooks"}
     assert conf["task_routes"]["media.*"] == {"queue": "transcode"}
+
+
+def test_only_workers_consume_through_the_dead_lettering_transport() -> None:
+    assert "broker_transport" not in celery_conf(load_settings(redis_url="redis://localhost:6379/1"))
+    assert worker_broker_transport("rediss://:pw@redis.example:6380/0") == "pipeline.dlq.transport:Transport"
+    sentinels = "sentinel://s1:26379;sentinel://s2:26379"
+    assert worker_broker_transport(sentinels) == "pipeline.dlq.transport:SentinelTransport"
 
 
 def test_unset_redis_url_means_the_embedded_dev_redis() -> None:
