@@ -142,7 +142,8 @@ def beat_conf(settings: Settings) -> dict[str, Any]:
             options["sentinel_kwargs"] = {"password": settings.redis_sentinel_password.get_secret_value()}
     return {
         "beat_schedule": beat_schedule(settings),
-        "beat_scheduler": "redbeat.RedBeatScheduler",
+        # redbeat's scheduler, made to survive Redis outages (see pipeline/scheduling/beat.py).
+        "beat_scheduler": "pipeline.scheduling.beat:Scheduler",
         "beat_max_loop_interval": settings.beat_max_loop_interval,
         "redbeat_redis_url": url,
         "redbeat_redis_options": options,
