@@ -54,6 +54,9 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
     transport = _transport_options(settings)
     conf: dict[str, Any] = {
         "broker_url": settings.broker_url,
+        # kombu's Redis transport, made to survive a Redis restart under load (pipeline/runtime/transport.py).
+        "broker_transport": "pipeline.runtime.transport:"
+        + ("SentinelTransport" if settings.redis_sentinel_master else "Transport"),
         "result_backend": settings.result_url,
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
