@@ -86,16 +86,23 @@ def park(redis: RedisServer, key: str, countdowns: list[float]) -> list[str]:
     return [str(i) for i in json.loads(line[4:])]
 
 
-def test_beat_and_worker_survive_a_redis_restart(own_redis: RedisServer, make_worker: Any, work_dir: Path) -> None:
+def test_two_beats_and_a_worker_survive_a_redis_restart(
+    own_redis: RedisServer, make_worker: Any, work_dir: Path
+) -> None:
     key = uuid.uuid4().hex
     entry = f"test-tick-{key[:8]}"
     schedule = {entry: {"task": "test.tick", "every": EVERY, "payload": {"key": key}}}
     env = {"REDIS_URL": own_redis.url, **BEAT_ENV}
     worker = make_worker(f"beat-outage-{key[:6]}", env=env)
-    beat = Beat(f"outage-{key[:6]}", work_dir / "logs", {**env, "BEAT_SCHEDULE": json.dumps(schedule)}).start()
+    beat_env = {**env, "BEAT_SCHEDULE": json.dumps(schedule)}
+    beat = Beat(f"outage-a-{key[:6]}", work_dir / "logs", beat_env).start()
+    standby = Beat(f"outage-b-{key[:6]}", work_dir / "logs", beat_env)
     try:
-        beat_pid, worker_pid = beat.pid, worker.pid
+        wait_for(lambda: "beat: Acquired lock" in beat.log(), 30, 0.1, what="the first beat to take the lock")
+        standby.start()
+        beat_pid, standby_pid, worker_pid = beat.pid, standby.pid, worker.pid
         wait_for(lambda: len(ticks(own_redis, key)) >= 3, 30, 0.1, what="three ticks before the outage")
+        assert standby.sent(entry) == 0
 
         # Parked jobs: the first fall due during the outage, the rest after it.
         parked = park(own_redis, key, [3.0 + i for i in range(10)])
@@ -115,8 +122,9 @@ def test_beat_and_worker_survive_a_redis_restart(own_redis: RedisServer, make_wo
         wait_for(lambda: set(parked) <= set(done(own_redis, key)), 45, 0.1, what="every parked job to run")
 
         assert alive(beat.proc, beat_pid), f"beat exited:\n{beat.log()[-3000:]}"
+        assert alive(standby.proc, standby_pid), f"the standby beat exited:\n{standby.log()[-3000:]}"
         assert alive(worker.proc, worker_pid), f"worker exited:\n{worker.log()[-3000:]}"
-        assert "Redis error in a tick" in beat.log()  # it did see the outage
+        assert "Redis error in a tick" in beat.log() + standby.log()  # they did see the outage
         fired = ticks(own_redis, key)
         assert min(gaps(fired)) > EVERY / 2, f"a slot fired twice: gaps {gaps(fired)} (outage at {stopped_at})"
         assert not [t for t in fired if stopped_at + 0.5 < t < restarted_at], "a tick ran while Redis was down"
@@ -125,6 +133,7 @@ def test_beat_and_worker_survive_a_redis_restart(own_redis: RedisServer, make_wo
         assert own_redis.client().zcard(DELAYED_KEY) == 0
     finally:
         beat.stop()
+        standby.stop()
 
 
 def test_worker_survives_three_redis_restarts_under_load(own_redis: RedisServer, make_worker: Any) -> None:
