@@ -5,7 +5,8 @@
 metrics and their endpoint, logs, Sentry, the delayed-job releaser), the admission check of cluster-wide
 rate limits, Flower's authentication (`flower_auth`) and the worker process class (`worker`). The
 housekeeping tasks (`housekeeping`, `probe`) are task modules the worker imports by name. Producers (CLI,
-API) never install any of this.
+API) never install any of this; they share only the broker transport (`transport`), which kombu loads by
+name from `broker_transport` in every process.
 """
 
 from __future__ import annotations
