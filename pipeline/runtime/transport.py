@@ -25,6 +25,9 @@ The fix, in a `QoS`/`Channel` subclass:
   with kombu's own `restore_by_tag` (a WATCHed transaction on the `unacked` hash: a job that was acked,
   or restored by another worker's sweep, meanwhile is left alone). So nothing waits out the visibility
   timeout and nothing is restored twice.
+
+It relies on `worker_cancel_long_running_tasks_on_connection_loss` (set in `pipeline.config.celery`): a
+job still running when its connection dropped is terminated, so the restored copy never runs beside it.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ swallows it, leaving `scheduler.lock` None, and the next `tick` fails on `None.e
 
 `Scheduler` keeps redbeat's behaviour while Redis answers and adds:
 
+- a beat started while Redis is away waits for it (`setup_schedule` retried) instead of exiting;
 - a Redis error in a tick is logged and the tick is tried again `OUTAGE_RETRY_S` later: the process
   never exits because of the broker;
 - after an error the lease counts as lost; the next tick renews it if this beat still holds the lock,
@@ -48,6 +49,18 @@ class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no typ
 
     lock: Any = None
     _lease_until = 0.0
+
+    def setup_schedule(self) -> None:
+        """redbeat's, retried until Redis answers: a beat started during an outage waits instead of exiting
+        (and crash-looping under a supervisor)."""
+        while True:
+            try:
+                super().setup_schedule()
+            except _REDIS_DOWN as exc:
+                log.warning("beat: Redis unreachable at start, retrying in %.0fs: %r", OUTAGE_RETRY_S, exc)
+                time.sleep(OUTAGE_RETRY_S)
+            else:
+                return
 
     def tick(self, min: Any = min, **kwargs: Any) -> float:
         try:

@@ -136,6 +136,27 @@ def test_two_beats_and_a_worker_survive_a_redis_restart(
         standby.stop()
 
 
+def test_a_beat_started_while_redis_is_down_waits_for_it(
+    own_redis: RedisServer, make_worker: Any, work_dir: Path
+) -> None:
+    key = uuid.uuid4().hex
+    schedule = {f"test-tick-{key[:8]}": {"task": "test.tick", "every": EVERY, "payload": {"key": key}}}
+    env = {"REDIS_URL": own_redis.url, **BEAT_ENV}
+    own_redis.stop()
+    beat = Beat(f"down-at-start-{key[:6]}", work_dir / "logs", {**env, "BEAT_SCHEDULE": json.dumps(schedule)})
+    try:
+        beat.start()
+        pid = beat.pid
+        wait_for(lambda: "Redis unreachable at start" in beat.log(), 60, 0.1, what="beat to wait for Redis")
+        assert alive(beat.proc, pid), f"beat exited:\n{beat.log()[-3000:]}"
+        own_redis.start()
+        make_worker(f"down-at-start-{key[:6]}", env=env)
+        wait_for(lambda: len(ticks(own_redis, key)) >= 2, 30, 0.1, what="ticks once Redis is up")
+        assert alive(beat.proc, pid)
+    finally:
+        beat.stop()
+
+
 def test_worker_survives_three_redis_restarts_under_load(own_redis: RedisServer, make_worker: Any) -> None:
     """A producer sends ledger jobs all along; every job whose send returned runs, and the worker stays up."""
     key = uuid.uuid4().hex
