@@ -191,6 +191,7 @@ def test_worker_survives_three_redis_restarts_under_load(own_redis: RedisServer,
     finally:
         stop.set()
         thread.join(30)
+        producer.close()
     wait_for(lambda: set(sent) <= set(done(own_redis, key)), 60, 0.2, what="every acknowledged job to run")
     assert alive(worker.proc, worker_pid), f"worker exited:\n{worker.log()[-3000:]}"
     assert "Unrecoverable error" not in worker.log()
