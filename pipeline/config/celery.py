@@ -18,12 +18,13 @@ from pipeline.constants import BEAT_KEY_PREFIX, ROUTES, WORK_QUEUES
 
 def worker_broker_transport(broker_url: str) -> str:
     """`broker_transport` for a worker: kombu's Redis transport, extended so that bytes in a queue that are not
-    a message are dead-lettered instead of stopping the worker (`pipeline.dlq.transport`). Chosen by the URL's
+    a message are dead-lettered instead of stopping the worker (`pipeline.dlq.transport`) and so that it
+    survives a Redis restart under load (`pipeline.runtime.transport`). Chosen by the URL's
     scheme (redis, rediss, sentinel; the first of several `;`-separated URLs). Only workers set it
     (`pipeline.runtime.worker`): other processes keep kombu's own, so their broker URI (Flower's broker
     view reads it) stays `redis://...`."""
     sentinel = urlsplit(broker_url.split(";")[0]).scheme == "sentinel"
-    return f"pipeline.dlq.transport:{'SentinelTransport' if sentinel else 'Transport'}"
+    return f"pipeline.runtime.transport:{'SentinelTransport' if sentinel else 'Transport'}"
 
 
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
@@ -153,7 +154,8 @@ def beat_conf(settings: Settings) -> dict[str, Any]:
             options["sentinel_kwargs"] = {"password": settings.redis_sentinel_password.get_secret_value()}
     return {
         "beat_schedule": beat_schedule(settings),
-        "beat_scheduler": "redbeat.RedBeatScheduler",
+        # redbeat's scheduler, made to survive Redis outages (see pipeline/scheduling/beat.py).
+        "beat_scheduler": "pipeline.scheduling.beat:Scheduler",
         "beat_max_loop_interval": settings.beat_max_loop_interval,
         "redbeat_redis_url": url,
         "redbeat_redis_options": options,

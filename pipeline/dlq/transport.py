@@ -9,9 +9,8 @@ checks each popped element first; one that is not a message becomes a dead-lette
 `undecodable` (a bounded preview, its size and sha256, `pipeline.dlq.capture.from_raw`), and the
 worker goes on consuming.
 
-Workers select it (`pipeline.runtime.worker` sets `broker_transport` to the class path that
-`pipeline.config.celery.worker_broker_transport` gives: `Transport`, or `SentinelTransport` for a
-`sentinel://` broker URL); producers, beat and Flower keep kombu's own.
+Workers consume through `pipeline.runtime.transport`, which builds on these classes (and survives Redis
+restarts); producers, beat and Flower keep kombu's own.
 """
 
 from __future__ import annotations

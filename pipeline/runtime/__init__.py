@@ -4,8 +4,8 @@
 `pipeline.celery_app` plus, once per process, the signal handlers (`signals`: dead-letter capture,
 metrics and their endpoint, logs, Sentry, the delayed-job releaser), the admission check of cluster-wide
 rate limits, Flower's authentication (`flower_auth`) and the worker process class (`worker`). The
-housekeeping tasks (`housekeeping`, `probe`) are task modules the worker imports by name. Producers (CLI,
-API) never install any of this.
+housekeeping tasks (`housekeeping`, `probe`) are task modules the worker imports by name; the worker class
+selects the worker's Redis transport (`transport`). Producers (CLI, API) never install any of this.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@
   for a message it cannot run and refuse it. `Worker.setup_queues` (after Celery applied `-Q`/`-X`,
   `celery/worker/worker.py: WorkController.setup_queues`) refuses to start instead: one line on
   stderr naming the queue, exit status 2.
-* The worker consumes through `pipeline.dlq.transport` (set in `on_before_init`, before any connection):
-  queue elements that are not messages are dead-lettered instead of stopping it.
+* The worker consumes through `pipeline.runtime.transport` (set in `on_before_init`, before any connection):
+  queue elements that are not messages are dead-lettered instead of stopping it, and jobs a lost
+  connection left unacknowledged are put back when it reconnects.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def refuse_dead_letter_queue(queues: Any) -> None:
 
 class Worker(CeleryWorker):
     def on_before_init(self, quiet: bool = False, **kwargs: Any) -> None:
-        # Before the worker opens any connection: it consumes through `pipeline.dlq.transport`.
+        # Before the worker opens any connection: it consumes through `pipeline.runtime.transport`.
         self.app.conf.broker_transport = worker_broker_transport(get_settings().broker_url)
         super().on_before_init(quiet=quiet, **kwargs)
 

@@ -17,6 +17,8 @@ import threading
 import time
 from collections.abc import Iterator
 
+import redis
+
 from pipeline.broker import broker_redis
 from pipeline.config import get_settings
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
@@ -71,8 +73,10 @@ class Releaser:
             try:
                 if release_due() >= 500:
                     continue  # a backlog: keep draining without waiting
-            except Exception:  # Redis down or failing over: keep trying, the entries are safe in Redis
-                log.warning("releasing delayed jobs failed; retrying", exc_info=True)
+            except (redis.RedisError, OSError) as exc:  # Redis down or failing over: the entries are safe in it
+                log.warning("releasing delayed jobs failed, retrying in %ss: %r", interval, exc)
+            except Exception:  # anything else is a bug, but the thread must outlive it too
+                log.exception("releasing delayed jobs failed; retrying")
             self._stop.wait(interval)
 
 

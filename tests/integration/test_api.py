@@ -314,6 +314,8 @@ def test_broker_down_is_503_with_retry_after_then_jobs_flow_again(
     outage_api: tuple[RedisServer, ApiServer], make_worker: Callable[..., Worker]
 ) -> None:
     redis, api = outage_api
+    assert api.proc is not None
+    api_pid = api.proc.pid
     with api.client() as client:
         before = client.post("/jobs/probe", json={"message": "before"}).json()
         streamed: list[tuple[str, dict[str, Any]]] = []
@@ -349,6 +351,7 @@ def test_broker_down_is_503_with_retry_after_then_jobs_flow_again(
         assert after.status_code == 202, after.text
         keyed = client.post("/jobs/probe", json={}, headers={"Idempotency-Key": "outage-key"})
         assert keyed.status_code == 202  # the failed attempt did not keep the key
+        assert api.proc.pid == api_pid and api.proc.poll() is None  # the same process served throughout
 
         make_worker("outage", env={"REDIS_URL": redis.url})
         results = {

@@ -29,9 +29,9 @@ def test_defaults_give_reliable_celery_conf() -> None:
 
 def test_only_workers_consume_through_the_dead_lettering_transport() -> None:
     assert "broker_transport" not in celery_conf(load_settings(redis_url="redis://localhost:6379/1"))
-    assert worker_broker_transport("rediss://:pw@redis.example:6380/0") == "pipeline.dlq.transport:Transport"
+    assert worker_broker_transport("rediss://:pw@redis.example:6380/0") == "pipeline.runtime.transport:Transport"
     sentinels = "sentinel://s1:26379;sentinel://s2:26379"
-    assert worker_broker_transport(sentinels) == "pipeline.dlq.transport:SentinelTransport"
+    assert worker_broker_transport(sentinels) == "pipeline.runtime.transport:SentinelTransport"
 
 
 def test_unset_redis_url_means_the_embedded_dev_redis() -> None:

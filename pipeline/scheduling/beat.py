@@ -1,0 +1,141 @@
+"""Beat's scheduler: celery-redbeat's, made to survive a Redis outage instead of exiting.
+
+celery-redbeat 2.4 (`redbeat/schedulers.py`) renews its leader lock at the top of every
+`RedBeatScheduler.tick` with `self.lock.extend(...)`; the lock talks to Redis directly (not through
+redbeat's `RetryingConnection`), so the first tick of an outage raises `redis.ConnectionError` out of
+`tick`, out of Celery's `beat.Service.start` loop, and beat exits. With one Redis behind both HA
+replicas, both die together. A standby that was waiting in redbeat's `acquire_distributed_beat_lock`
+(`beat_init`) when Redis went away gets the error there instead: Celery's signal dispatch logs and
+swallows it, leaving `scheduler.lock` None, and the next `tick` fails on `None.extend`.
+
+`Scheduler` keeps redbeat's behaviour while Redis answers and adds:
+
+- a beat started while Redis is away waits for it (`setup_schedule` retried) instead of exiting;
+- a Redis error in a tick is logged and the tick is tried again `OUTAGE_RETRY_S` later: the process
+  never exits because of the broker;
+- after an error the lease counts as lost; the next tick renews it if this beat still holds the lock,
+  or takes it if it is free (the lease expired during the outage), or stands by if another beat took
+  it: a standby sends nothing and polls the lock every `max_interval`;
+- an entry is sent only while the lease this beat renewed is known to hold (its renewal began less
+  than `lock_timeout - LEASE_MARGIN_S` ago by this process's monotonic clock), so a beat that stalls
+  past its lease does not send what the new leader may already have sent;
+- a slot that fell due during the outage is sent once afterwards: its last run (redbeat's `reserve`,
+  written to Redis before the send) never advanced while Redis was away.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import redis
+from redbeat import RedBeatScheduler
+from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, get_redis
+from redis.exceptions import LockError
+
+log = logging.getLogger("celery.beat")
+
+#: Pause between ticks while Redis does not answer.
+OUTAGE_RETRY_S = 1.0
+#: An entry is not sent in the last this-many seconds of the lease (a tick's own Redis calls take time).
+LEASE_MARGIN_S = 1.0
+
+_REDIS_DOWN = (redis.RedisError, OSError)
+
+
+class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no type hints
+    """`redbeat.RedBeatScheduler` that logs and retries Redis errors and re-takes its lock after an outage."""
+
+    lock: Any = None
+    _lease_until = 0.0
+
+    def setup_schedule(self) -> None:
+        """redbeat's, retried until Redis answers: a beat started during an outage waits instead of exiting
+        (and crash-looping under a supervisor)."""
+        while True:
+            try:
+                super().setup_schedule()
+            except _REDIS_DOWN as exc:
+                log.warning("beat: Redis unreachable at start, retrying in %.0fs: %r", OUTAGE_RETRY_S, exc)
+                time.sleep(OUTAGE_RETRY_S)
+            else:
+                return
+
+    def tick(self, min: Any = min, **kwargs: Any) -> float:
+        try:
+            if self.lock_key and not self._hold_lock():
+                return float(self.max_interval)
+            return float(self._send_due(min))
+        except _REDIS_DOWN as exc:
+            self._lease_until = 0.0  # unknown whether the renewal reached Redis: assume the lease is gone
+            log.warning("beat: Redis error in a tick, retrying in %.0fs: %r", OUTAGE_RETRY_S, exc)
+            return float(min(OUTAGE_RETRY_S, self.max_interval))
+
+    def _send_due(self, min: Any) -> Any:
+        """redbeat's `tick` after the lock renewal (unchanged)."""
+        remaining_times = []
+        try:
+            for entry in self.schedule.values():
+                next_time_to_run = self.maybe_due(entry, **self._maybe_due_kwargs)
+                if next_time_to_run:
+                    remaining_times.append(next_time_to_run)
+        except RuntimeError:
+            log.debug("beat: RuntimeError", exc_info=True)
+        return min([*remaining_times, self.max_interval])
+
+    def maybe_due(self, entry: Any, **kwargs: Any) -> Any:
+        """redbeat's `maybe_due`, except that nothing is sent outside the lease and a Redis error ends the tick
+        (redbeat logs it per entry and goes on, each entry waiting out its own Redis retries)."""
+        is_due, next_time_to_run = entry.is_due()
+        if not is_due:
+            return next_time_to_run
+        if self.lock_key and time.monotonic() >= self._lease_until - LEASE_MARGIN_S:
+            log.warning("beat: lease about to expire; %s waits for the next tick", entry.name)
+            return min(OUTAGE_RETRY_S, self.max_interval)
+        log.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
+        try:
+            result = self.apply_async(entry, **kwargs)
+        except _REDIS_DOWN:
+            raise
+        except Exception as exc:
+            log.exception("Scheduler: Message Error: %s", exc)
+        else:
+            log.debug("Scheduler: %s sent. id->%s", entry.task, getattr(result, "id", None))
+        return next_time_to_run
+
+    def _hold_lock(self) -> bool:
+        """Renew the lease, or take the lock if it is free; False: another beat holds it (stand by)."""
+        if self.lock is None:
+            self.lock = self._new_lock()
+        started = time.monotonic()
+        if self.lock.local.token is not None:
+            try:
+                self.lock.extend(int(self.lock_timeout))
+            except LockError:  # expired during an outage or a stall, perhaps taken by another beat
+                log.warning("beat: Lost the lock; taking it again or standing by")
+                self.lock.local.token = None
+            else:
+                self._lease_until = started + self.lock_timeout
+                return True
+        if self.lock.acquire(blocking=False):
+            self._lease_until = started + self.lock_timeout
+            log.info("beat: Acquired lock")
+            return True
+        log.debug("beat: Another beat holds the lock; standing by")
+        return False
+
+    def _new_lock(self) -> Any:
+        """The lock as redbeat's `acquire_distributed_beat_lock` makes it (with its extend-to script)."""
+        client = get_redis(self.app)
+        lock = client.lock(self.lock_key, timeout=self.lock_timeout, sleep=self.max_interval)
+        lock.lua_extend = client.register_script(LUA_EXTEND_TO_SCRIPT)
+        return lock
+
+    def close(self) -> None:
+        """Release the lock if Redis answers; if not, it expires on its own after its lease."""
+        try:
+            super().close()
+        except _REDIS_DOWN as exc:
+            log.warning("beat: could not release the lock: %r", exc)
+            self.lock = None

@@ -1,0 +1,254 @@
+"""Redis stopped and restarted under beat, a worker and the exporter: every process stays up, nothing is lost,
+beat fires no slot twice, parked delayed jobs are released once.
+
+Each test runs its own redis-server (AOF on), stopped and started again on the same port by PID, so the
+session's Redis and worker never see the outage. Outages last a few seconds here; nothing in the code
+depends on their length.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from pipeline.constants import DELAYED_KEY
+from tests.support.beat import Beat
+from tests.support.procs import ROOT, RedisServer, wait_for
+from tests.support.scrape import scrape, try_scrape, value
+
+pytestmark = pytest.mark.faults
+
+OUTAGE_S = 5.0
+EVERY = 2.0
+BEAT_ENV = {"BEAT_LOCK_TIMEOUT": "3", "BEAT_MAX_LOOP_INTERVAL": "1"}
+
+
+@pytest.fixture
+def own_redis(work_dir: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own (AOF in its directory survives a restart on the same port)."""
+    server = RedisServer(work_dir / f"outage-redis-{uuid.uuid4().hex[:6]}").start()
+    yield server
+    server.stop()
+
+
+def outage(redis: RedisServer, seconds: float = OUTAGE_S) -> None:
+    redis.stop()
+    time.sleep(seconds)  # the outage itself, not a wait for an outcome
+    redis.start()
+
+
+def alive(proc: subprocess.Popen[bytes] | None, pid: int) -> bool:
+    return proc is not None and proc.pid == pid and proc.poll() is None
+
+
+def ticks(redis: RedisServer, key: str) -> list[float]:
+    return [float(x) for x in redis.client().lrange(f"test:tick:{key}", 0, -1)]
+
+
+def done(redis: RedisServer, key: str) -> list[str]:
+    return [x.decode() for x in redis.client().lrange(f"test:done:{key}", 0, -1)]
+
+
+def gaps(times: list[float]) -> list[float]:
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+def park(redis: RedisServer, key: str, countdowns: list[float]) -> list[str]:
+    """Enqueue ledger jobs with these countdowns through the pipeline's own `enqueue` (so they are parked)."""
+    code = (
+        "import json, sys\n"
+        "from tests.support.worker_app import ledger\n"
+        "ids = [ledger.enqueue({'key': sys.argv[1]}, countdown=float(c)) for c in sys.argv[2:]]\n"
+        "print('IDS ' + json.dumps(ids))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, key, *map(str, countdowns)],
+        cwd=ROOT,
+        env={**os.environ, "REDIS_URL": redis.url},
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    line = next(x for x in out.stdout.decode().splitlines() if x.startswith("IDS "))
+    return [str(i) for i in json.loads(line[4:])]
+
+
+def test_two_beats_and_a_worker_survive_a_redis_restart(
+    own_redis: RedisServer, make_worker: Any, work_dir: Path
+) -> None:
+    key = uuid.uuid4().hex
+    entry = f"test-tick-{key[:8]}"
+    schedule = {entry: {"task": "test.tick", "every": EVERY, "payload": {"key": key}}}
+    env = {"REDIS_URL": own_redis.url, **BEAT_ENV}
+    worker = make_worker(f"beat-outage-{key[:6]}", env=env)
+    beat_env = {**env, "BEAT_SCHEDULE": json.dumps(schedule)}
+    beat = Beat(f"outage-a-{key[:6]}", work_dir / "logs", beat_env).start()
+    standby = Beat(f"outage-b-{key[:6]}", work_dir / "logs", beat_env)
+    try:
+        wait_for(lambda: "beat: Acquired lock" in beat.log(), 30, 0.1, what="the first beat to take the lock")
+        standby.start()
+        beat_pid, standby_pid, worker_pid = beat.pid, standby.pid, worker.pid
+        wait_for(lambda: len(ticks(own_redis, key)) >= 3, 30, 0.1, what="three ticks before the outage")
+        assert standby.sent(entry) == 0
+
+        # Parked jobs: the first fall due during the outage, the rest after it.
+        parked = park(own_redis, key, [3.0 + i for i in range(10)])
+        assert own_redis.client().zcard(DELAYED_KEY) >= 5, "the jobs were parked, not published"
+        stopped_at = time.time()
+        outage(own_redis)
+        restarted_at = time.time()
+
+        wait_for(
+            lambda: [t for t in ticks(own_redis, key) if t > restarted_at][2:],
+            EVERY * 3 + 15,
+            0.1,
+            what="three ticks after the restart",
+        )
+        first_after = min(t for t in ticks(own_redis, key) if t > restarted_at)
+        assert first_after - restarted_at < 8, f"ticks resumed {first_after - restarted_at:.1f}s after the restart"
+        wait_for(lambda: set(parked) <= set(done(own_redis, key)), 45, 0.1, what="every parked job to run")
+
+        assert alive(beat.proc, beat_pid), f"beat exited:\n{beat.log()[-3000:]}"
+        assert alive(standby.proc, standby_pid), f"the standby beat exited:\n{standby.log()[-3000:]}"
+        assert alive(worker.proc, worker_pid), f"worker exited:\n{worker.log()[-3000:]}"
+        assert "Redis error in a tick" in beat.log() + standby.log()  # they did see the outage
+        fired = ticks(own_redis, key)
+        assert min(gaps(fired)) > EVERY / 2, f"a slot fired twice: gaps {gaps(fired)} (outage at {stopped_at})"
+        assert not [t for t in fired if stopped_at + 0.5 < t < restarted_at], "a tick ran while Redis was down"
+        runs = collections.Counter(done(own_redis, key))
+        assert {job: n for job, n in runs.items() if n != 1} == {}, "a parked job ran twice"
+        assert own_redis.client().zcard(DELAYED_KEY) == 0
+    finally:
+        beat.stop()
+        standby.stop()
+
+
+def test_a_beat_started_while_redis_is_down_waits_for_it(
+    own_redis: RedisServer, make_worker: Any, work_dir: Path
+) -> None:
+    key = uuid.uuid4().hex
+    schedule = {f"test-tick-{key[:8]}": {"task": "test.tick", "every": EVERY, "payload": {"key": key}}}
+    env = {"REDIS_URL": own_redis.url, **BEAT_ENV}
+    own_redis.stop()
+    beat = Beat(f"down-at-start-{key[:6]}", work_dir / "logs", {**env, "BEAT_SCHEDULE": json.dumps(schedule)})
+    try:
+        beat.start()
+        pid = beat.pid
+        wait_for(lambda: "Redis unreachable at start" in beat.log(), 60, 0.1, what="beat to wait for Redis")
+        assert alive(beat.proc, pid), f"beat exited:\n{beat.log()[-3000:]}"
+        own_redis.start()
+        make_worker(f"down-at-start-{key[:6]}", env=env)
+        wait_for(lambda: len(ticks(own_redis, key)) >= 2, 30, 0.1, what="ticks once Redis is up")
+        assert alive(beat.proc, pid)
+    finally:
+        beat.stop()
+
+
+def test_worker_survives_three_redis_restarts_under_load(own_redis: RedisServer, make_worker: Any) -> None:
+    """A producer sends ledger jobs all along; every job whose send returned runs, and the worker stays up."""
+    key = uuid.uuid4().hex
+    worker = make_worker(f"restarts-{key[:6]}", env={"REDIS_URL": own_redis.url}, concurrency=4)
+    worker_pid = worker.pid
+    producer = Celery("outage-producer", broker=own_redis.url, set_as_current=False)
+    producer.conf.update(task_serializer="json", broker_connection_retry_on_startup=True)
+    sent: list[str] = []
+    refused = 0
+    stop = threading.Event()
+
+    def produce() -> None:
+        nonlocal refused
+        while not stop.is_set():
+            try:
+                result = producer.send_task("test.ledger", args=[{"key": key, "sleep_s": 0.1}], queue="default")
+            except Exception:  # noqa: BLE001  # the broker is down: this job was not acknowledged to us
+                refused += 1
+                time.sleep(0.1)
+                continue
+            sent.append(str(result.id))
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    try:
+        for restart in range(4):
+            if restart:
+                outage(own_redis, 3.0)
+            target = len(done(own_redis, key)) + 20
+            wait_for(lambda: len(done(own_redis, key)) >= target, 30, 0.1, what=f"jobs after {restart} restarts")  # noqa: B023
+    finally:
+        stop.set()
+        thread.join(30)
+        producer.close()
+    wait_for(lambda: set(sent) <= set(done(own_redis, key)), 60, 0.2, what="every acknowledged job to run")
+    assert alive(worker.proc, worker_pid), f"worker exited:\n{worker.log()[-3000:]}"
+    assert "Unrecoverable error" not in worker.log()
+    runs = collections.Counter(done(own_redis, key))
+    twice = {job: n for job, n in runs.items() if n > 1}
+    print(f"sent {len(sent)}, refused {refused}, ran {len(runs)}, ran more than once {len(twice)}")
+
+
+def test_exporter_serves_through_an_outage_and_recovers(own_redis: RedisServer, work_dir: Path) -> None:
+    from tests.support.procs import free_port
+
+    port = free_port()
+    argv = [str(Path(sys.executable).parent / "pipeline"), "exporter", "--port", str(port), "--address", "127.0.0.1"]
+    with (work_dir / f"exporter-outage-{port}.log").open("wb") as log:
+        proc = subprocess.Popen(argv, env={**os.environ, "REDIS_URL": own_redis.url}, stdout=log, stderr=log)
+    try:
+        pid = proc.pid
+        up = wait_for(lambda: try_scrape(port), 20, 0.2, what="exporter /metrics")
+        assert isinstance(up, dict)
+        assert value(up, "pipeline_broker_up") == 1
+        own_redis.stop()
+        try:
+            down = scrape(port)  # 200: scrape() raises on an HTTP error
+            assert value(down, "pipeline_broker_up") == 0
+            assert value(down, "pipeline_queue_depth") is None  # no stale figures while Redis is away
+        finally:
+            own_redis.start()
+        wait_for(lambda: value(scrape(port), "pipeline_broker_up") == 1, 20, 0.2, what="pipeline_broker_up back to 1")
+        assert alive(proc, pid)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert proc.returncode == 0
+
+
+def test_a_channel_closed_after_its_connection_restores_on_the_next_one(own_redis: RedisServer) -> None:
+    """The crash a Redis restart under load caused: kombu closes the transport (`transport.client = None`)
+    before a channel still holding delivered jobs, whose restore then read `client.hostname`."""
+    from kombu import Connection, Exchange, Producer, Queue
+
+    from pipeline.runtime.transport import pending_restores
+
+    transport = "pipeline.runtime.transport:Transport"
+    name = f"outage-q-{uuid.uuid4().hex[:6]}"
+    queue = Queue(name, Exchange(name), routing_key=name)
+    client = own_redis.client()
+    with Connection(own_redis.url, transport=transport) as conn:
+        channel = conn.channel()
+        Producer(channel).publish({"n": 1}, exchange=queue.exchange, routing_key=name, declare=[queue])
+        assert queue(channel).get(no_ack=False) is not None
+        assert client.hlen("unacked") == 1 and client.llen(name) == 0
+        # What kombu's Connection.collect/_do_close_transport leave behind for a channel it did not close.
+        channel.connection.client = None
+        channel._disconnect_pools()
+        channel.close()  # kombu 5.7 alone: AttributeError: 'NoneType' object has no attribute 'hostname'
+        assert pending_restores() == 1
+    with Connection(own_redis.url, transport=transport) as conn:
+        conn.channel().qos.restore_visible(num=10, interval=1)  # the periodic sweep of the next connection
+    assert pending_restores() == 0
+    assert client.llen(name) == 1 and client.hlen("unacked") == 0
