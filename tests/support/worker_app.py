@@ -52,7 +52,8 @@ def _sleep_through_soft_limit(seconds: float) -> None:
 
 
 def ledger_client() -> redis.Redis:
-    return redis.Redis.from_url(get_settings().broker_url)
+    """The broker's Redis, or `TEST_LEDGER_URL` (a Redis the test does not stop) when set."""
+    return redis.Redis.from_url(os.environ.get("TEST_LEDGER_URL") or get_settings().broker_url)
 
 
 def attempts(key: str) -> list[dict[str, float]]:

@@ -1,0 +1,104 @@
+"""Jobs running while Redis goes away: each ends done exactly once (or dead-lettered with a reason), none lost.
+
+A worker subprocess runs ledger jobs of a few seconds on its own redis-server (AOF on); Redis is stopped while
+they run and started again on the same port ~10 s later. The test counts the jobs the producer was told were
+accepted against the jobs that completed (the ledger's `test:done:<key>` list), and looks at each job's
+attempts, stored result, the dead-letter queue and the `unacked` hash.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from pipeline.constants import DEAD_LETTER_QUEUE
+from tests.support.procs import RedisServer, wait_for
+
+pytestmark = pytest.mark.faults
+
+OUTAGE_S = 10.0
+JOB_S = 6.0
+JOBS = 3
+QUEUED = 2
+
+
+@pytest.fixture
+def own_redis(work_dir: Path) -> Iterator[RedisServer]:
+    """The broker and result backend of this test's worker: stopped and restarted (AOF on, same port)."""
+    server = RedisServer(work_dir / f"jobs-outage-redis-{uuid.uuid4().hex[:6]}").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def ledger_redis(work_dir: Path) -> Iterator[RedisServer]:
+    """Where the ledger jobs record their attempts and completions: never stopped, so the record is whole."""
+    server = RedisServer(work_dir / f"jobs-ledger-redis-{uuid.uuid4().hex[:6]}").start()
+    yield server
+    server.stop()
+
+
+def _done(ledger: RedisServer, key: str) -> list[str]:
+    return [x.decode() for x in ledger.client().lrange(f"test:done:{key}", 0, -1)]
+
+
+def _attempts(ledger: RedisServer, key: str) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in ledger.client().lrange(f"test:ledger:{key}", 0, -1)]
+
+
+def _settled(broker: RedisServer, ledger: RedisServer, key: str, sent: list[str]) -> bool:
+    """Every accepted job completed, and nothing is left that could run again: no queued or unacknowledged job."""
+    client = broker.client()
+    return set(sent) <= set(_done(ledger, key)) and client.hlen("unacked") == 0 and client.llen("default") == 0
+
+
+def test_jobs_running_through_an_outage_complete_once(
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any
+) -> None:
+    key = uuid.uuid4().hex
+    env = {"REDIS_URL": own_redis.url, "TEST_LEDGER_URL": ledger_redis.url}
+    worker = make_worker(f"jobs-outage-{key[:6]}", env=env, concurrency=JOBS)
+    worker_pid = worker.pid
+    producer = Celery("jobs-outage-producer", broker=own_redis.url, backend=own_redis.url, set_as_current=False)
+    producer.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
+    try:
+        # JOBS run when Redis goes away; QUEUED more wait for a free slot through the outage.
+        sent = [
+            str(producer.send_task("test.ledger", args=[{"key": key, "sleep_s": JOB_S}], queue="default").id)
+            for _ in range(JOBS + QUEUED)
+        ]
+        wait_for(lambda: len(_attempts(ledger_redis, key)) >= JOBS, 60, 0.1, what="the first jobs to start")
+        own_redis.stop()
+        time.sleep(OUTAGE_S)  # the outage itself, not a wait for an outcome
+        own_redis.start()
+        wait_for(lambda: _settled(own_redis, ledger_redis, key, sent), 120, 0.2, what="every accepted job to complete")
+
+        runs = collections.Counter(_done(ledger_redis, key))
+        dead = [
+            json.loads(base64.b64decode(json.loads(x)["body"]))
+            for x in own_redis.client().lrange(DEAD_LETTER_QUEUE, 0, -1)
+        ]
+        report = {
+            job: {
+                "attempts": sum(1 for a in _attempts(ledger_redis, key) if a["task_id"] == job),
+                "done": runs[job],
+                "state": producer.AsyncResult(job).state,
+                "dead": [(d["reason"], d["exception_type"]) for d in dead if d["task_id"] == job],
+            }
+            for job in sent
+        }
+        print(json.dumps(report, indent=1))
+        assert worker.proc is not None and worker.proc.pid == worker_pid and worker.proc.poll() is None
+        assert {job: r for job, r in report.items() if r["done"] != 1 or r["dead"]} == {}, report
+        assert {r["state"] for r in report.values()} == {"SUCCESS"}, report
+    finally:
+        producer.close()
