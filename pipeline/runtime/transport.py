@@ -27,6 +27,11 @@ The fix, in a `QoS`/`Channel` subclass:
   or restored by another worker's sweep, meanwhile is left alone). So nothing waits out the visibility
   timeout and nothing is restored twice.
 
+3. An acknowledgement made while Redis is away (a job that finished as the connection dropped) fails in
+   `QoS.ack` → `_remove_from_indices` before kombu forgets the delivery (`virtual.QoS.ack`), so the job
+   stays in `unacked`, is restored on reconnect and runs again. The fix remembers such an acknowledgement
+   (the job is done: it is not restored) and applies it on the next channel's sweep, before any restore.
+
 It relies on `worker_cancel_long_running_tasks_on_connection_loss` (set in `pipeline.config.celery`): a
 job still running when its connection dropped is terminated, so the restored copy never runs beside it.
 """
@@ -39,6 +44,7 @@ from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual as kombu_virtual
 
 from pipeline.dlq import transport as dead_lettering
 
@@ -47,11 +53,18 @@ log = logging.getLogger(__name__)
 #: Delivery tags whose restore failed because Redis was away: restored by the next channel's sweep.
 _pending: set[str] = set()
 _pending_lock = threading.Lock()
+#: Delivery tags acknowledged while Redis was away: removed from `unacked` by the next channel's sweep.
+_acked: set[str] = set()
 
 
 def pending_restores() -> int:
     with _pending_lock:
         return len(_pending)
+
+
+def pending_acks() -> int:
+    with _pending_lock:
+        return len(_acked)
 
 
 class QoS(kombu_redis.QoS):
@@ -60,8 +73,8 @@ class QoS(kombu_redis.QoS):
             return super().restore_unacked(client)
         except self._channel().connection_errors as exc:
             delivered = self._delivered
-            tags = list(delivered or ())
             with _pending_lock:
+                tags = [tag for tag in delivered or () if tag not in _acked]
                 _pending.update(tags)
             if delivered is not None:
                 delivered.clear()
@@ -74,12 +87,47 @@ class QoS(kombu_redis.QoS):
         return self.channel
 
     def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> Any:
+        self._apply_acks()  # first: a job acknowledged while Redis was away is done, never restored
         self._restore_pending()
         return super().restore_visible(start, num, interval)
 
+    def ack(self, delivery_tag: str) -> None:
+        try:
+            super().ack(delivery_tag)
+        except self._channel().connection_errors as exc:
+            self._remember_ack(delivery_tag, exc)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if not requeue:
+            self.ack(delivery_tag)  # kombu's reject without requeue is the same removal as ack
+            return
+        super().reject(delivery_tag, requeue=True)  # a failed requeue leaves it unacknowledged: restored later
+
+    def _remember_ack(self, delivery_tag: str, exc: BaseException) -> None:
+        with _pending_lock:
+            _acked.add(delivery_tag)
+            _pending.discard(delivery_tag)
+        kombu_virtual.QoS.ack(self, delivery_tag)  # forgotten here, so this channel's restore skips it
+        if self._delivered is not None:
+            self._flush()  # type: ignore[attr-defined]  # kombu virtual.QoS: drop acked tags from _delivered
+        log.warning("could not acknowledge a job now (%r); acknowledging it on reconnect", exc)
+
+    def _apply_acks(self) -> None:
+        with _pending_lock:
+            tags = list(_acked)
+        if not tags:
+            return
+        with self._channel().conn_or_acquire() as client:
+            for tag in tags:
+                remove = self._remove_from_indices  # type: ignore[attr-defined]  # kombu_redis.QoS, untyped
+                remove(tag, client.pipeline()).execute()  # a connection error leaves the rest for the next sweep
+                with _pending_lock:
+                    _acked.discard(tag)
+        log.info("applied %d acknowledgement(s) made while the broker was unreachable", len(tags))
+
     def _restore_pending(self) -> None:
         with _pending_lock:
-            tags = list(_pending)
+            tags = [tag for tag in _pending if tag not in _acked]
         if not tags:
             return
         with self._channel().conn_or_acquire() as client:
