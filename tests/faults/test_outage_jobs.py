@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from kombu import Connection, Exchange, Queue
 
 from pipeline.constants import DEAD_LETTER_QUEUE
+from pipeline.runtime import transport
 from tests.support.procs import RedisServer, wait_for
 
 pytestmark = pytest.mark.faults
@@ -102,3 +104,32 @@ def test_jobs_running_through_an_outage_complete_once(
         assert {r["state"] for r in report.values()} == {"SUCCESS"}, report
     finally:
         producer.close()
+
+
+def test_an_acknowledgement_made_while_redis_is_down_is_applied_on_reconnect(own_redis: RedisServer) -> None:
+    """A job that finished as the connection dropped is acknowledged once Redis is back, not delivered again;
+    the job beside it that was not acknowledged is put back on its queue."""
+    name = f"outage-acks-{uuid.uuid4().hex[:8]}"
+    queue = Queue(name, Exchange(name, "direct"), name)
+    with Connection(own_redis.url, transport=transport.Transport) as first:
+        channel = first.channel()
+        for body in ("finished", "interrupted"):
+            first.Producer(channel).publish({"job": body}, exchange=queue.exchange, routing_key=name, declare=[queue])
+        bound = queue(channel)
+        finished, interrupted = bound.get(no_ack=False), bound.get(no_ack=False)
+        assert finished is not None and interrupted is not None
+        assert own_redis.client().hlen("unacked") == 2
+
+        own_redis.stop()
+        finished.ack()  # no error: remembered
+        assert transport.pending_acks() == 1
+        first.close()  # what the worker does on a connection error: its restore fails while Redis is down
+        own_redis.start()
+
+    with Connection(own_redis.url, transport=transport.Transport) as second:
+        second.channel().qos.restore_visible(interval=1)  # the periodic sweep of the next connection
+        client = own_redis.client()
+        queued = [json.loads(base64.b64decode(json.loads(x)["body"])) for x in client.lrange(name, 0, -1)]
+        assert queued == [{"job": "interrupted"}], "the acknowledged job came back, or the other did not"
+        assert client.hlen("unacked") == 0
+        assert transport.pending_acks() == 0
