@@ -3,7 +3,8 @@
 `celery -A pipeline ...` resolves `pipeline.app` to `worker_app()`: the configured app from
 `pipeline.celery_app` plus, once per process, the signal handlers (`signals`: dead-letter capture,
 metrics and their endpoint, logs, Sentry, the delayed-job releaser), the admission check of cluster-wide
-rate limits, Flower's authentication (`flower_auth`) and the worker process class (`worker`). The
+rate limits, Flower's authentication (`flower_auth`), the worker process class (`worker`) and the stall
+watchdog (`stall`). The
 housekeeping tasks (`housekeeping`, `probe`) are task modules the worker imports by name; the worker class
 selects the worker's Redis transport (`transport`). Producers (CLI, API) never install any of this.
 """
@@ -14,6 +15,7 @@ from celery import Celery
 
 from pipeline.celery_app import get_app
 from pipeline.runtime import flower_auth, signals
+from pipeline.runtime.stall import StallWatchdog
 from pipeline.runtime.worker import PromptShutdown, Worker
 from pipeline.scheduling import ratelimit
 from pipeline.task import ADMISSION
@@ -40,4 +42,7 @@ def worker_app() -> Celery:
     # `celery worker` instantiates `app.Worker`: ours shuts down at once when idle (`worker.Worker`).
     app.Worker = app.subclass_with_self(Worker)  # type: ignore[misc]  # a cached property, settable
     app.steps["worker"].add(PromptShutdown)
+    # A heartbeat file the liveness probe reads: stale when the event loop stops, stalled when queued jobs
+    # wait and this worker fetches none (`stall`, `pipeline worker-health`).
+    app.steps["worker"].add(StallWatchdog)
     return app
