@@ -167,8 +167,8 @@ def exporter(
 @app.command("worker-health")
 def worker_health(
     node: Annotated[
-        str | None, typer.Option(help="Worker node name (default: celery@<this host>, Celery's own default).")
-    ] = None,
+        str, typer.Option(help="Worker node name as given to `celery worker -n` (`%h`: this host's name).")
+    ] = "celery@%h",
     as_json: JsonOpt = False,
 ) -> None:
     """Liveness of the worker on this host, from its heartbeat file: exit 0 when healthy, 1 and why otherwise."""
@@ -176,7 +176,7 @@ def worker_health(
 
     from pipeline.observability.health import check_heartbeat, health_path
 
-    path = health_path(get_settings().worker_health_dir, node or f"celery@{socket.gethostname()}")
+    path = health_path(get_settings().worker_health_dir, node.replace("%h", socket.gethostname()))
     verdict = check_heartbeat(path)
     if as_json:
         emit_json({"healthy": verdict.healthy, "reason": verdict.reason, "heartbeat": verdict.record})
