@@ -10,8 +10,10 @@ watches the outcome instead of the cause:
 * a hub timer (`celery/worker/components.py: Hub`; it runs on the event loop, so it stops when the loop
   stops) rewrites the node's heartbeat file (`pipeline.observability.health`) every few seconds: a loop that
   no longer turns leaves the file stale;
-* every fetched task (`task_received`, sent by `celery/worker/strategy.py: task_message_handler` in the
-  main process) records the time of the last fetch;
+* every message the consumer fetches records the time of the last fetch: the watchdog wraps the worker
+  consumer's `create_task_handler`, whose handler `celery/worker/loops.py: asynloop` installs as
+  `task_consumer.on_message` on every (re)connection, so refused and unknown messages count too (the
+  `task_received` signal is sent only for tasks Celery accepted);
 * a reader thread counts the ready jobs (LLEN over every priority sub-queue, `pipeline.broker.queue_keys`)
   of the queues the worker was started to consume plus those it consumes now; it runs off the loop, so a slow
   broker never blocks the worker.
@@ -33,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from celery import bootsteps, signals
+from celery import bootsteps
 
 from pipeline.broker import broker_redis, queue_keys
 from pipeline.config import get_settings
@@ -123,7 +125,7 @@ class StallWatchdog(bootsteps.StartStopStep):
         # The queues the worker was started for (-Q), before any `cancel_consumer` deselects one.
         self.expected = set(parent.app.amqp.queues.consume_from)
         self.reader.queues = tuple(sorted(self.expected))
-        signals.task_received.connect(self._on_received, weak=False)
+        self._count_fetches(parent.consumer)
         _ACTIVE.append(self)
         self.write(OK, None)
         self.reader.start()
@@ -133,7 +135,6 @@ class StallWatchdog(bootsteps.StartStopStep):
         )
 
     def stop(self, parent: Any) -> None:
-        signals.task_received.disconnect(self._on_received)
         self.reader.halt.set()
         if self in _ACTIVE:
             _ACTIVE.remove(self)
@@ -141,8 +142,20 @@ class StallWatchdog(bootsteps.StartStopStep):
         with contextlib.suppress(OSError):
             self.path.unlink()
 
-    def _on_received(self, sender: Any = None, **_: Any) -> None:
-        self.last_fetch = time.monotonic()
+    def _count_fetches(self, consumer: Any) -> None:
+        """Record the time of every fetched message, before the consumer's own handler sees it."""
+        create = consumer.create_task_handler
+
+        def create_task_handler(*args: Any, **kwargs: Any) -> Any:
+            handle = create(*args, **kwargs)
+
+            def on_task_received(message: Any) -> Any:
+                self.last_fetch = time.monotonic()
+                return handle(message)
+
+            return on_task_received
+
+        consumer.create_task_handler = create_task_handler
 
     def write(self, state: str, reason: str | None, stale_after: float | None = None) -> None:
         try:
@@ -175,7 +188,7 @@ class StallWatchdog(bootsteps.StartStopStep):
             jobs = ", ".join(f"{n} in {q}" for q, n in sorted(ready.items()))
             reason = (
                 f"queued jobs not fetched: {jobs} ready for {waited:.0f} s while this worker had room for more and"
-                f" fetched nothing (connected but not consuming{note}; STALL_TIMEOUT={self.timeout:g}s)"
+                f" fetched nothing (not consuming{note}; STALL_TIMEOUT={self.timeout:g}s)"
             )
             if self.state != STALLED:
                 logger.warning("worker stalled: %s", reason)

@@ -95,9 +95,10 @@ def test_a_frozen_worker_fails_with_a_stale_heartbeat_then_recovers(node: Any, m
     finish(ids)
 
 
-def test_a_worker_that_stops_consuming_while_jobs_wait_is_stalled(node: Any, make_worker: Any) -> None:
-    name = node("stall-cancel")
-    worker = make_worker(name, env=ENV, queues=QUEUE, concurrency=1)
+@pytest.mark.parametrize("pool", ["prefork", "threads"])  # the CPU and the I/O profiles
+def test_a_worker_that_stops_consuming_while_jobs_wait_is_stalled(node: Any, make_worker: Any, pool: str) -> None:
+    name = node(f"stall-cancel-{pool}")
+    worker = make_worker(name, env=ENV, queues=QUEUE, concurrency=1, pool=pool)
     wait_for(lambda: healthy(name), 10, 0.2, what="a healthy heartbeat")
     control, destination = get_app().control, [f"{name}@{socket.gethostname()}"]
     assert control.cancel_consumer(QUEUE, destination=destination, reply=True, timeout=5)
