@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ def health_path(directory: Path, node: str) -> Path:
 def write_heartbeat(path: Path, state: str, reason: str | None, stale_after: float, **extra: Any) -> None:
     """Replace the heartbeat file atomically (a probe never reads half a file)."""
     record = {"at": time.time(), "state": state, "reason": reason, "stale_after": stale_after, **extra}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # one per writer
     tmp.write_text(json.dumps(record))
     os.replace(tmp, path)
 

@@ -22,8 +22,10 @@ While those queues hold ready jobs, the consumer's channel has room (`QoS.can_co
 messages than the prefetch limit) and nothing was fetched, for STALL_TIMEOUT seconds on end, the heartbeat is
 marked `stalled` with the reason and a WARNING line says why; the first fetch clears it. A queue the worker
 stopped consuming (`cancel_consumer`) while jobs wait on it counts as a stall: the worker was deployed for it.
-When Redis cannot be read, nothing is judged (the worker could not fetch either). The solo pool runs jobs on
-the event loop, so its heartbeat goes stale during a job longer than STALL_TIMEOUT: use threads or prefork.
+When Redis cannot be read, nothing is judged (the worker could not fetch either) and the reader thread
+keeps the heartbeat fresh, since the consumer reconnects outside the event loop: an outage restarts no
+worker. The solo pool runs jobs on the event loop, so its heartbeat goes stale during a job longer than
+STALL_TIMEOUT: use threads or prefork.
 """
 
 from __future__ import annotations
@@ -32,9 +34,12 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import redis
 from celery import bootsteps
 
 from pipeline.broker import broker_redis, queue_keys
@@ -42,6 +47,9 @@ from pipeline.config import get_settings
 from pipeline.observability.health import OK, STALLED, STOPPING, health_path, write_heartbeat
 
 logger = logging.getLogger(__name__)
+
+#: Longest wait for one read of the queues' lengths (connect or answer).
+READ_TIMEOUT_S = 2.0
 
 #: Watchdogs running in this process (one per worker node), so a shutdown can mark them stopping.
 _ACTIVE: list[StallWatchdog] = []
@@ -60,33 +68,70 @@ def mark_stopping(shutdown_timeout: float) -> None:
 
 
 class _DepthReader(threading.Thread):
-    """Counts the ready jobs of `queues` every `interval` seconds, off the event loop."""
+    """Counts the ready jobs of `queues` every `interval` seconds, off the event loop.
 
-    def __init__(self, interval: float) -> None:
+    While Redis cannot be read it calls `on_unreadable` each time: the consumer is then reconnecting, which
+    Celery does outside the event loop (`celery/worker/consumer/consumer.py: Consumer.start` restarts the
+    blueprint, whose `Connection` step blocks in `ensure_connected`), so the loop's heartbeat would go stale
+    although nothing is stuck.
+    """
+
+    def __init__(self, interval: float, on_unreadable: Callable[[str], None]) -> None:
         super().__init__(name="pipeline-stall-reader", daemon=True)
         self.interval = interval
+        self.on_unreadable = on_unreadable
+        self.client = _direct_client()
         self.queues: tuple[str, ...] = ()
         #: Ready jobs per queue at `read_at` (monotonic); None while Redis cannot be read.
         self.depths: dict[str, int] | None = None
         self.read_at = 0.0
         self.halt = threading.Event()
 
+    def _lengths(self, queues: tuple[str, ...]) -> list[int]:
+        keys = [key for queue in queues for key in queue_keys(queue)]
+        if self.client is None:  # Sentinel: the app's pool (it waits for Redis when it is down)
+            with broker_redis() as client:
+                return [int(n) for n in _llen(client, keys)]
+        return [int(n) for n in _llen(self.client, keys)]
+
     def run(self) -> None:
         while not self.halt.is_set():
             queues = self.queues
             try:
-                with broker_redis() as client:
-                    pipe = client.pipeline(transaction=False)
-                    for queue in queues:
-                        for key in queue_keys(queue):
-                            pipe.llen(key)
-                    lengths = pipe.execute()
-                steps = len(lengths) // len(queues) if queues else 0
+                lengths = self._lengths(queues)
+                steps = len(lengths) // len(queues) if queues else 0  # one key per priority step
                 self.depths = {q: sum(lengths[i * steps : (i + 1) * steps]) for i, q in enumerate(queues)}
                 self.read_at = time.monotonic()
-            except Exception:  # noqa: BLE001  # Redis down or failing over: nothing to judge until it is back
+            except Exception as exc:  # noqa: BLE001  # Redis down or failing over: nothing to judge until it is back
                 self.depths = None
+                self.on_unreadable(f"{type(exc).__name__}: {exc}")
             self.halt.wait(self.interval)
+
+
+def _direct_client() -> redis.Redis | None:
+    """A client of its own on the broker with short timeouts, so a read fails fast while Redis is down.
+
+    The app's pool (`pipeline.broker.broker_redis`) connects through kombu's `Connection.default_channel`,
+    which retries as long as `broker_connection_max_retries` allows (forever); the reader must not wait
+    that long. None for Sentinel URLs, which go through the pool.
+    """
+    settings = get_settings()
+    url = settings.broker_url
+    if urlsplit(url.split(";")[0]).scheme == "sentinel":
+        return None
+    options: dict[str, Any] = {"socket_timeout": READ_TIMEOUT_S, "socket_connect_timeout": READ_TIMEOUT_S}
+    if url.startswith("rediss://"):
+        options["ssl_cert_reqs"] = settings.redis_tls_cert_reqs
+        if settings.redis_tls_ca_file is not None:
+            options["ssl_ca_certs"] = str(settings.redis_tls_ca_file)
+    return redis.Redis.from_url(url, **options)
+
+
+def _llen(client: redis.Redis, keys: list[str]) -> list[Any]:
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.llen(key)
+    return list(pipe.execute())
 
 
 def _can_consume(consumer: Any) -> tuple[bool, str]:
@@ -118,7 +163,7 @@ class StallWatchdog(bootsteps.StartStopStep):
         self.blocked_since: float | None = None
         self.state = OK
         self.stopping = False
-        self.reader = _DepthReader(self.interval)
+        self.reader = _DepthReader(self.interval, self._broker_unreadable)
         self._write_failed = False
 
     def start(self, parent: Any) -> None:
@@ -136,11 +181,20 @@ class StallWatchdog(bootsteps.StartStopStep):
 
     def stop(self, parent: Any) -> None:
         self.reader.halt.set()
+        if self.reader.client is not None:
+            self.reader.client.close()
         if self in _ACTIVE:
             _ACTIVE.remove(self)
         # A worker that stopped has no heartbeat (a probe of the next one must not read this one's file).
         with contextlib.suppress(OSError):
             self.path.unlink()
+
+    def _broker_unreadable(self, error: str) -> None:
+        """From the reader thread: Redis is down, the worker waits for it (alive, not stalled)."""
+        if not self.stopping:
+            self.state = OK
+            self.blocked_since = None
+            self.write(OK, f"broker unreadable, waiting for it: {error[:200]}")
 
     def _count_fetches(self, consumer: Any) -> None:
         """Record the time of every fetched message, before the consumer's own handler sees it."""

@@ -7,10 +7,14 @@ their jobs; the probe is the real command, reading the heartbeat file the worker
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import socket
 import subprocess
+import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +23,7 @@ from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.observability.health import health_path
 from tests.support.cli import run_cli
-from tests.support.procs import wait_for
+from tests.support.procs import RedisServer, wait_for
 from tests.support.worker_app import ledger, ledger_client
 
 pytestmark = pytest.mark.faults
@@ -46,6 +50,10 @@ def node() -> Iterator[Any]:
 
 def probe(name: str) -> subprocess.CompletedProcess[str]:
     return run_cli("worker-health", "--node", f"{name}@{socket.gethostname()}")
+
+
+def probe_json(name: str) -> str:
+    return run_cli("worker-health", "--node", f"{name}@{socket.gethostname()}", "--json").stdout
 
 
 def healthy(name: str) -> bool:
@@ -110,3 +118,23 @@ def test_a_worker_that_stops_consuming_while_jobs_wait_is_stalled(node: Any, mak
     finish(ids)
     wait_for(lambda: healthy(name), 10, 0.2, what="healthy again after add_consumer")
     wait_for(lambda: "worker consuming again" in worker.log(), 5, what="the recovery line")
+
+
+def test_a_redis_outage_longer_than_the_timeout_restarts_no_worker(node: Any, make_worker: Any, work_dir: Path) -> None:
+    """The consumer reconnects outside the event loop; the watchdog's reader keeps the heartbeat fresh meanwhile."""
+    redis = RedisServer(work_dir / f"stall-redis-{uuid.uuid4().hex[:6]}").start()
+    try:
+        name = node("stall-outage")
+        make_worker(name, env={**ENV, "REDIS_URL": redis.url}, queues=QUEUE, concurrency=1)
+        wait_for(lambda: healthy(name), 10, 0.2, what="a healthy heartbeat")
+        redis.stop()
+        deadline = time.monotonic() + 3 * 3  # three times STALL_TIMEOUT
+        while time.monotonic() < deadline:
+            result = probe(name)
+            assert result.returncode == 0, result.stderr
+            time.sleep(0.5)
+        assert "broker unreadable" in json.dumps(json.loads(probe_json(name))["heartbeat"])
+        redis.start()
+        wait_for(lambda: healthy(name) and "broker unreadable" not in probe_json(name), 30, 0.3, what="back to ok")
+    finally:
+        redis.stop()
