@@ -189,6 +189,10 @@ class StallWatchdog(bootsteps.StartStopStep):
         with contextlib.suppress(OSError):
             self.path.unlink()
 
+    def terminate(self, parent: Any) -> None:
+        # A cold shutdown terminates steps instead of stopping them (`celery/bootsteps.py: StartStopStep.terminate`).
+        self.stop(parent)
+
     def _broker_unreadable(self, error: str) -> None:
         """From the reader thread: Redis is down, the worker waits for it (alive, not stalled)."""
         if not self.stopping:

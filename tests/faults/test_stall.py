@@ -24,7 +24,7 @@ from pipeline.config import get_settings
 from pipeline.observability.health import health_path
 from tests.support.cli import run_cli
 from tests.support.procs import RedisServer, wait_for
-from tests.support.worker_app import ledger, ledger_client
+from tests.support.worker_app import attempts, ledger, ledger_client
 
 pytestmark = pytest.mark.faults
 QUEUE = "stall"
@@ -138,3 +138,23 @@ def test_a_redis_outage_longer_than_the_timeout_restarts_no_worker(node: Any, ma
         wait_for(lambda: healthy(name) and "broker unreadable" not in probe_json(name), 30, 0.3, what="back to ok")
     finally:
         redis.stop()
+
+
+def test_a_soft_shutdown_reports_stopping_not_a_stale_heartbeat(node: Any, make_worker: Any) -> None:
+    """The soft shutdown blocks the event loop on purpose (in the signal handler): the probe stays healthy."""
+    name, key = node("stall-stopping"), f"stopping-{uuid.uuid4().hex[:6]}"
+    worker = make_worker(name, env={**ENV, "WORKER_SOFT_SHUTDOWN_TIMEOUT": "8"}, queues=QUEUE, concurrency=1)
+    wait_for(lambda: healthy(name), 10, 0.2, what="a healthy heartbeat")
+    ledger.task.apply_async(({"key": key, "sleep_s": 30, "sleep_once": True},), queue=QUEUE)
+    wait_for(lambda: attempts(key), 15, 0.1, what="the job to start")
+    worker.send_signal(signal.SIGTERM)
+    wait_for(lambda: '"stopping"' in probe_json(name), 5, 0.2, what="the stopping heartbeat")
+
+    def heartbeat_older_than_the_timeout() -> bool:
+        verdict = json.loads(probe_json(name))
+        assert verdict["healthy"], verdict
+        return bool(time.time() - verdict["heartbeat"]["at"] > 3.5)
+
+    wait_for(heartbeat_older_than_the_timeout, 8, 0.3, what="a heartbeat older than STALL_TIMEOUT, still healthy")
+    worker.wait(30)
+    assert "no heartbeat file" in probe(name).stderr  # a worker that stopped removes its file
