@@ -164,6 +164,30 @@ def exporter(
     run_exporter(port or get_settings().exporter_port, address, queue or list(WORK_QUEUES))
 
 
+@app.command("worker-health")
+def worker_health(
+    node: Annotated[
+        str, typer.Option(help="Worker node name as given to `celery worker -n` (`%h`: this host's name).")
+    ] = "celery@%h",
+    as_json: JsonOpt = False,
+) -> None:
+    """Liveness of the worker on this host, from its heartbeat file: exit 0 when healthy, 1 and why otherwise."""
+    import socket
+
+    from pipeline.observability.health import check_heartbeat, health_path
+
+    path = health_path(get_settings().worker_health_dir, node.replace("%h", socket.gethostname()))
+    verdict = check_heartbeat(path)
+    if as_json:
+        emit_json({"healthy": verdict.healthy, "reason": verdict.reason, "heartbeat": verdict.record})
+    elif verdict.healthy:
+        typer.echo(verdict.reason)
+    else:
+        typer.echo(f"unhealthy: {verdict.reason}", err=True)
+    if not verdict.healthy:
+        raise typer.Exit(1)
+
+
 @app.command()
 def kinds(as_json: JsonOpt = False) -> None:
     """List the job kinds `enqueue` accepts, with their task names and queues."""

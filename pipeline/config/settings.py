@@ -115,6 +115,11 @@ class Settings(BaseSettings):
     worker_max_memory_per_child: int | None = Field(default=None, ge=1024)
     #: Read by Celery itself before any app code runs; recorded here so the worker can warn when it is missing.
     remap_sigterm: str | None = None
+    #: A worker whose queues hold ready jobs it has room for, and that fetched none for this long, is stalled
+    #: (its liveness probe fails); its heartbeat file also goes stale after it. Seconds.
+    stall_timeout: float = Field(default=60.0, ge=1, le=3600)
+    #: Where each worker node writes its heartbeat file (`pipeline worker-health` reads it).
+    worker_health_dir: Path = Path("/tmp")  # noqa: S108  # the image's only writable directory
 
     # --- Dead-letter queue ----------------------------------------------------------------------
     dlq_max_age: int = Field(default=7 * 86400, ge=60)

@@ -3,8 +3,9 @@
 `celery -A pipeline ...` resolves `pipeline.app` to `worker_app()`: the configured app from
 `pipeline.celery_app` plus, once per process, the signal handlers (`signals`: dead-letter capture,
 metrics and their endpoint, logs, Sentry, the delayed-job releaser), the admission check of cluster-wide
-rate limits, Flower's authentication (`flower_auth`), the worker process class (`worker`) and the job
-request class (`request`: a job cancelled by a lost connection goes back to its queue). The
+rate limits, Flower's authentication (`flower_auth`), the worker process class (`worker`), the job
+request class (`request`: a job cancelled by a lost connection goes back to its queue) and the stall
+watchdog (`stall`). The
 housekeeping tasks (`housekeeping`, `probe`) are task modules the worker imports by name; the worker class
 selects the worker's Redis transport (`transport`). Producers (CLI, API) never install any of this.
 """
@@ -16,6 +17,7 @@ from celery import Celery
 from pipeline.celery_app import get_app
 from pipeline.runtime import flower_auth, signals
 from pipeline.runtime.request import REQUEST_CLASS
+from pipeline.runtime.stall import StallWatchdog
 from pipeline.runtime.worker import PromptShutdown, Worker
 from pipeline.scheduling import ratelimit
 from pipeline.task import ADMISSION, PipelineTask
@@ -45,4 +47,7 @@ def worker_app() -> Celery:
     # A job cancelled by a lost broker connection goes back to its queue, never acknowledged (`request`).
     PipelineTask.Request = REQUEST_CLASS
     app.Task.Request = REQUEST_CLASS
+    # A heartbeat file the liveness probe reads: stale when the event loop stops, stalled when queued jobs
+    # wait and this worker fetches none (`stall`, `pipeline worker-health`).
+    app.steps["worker"].add(StallWatchdog)
     return app

@@ -30,6 +30,7 @@ from celery.worker import state
 from pipeline.config import get_settings
 from pipeline.config.celery import worker_broker_transport
 from pipeline.constants import DEAD_LETTER_QUEUE
+from pipeline.runtime.stall import mark_stopping
 
 #: Longest time the worker's event loop sleeps before it looks at a pending shutdown.
 WAKE_S = 0.25
@@ -64,6 +65,8 @@ class Worker(CeleryWorker):
     def wait_for_soft_shutdown(self) -> Any:
         if not (state.active_requests or state.reserved_requests):
             return None
+        # The soft shutdown sleeps in the signal handler, so the event loop (and the heartbeat) stops meanwhile.
+        mark_stopping(float(self.app.conf.worker_soft_shutdown_timeout or 0))
         return super().wait_for_soft_shutdown()
 
 

@@ -255,3 +255,26 @@ def test_workers_grace_periods_pdbs_and_autoscaling() -> None:
             assert spec["minReplicaCount"] >= 1, f"{queue}: never scale a long-task queue to zero"
     assert consumed >= {"default", "email", "pdf", "transcode", "webhooks"}
     assert "beat" in pdbs
+
+
+def _node_prefix(script: str) -> str:
+    """The node name prefix a worker start script gives `celery worker -n` (`io` for `-n io@%h`)."""
+    match = re.search(r" -n (\S+)@%h ", (DOCKER / script).read_text())
+    assert match, f"{script} names no node"
+    return match.group(1)
+
+
+def test_workers_liveness_is_the_stall_watchdog_probe_of_their_own_node() -> None:
+    for _, doc in manifests():
+        if doc["kind"] != "Deployment" or not doc["metadata"]["name"].startswith("worker-"):
+            continue
+        container = doc["spec"]["template"]["spec"]["containers"][0]
+        probe = container["livenessProbe"]
+        node = f"{_node_prefix(container['command'][0])}@%h"
+        assert probe["exec"]["command"] == ["pipeline", "worker-health", "--node", node], doc["metadata"]["name"]
+        # Probes several times per failure window, and tolerates a slow interpreter start.
+        assert probe["timeoutSeconds"] >= 5 and probe["failureThreshold"] >= 2
+    services = compose()["services"]
+    for name in ("worker-io", "worker-cpu"):
+        node = f"{_node_prefix(services[name]['command'][0])}@%h"
+        assert services[name]["healthcheck"]["test"] == ["CMD", "pipeline", "worker-health", "--node", node]
