@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +33,6 @@ pytestmark = pytest.mark.faults
 OUTAGE_S = 5.0
 EVERY = 2.0
 BEAT_ENV = {"BEAT_LOCK_TIMEOUT": "3", "BEAT_MAX_LOOP_INTERVAL": "1"}
-
-
-@pytest.fixture
-def own_redis(work_dir: Path) -> Iterator[RedisServer]:
-    """A redis-server of this test's own (AOF in its directory survives a restart on the same port)."""
-    server = RedisServer(work_dir / f"outage-redis-{uuid.uuid4().hex[:6]}").start()
-    yield server
-    server.stop()
 
 
 def outage(redis: RedisServer, seconds: float = OUTAGE_S) -> None:
@@ -155,14 +146,6 @@ def test_a_beat_started_while_redis_is_down_waits_for_it(
         assert alive(beat.proc, pid)
     finally:
         beat.stop()
-
-
-@pytest.fixture
-def ledger_redis(work_dir: Path) -> Iterator[RedisServer]:
-    """Where ledger jobs record completions: a Redis never stopped, so the record is whole."""
-    server = RedisServer(work_dir / f"restarts-ledger-{uuid.uuid4().hex[:6]}").start()
-    yield server
-    server.stop()
 
 
 #: Restarts, and pool processes of the worker, in the test below.

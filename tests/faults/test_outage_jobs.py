@@ -13,8 +13,6 @@ import collections
 import json
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,22 +29,6 @@ OUTAGE_S = 10.0
 JOB_S = 6.0
 JOBS = 3
 QUEUED = 2
-
-
-@pytest.fixture
-def own_redis(work_dir: Path) -> Iterator[RedisServer]:
-    """The broker and result backend of this test's worker: stopped and restarted (AOF on, same port)."""
-    server = RedisServer(work_dir / f"jobs-outage-redis-{uuid.uuid4().hex[:6]}").start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def ledger_redis(work_dir: Path) -> Iterator[RedisServer]:
-    """Where the ledger jobs record their attempts and completions: never stopped, so the record is whole."""
-    server = RedisServer(work_dir / f"jobs-ledger-redis-{uuid.uuid4().hex[:6]}").start()
-    yield server
-    server.stop()
 
 
 def _done(ledger: RedisServer, key: str) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import ROOT, RedisServer, Worker, free_port, wait_for
+from tests.support.procs import ROOT, RedisServer, Worker, free_port, stop_process, wait_for
 from tests.support.prometheus import PrometheusServer, instant_rules
 
 pytestmark = pytest.mark.integration
@@ -74,13 +74,7 @@ def stack(work_dir: Path) -> Iterator[Stack]:
         yield Stack(env, prometheus)
     finally:
         worker.stop()
-        if exporter is not None:
-            exporter.terminate()
-            try:
-                exporter.wait(10)
-            except subprocess.TimeoutExpired:
-                exporter.kill()
-                exporter.wait(5)
+        stop_process(exporter)
         prometheus.stop()
         redis.stop()
 

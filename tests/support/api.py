@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from tests.support.procs import ROOT, free_port, wait_for
+from tests.support.procs import ROOT, free_port, stop_process, wait_for
 
 TERMINAL = {"succeeded", "dead_lettered", "failed", "unknown"}
 
@@ -78,15 +78,7 @@ class ApiServer:
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, 15)
         self.proc = None
 
 

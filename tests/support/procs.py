@@ -43,6 +43,18 @@ def wait_for(
         time.sleep(interval)
 
 
+def stop_process(proc: subprocess.Popen[bytes] | None, timeout: float = 10) -> None:
+    """SIGTERM `proc` and wait; SIGKILL it if it outlives `timeout` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 class RedisServer:
     """redis-server on a free loopback port with AOF under `directory`."""
 
@@ -90,13 +102,7 @@ class RedisServer:
         return self
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
         self.proc = None
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.procs import free_port, wait_for
+from tests.support.procs import free_port, stop_process, wait_for
 
 
 def instant_rules(source: Path, target: Path) -> Path:
@@ -103,11 +103,5 @@ class PrometheusServer:
         return [a["labels"] for a in self.api("alerts")["alerts"] if a["state"] == state]
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
         self.proc = None
