@@ -29,10 +29,10 @@ from celery.result import AsyncResult
 from celery.utils.time import rate as per_second
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from pipeline import idempotency, publish
+from pipeline import publish
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
-from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT, HEADER_RATE_SLOT, TASK_MODULES
+from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_RATE_SLOT, TASK_MODULES
 from pipeline.errors import PayloadInvalid, PermanentError
 from pipeline.producer import write
 from pipeline.retry import RetryPolicy
@@ -264,15 +264,10 @@ class TypedTask(Generic[P, R]):
         so any delay is safe beyond the visibility timeout.
         """
         _, data, text = self._checked(payload)
-        headers: dict[str, Any] = {HEADER_PUBLISHED_AT: time.time()}
-        with idempotency.claim(self.name, idempotency_key) as claim:
-            if claim.existing_id is not None:
-                return claim.existing_id
-            if idempotency_key:
-                headers[HEADER_IDEMPOTENCY_KEY] = idempotency_key
-            due = due_time(countdown, eta)
-            write.enqueue_one(self.name, self.queue, self._send, claim.task_id, data, text, headers, due)
-            return claim.task_id
+        due = due_time(countdown, eta)
+        return write.enqueue_one(
+            self.name, self.queue, self._send, data, text, due=due, idempotency_key=idempotency_key
+        )
 
     def enqueue_many(self, payloads: Iterable[P | Mapping[str, Any]]) -> list[str]:
         """Validate every payload, then publish one job each; return their task ids in order.

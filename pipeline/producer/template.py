@@ -27,7 +27,7 @@ from celery.utils.saferepr import saferepr
 from kombu import Producer
 
 from pipeline.celery_app import get_app
-from pipeline.constants import HEADER_PUBLISHED_AT
+from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT
 from pipeline.publish import capture
 
 #: A value no job has: the sample job's task id, payload and publish time are found by it.
@@ -86,6 +86,8 @@ class Job:
     #: kombu's delivery tags of the message and of its `task-sent` event (random UUIDs).
     tag: str
     event_tag: str
+    #: The `pipeline_idempotency_key` header (only in a keyed template's messages).
+    idempotency_key: str | None = None
 
 
 class Template:
@@ -109,13 +111,17 @@ class Template:
             argsrepr=_marker("argsrepr"),
         )
         headers[HEADER_PUBLISHED_AT] = _marker("published_at")
+        #: Whether messages carry an idempotency key header (templates with and without one differ).
+        self.keyed = HEADER_IDEMPOTENCY_KEY in headers
+        if self.keyed:
+            headers[HEADER_IDEMPOTENCY_KEY] = _marker("idem")
         properties.update(
             correlation_id=_marker("id2"),
             reply_to=_marker("reply_to"),
             delivery_tag=_marker("tag"),
         )
         fields = ("body", "id", "root_id", "parent_id", "argsrepr", "published_at", "id2", "reply_to", "tag")
-        self.envelope = _Split(envelope, fields)
+        self.envelope = _Split(envelope, (*fields, "idem") if self.keyed else fields)
         self.event: tuple[str, _Split, _Split] | None = None
         if event is not None:
             channel, event_envelope = event
@@ -136,8 +142,10 @@ class Template:
     def message(self, job: Job, reply_to: str) -> str:
         """kombu's Redis envelope of `job`, as kombu would LPUSH it."""
         body = f"[[{job.payload_json}]{self.body_tail}"
+        idem = json.dumps(job.idempotency_key)
         return self.envelope.fill(
             {
+                "idem": idem,
                 "body": _q(base64.b64encode(body.encode()).decode()),
                 "id": _q(job.task_id),
                 "root_id": _q(job.root_id),
@@ -169,17 +177,18 @@ class Template:
         return channel, envelope.fill({"body": body_b64, "tag": _q(job.event_tag)})
 
 
-def _shallow(value: Any, limit: int) -> bool:
-    """True when `value` nests containers no deeper than `limit` levels (itself included)."""
+def _plain(value: Any, limit: int) -> bool:
+    """True when Celery's `saferepr` of `value` is its `repr`: containers nest at most `limit` levels (itself
+    included) and every string is printable without a quote or backslash (`saferepr` writes strings as
+    `'text'` with only `'` escaped, where `repr` escapes more and may switch quotes)."""
     kind = type(value)
+    if kind is str:
+        return value.isprintable() and "'" not in value and "\\" not in value
     if kind is dict:
-        return limit > 0 and all(_shallow(v, limit - 1) for v in value.values() if type(v) in _CONTAINERS)
+        return limit > 0 and all(_plain(k, 0) and _plain(v, limit - 1) for k, v in value.items())
     if kind is list or kind is tuple:
-        return limit > 0 and all(_shallow(v, limit - 1) for v in value if type(v) in _CONTAINERS)
-    return True
-
-
-_CONTAINERS = (dict, list, tuple)
+        return limit > 0 and all(_plain(v, limit - 1) for v in value)
+    return kind is int or kind is float or kind is bool or value is None
 
 
 @dataclass(frozen=True)
@@ -198,12 +207,13 @@ class ReprLimits:
 def args_repr(payload: Any, limits: ReprLimits) -> str:
     """Celery's `argsrepr` of a job whose only argument is `payload` (a JSON-mode dict).
 
-    Celery writes `saferepr(args, maxsize, maxlevels)`: for a payload short and shallow enough that nothing
-    is cut, that is plain `repr`, ~25 times cheaper; otherwise Celery's own function is called.
+    Celery writes `saferepr(args, maxsize, maxlevels)`: for a payload short, shallow and plain enough that
+    nothing is cut or quoted differently, that is `repr`, ~10 times cheaper; otherwise Celery's own function
+    is called.
     """
     args = (payload,)
     text = repr(args)
-    if len(text) <= limits.maxsize and _shallow(args, limits.levels):
+    if len(text) < limits.maxsize and _plain(args, limits.levels):
         return text
     return str(saferepr(args, limits.maxsize, maxlevels=limits.levels))
 
@@ -221,20 +231,25 @@ def uuid4_strings(count: int) -> list[str]:
 
 
 _lock = threading.Lock()
-#: (process id, task name) → template; a forked child builds its own (`origin` names the process).
-_templates: dict[tuple[int, str], Template] = {}
+#: (process id, task name, keyed) → template; a forked child builds its own (`origin` names the process).
+_templates: dict[tuple[int, str, bool], Template] = {}
 
 
-def template_for(name: str, send: Callable[[Producer, str, dict[str, Any], dict[str, Any]], Any]) -> Template:
-    """The template of task `name`, built on first use from `send(producer, task_id, payload, headers)`: one
-    publish of a sample job through Celery, captured (`pipeline.publish.capture`), never sent."""
-    key = (os.getpid(), name)
+def template_for(
+    name: str, send: Callable[[Producer, str, dict[str, Any], dict[str, Any]], Any], keyed: bool = False
+) -> Template:
+    """The template of task `name` (`keyed`: for jobs with an idempotency key), built on first use from
+    `send(producer, task_id, payload, headers)`: one publish of a sample job through Celery, captured
+    (`pipeline.publish.capture`), never sent."""
+    key = (os.getpid(), name, keyed)
     found = _templates.get(key)
     if found is not None:
         return found
     with _lock:
         if key not in _templates:
-            headers = {HEADER_PUBLISHED_AT: _SAMPLE_PUBLISHED_AT}
+            headers: dict[str, Any] = {HEADER_PUBLISHED_AT: _SAMPLE_PUBLISHED_AT}
+            if keyed:
+                headers[HEADER_IDEMPOTENCY_KEY] = "sample-key"
             captured = capture(lambda producer: send(producer, _SAMPLE_ID, {"sample": True}, headers))
             event = None
             if captured.extra:

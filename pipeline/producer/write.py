@@ -1,21 +1,20 @@
-"""Writing jobs: record, recent-jobs index and message (queued or parked) in one MULTI per job or per chunk.
+"""Writing jobs: record, recent-jobs index and message (queued or parked) in one round trip per job or chunk.
 
-`enqueue_one` is `TypedTask.enqueue`'s publish: a job due now takes its message from the task's template
-(`pipeline.producer.template`); a job with an ETA or an idempotency key is built by Celery itself and captured
-(`pipeline.publish.capture`). Either way the job record (`pipeline.records`), its place in the recent-jobs
-index, the message (LPUSH on its queue, or the parked entry of a job due later than DELAYED_RELEASE_AHEAD) and
-the `task-sent` event, when the app sends one, go to Redis in one MULTI on the process's client
-(`pipeline.producer.client`): one round trip, all or nothing. Celery's result backend is not asked to
+`enqueue_one` is `TypedTask.enqueue`'s publish. A job due now takes its message from the task's template
+(`pipeline.producer.template`) and is stored by one script call (`pipeline.producer.script`): its record
+(`pipeline.records`), its place in the recent-jobs index, the message and the `task-sent` event when the app
+sends one, and the claim of its idempotency key if it has one — all or nothing, one round trip. A job with an
+ETA is built by Celery itself and captured (`pipeline.publish.capture`), then written with its record in one
+MULTI, queued or parked (a key is claimed first, one more round trip). Celery's result backend is not asked to
 subscribe to the job's result channel (stock Celery subscribes on every `apply_async`): results are read from
-the stored result when someone asks (`TypedTask.result`, `AsyncResult.get`, `pipeline status`, the API).
+the store when someone asks (`TypedTask.result`, `AsyncResult.get`, `pipeline status`, the API).
 
-`enqueue_many` validates a whole batch in one pydantic call and writes records and messages CHUNK jobs per
-round trip.
+`enqueue_many` validates a whole batch in one pydantic call and stores records and messages CHUNK jobs per
+script call.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -23,72 +22,28 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import redis
 from pydantic import BaseModel, TypeAdapter, ValidationError
-from redis.client import Pipeline
-from redis.exceptions import NoScriptError
 
+from pipeline import idempotency
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.constants import (
     DELAYED_DEST_KEY,
     DELAYED_KEY,
     DELAYED_MESSAGE_KEY,
+    HEADER_IDEMPOTENCY_KEY,
     HEADER_PUBLISHED_AT,
     JOB_RECORD_KEY,
-    RECENT_JOBS_KEY,
 )
 from pipeline.errors import PayloadInvalid
 from pipeline.producer.client import producer_redis
+from pipeline.producer.script import store_jobs
 from pipeline.producer.template import Job, ReprLimits, Template, args_repr, template_for, uuid4_strings
 from pipeline.publish import capture
 from pipeline.records import accepted_entry, remember_recent
 
 #: Jobs per Redis round trip in `enqueue_many`.
 CHUNK = 1000
-
-#: Jobs due now, written atomically in one command: for each job its record (`pipeline.records`) and its
-#: place in the recent-jobs index, then the index trimmed, the messages LPUSHed in order and their `task-sent`
-#: events published. One reply to parse, where a MULTI of the same commands answers once per command.
-#: KEYS: recent-jobs index, queue list. ARGV: record key prefix, record, ttl, now, index size, job count n,
-#: event channel ('' for none), then n ids, n messages, and n events when there is a channel.
-_QUEUE_JOBS = """
-local prefix, record, ttl, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local keep, n, channel = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
-for i = 8, 7 + n do
-  redis.call('SET', prefix .. ARGV[i], record, 'EX', ttl)
-  redis.call('ZADD', KEYS[1], now, ARGV[i])
-end
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -keep - 1)
-for i = 8 + n, 7 + 2 * n do
-  redis.call('LPUSH', KEYS[2], ARGV[i])
-end
-if channel ~= '' then
-  for i = 8 + 2 * n, 7 + 3 * n do
-    redis.call('PUBLISH', channel, ARGV[i])
-  end
-end
-return n
-"""
-_QUEUE_JOBS_SHA = hashlib.sha1(_QUEUE_JOBS.encode()).hexdigest()  # noqa: S324  # Redis names scripts by SHA-1
-
-
-def _queue_jobs(client: redis.Redis, name: str, queue: str, ids: list[str], outs: list[Outgoing], now: float) -> None:
-    """Write the records, index entries, messages and events of jobs due now, in one round trip."""
-    record, ttl = accepted_entry(name)
-    channels = {channel for out in outs for channel, _ in out.publishes}
-    if len(channels) > 1 or len({out.dest for out in outs}) != 1:
-        raise RuntimeError(f"{name}: a batch's jobs must share one queue and one event channel")
-    channel = channels.pop() if channels else ""
-    events = [body for out in outs for _, body in out.publishes]
-    keys = (RECENT_JOBS_KEY.format(queue=queue), outs[0].dest)
-    head = (JOB_RECORD_KEY.format(id=""), record, ttl, repr(now), get_settings().recent_jobs_max, len(ids), channel)
-    args: tuple[str | int, ...] = (*keys, *head, *ids, *[out.body for out in outs], *events)
-    try:
-        client.evalsha(_QUEUE_JOBS_SHA, 2, *args)
-    except NoScriptError:
-        client.eval(_QUEUE_JOBS, 2, *args)
-
 
 #: `send(producer, task_id, payload, headers, eta)`: the task's `apply_async` on `producer`.
 Send = Callable[[Any, str, dict[str, Any], dict[str, Any], datetime | None], Any]
@@ -111,7 +66,9 @@ def _parent() -> tuple[str | None, str | None]:
     return parent.request.id, parent.request.root_id or parent.request.id
 
 
-def _templated(template: Template, ids: list[str], items: list[tuple[Any, str]], published_at: float) -> list[Outgoing]:
+def _templated(
+    template: Template, ids: list[str], items: list[tuple[Any, str]], published_at: float, key: str | None = None
+) -> list[Outgoing]:
     """Messages (and `task-sent` events) of jobs `ids` with these (payload, JSON text) items."""
     parent_id, root_id = _parent()
     limits = ReprLimits.of_app()
@@ -120,65 +77,85 @@ def _templated(template: Template, ids: list[str], items: list[tuple[Any, str]],
     tags = uuid4_strings(2 * len(ids))
     outs = []
     for n, (task_id, (payload, text)) in enumerate(zip(ids, items, strict=True)):
-        job = Job(
-            task_id,
-            text,
-            args_repr(payload, limits),
-            published_at,
-            root_id or task_id,
-            parent_id,
-            *tags[2 * n : 2 * n + 2],
-        )
+        argsrepr = args_repr(payload, limits)
+        job = Job(task_id, text, argsrepr, published_at, root_id or task_id, parent_id, tags[2 * n], tags[2 * n + 1])
+        job.idempotency_key = key
         event = template.sent_event(job, app.clock.forward(), time.time())
         outs.append(Outgoing(template.dest, template.message(job, reply_to), (event,) if event is not None else ()))
     return outs
 
 
-def _captured(send: Send, task_id: str, payload: Any, headers: dict[str, Any], eta: datetime | None) -> Outgoing:
-    message = capture(lambda producer: send(producer, task_id, payload, headers, eta))
-    return Outgoing(message.dest, message.body, tuple((str(a[0]), str(a[1])) for _, a in message.extra))
+def _store(name: str, queue: str, ids: list[str], outs: list[Outgoing], now: float, claim: Any = None) -> str | None:
+    """Store jobs due now in one script call (see `pipeline.producer.script.store_jobs`)."""
+    record, ttl = accepted_entry(name)
+    channels = {channel for out in outs for channel, _ in out.publishes}
+    if len(channels) > 1 or len({out.dest for out in outs}) != 1:
+        raise RuntimeError(f"{name}: a batch's jobs must share one queue and one event channel")
+    return store_jobs(
+        producer_redis(),
+        queue=queue,
+        dest=outs[0].dest,
+        record=record,
+        record_ttl=ttl,
+        now=now,
+        ids=ids,
+        messages=[out.body for out in outs],
+        channel=channels.pop() if channels else "",
+        events=[body for out in outs for _, body in out.publishes],
+        claim=claim,
+    )
 
 
 def enqueue_one(
     name: str,
     queue: str,
     send: Send,
-    task_id: str,
     payload: dict[str, Any],
     text: str,
-    headers: dict[str, Any],
-    due: float | None,
-) -> bool:
-    """Write job `task_id` of task `name` (payload `text` is its JSON) in one round trip; True when parked."""
+    *,
+    due: float | None = None,
+    idempotency_key: str | None = None,
+) -> str:
+    """Publish one job of task `name` (its payload, and `text` its JSON); return its id, or with an
+    `idempotency_key` already claimed (within ENQUEUE_IDEMPOTENCY_TTL) the id of the job that claimed it."""
     now = time.time()
-    eta = datetime.fromtimestamp(due, UTC) if due is not None and due > now else None
-    if eta is None and set(headers) == {HEADER_PUBLISHED_AT}:
-        template = template_for(name, lambda p, i, d, h: send(p, i, d, h, None))
-        (out,) = _templated(template, [task_id], [(payload, text)], float(headers[HEADER_PUBLISHED_AT]))
-    else:
-        out = _captured(send, task_id, payload, headers, eta)
-    park_at = due if due is not None and due - now > get_settings().release_ahead else None
-    if park_at is None and not out.publishes[1:]:
-        _queue_jobs(producer_redis(), name, queue, [task_id], [out], now)
-        return False
+    if due is None or due <= now:
+        task_id = uuid4_strings(1)[0]
+        template = template_for(name, lambda p, i, d, h: send(p, i, d, h, None), keyed=bool(idempotency_key))
+        (out,) = _templated(template, [task_id], [(payload, text)], now, idempotency_key or None)
+        claim = None
+        if idempotency_key:
+            claim = (idempotency.redis_key(name, idempotency_key), get_settings().enqueue_idempotency_ttl)
+        return _store(name, queue, [task_id], [out], now, claim) or task_id
+    with idempotency.claim(name, idempotency_key) as claimed:
+        if claimed.existing_id is None:
+            _write_later(name, queue, send, claimed.task_id, payload, idempotency_key, due, now)
+        return claimed.existing_id or claimed.task_id
+
+
+def _write_later(
+    name: str, queue: str, send: Send, task_id: str, payload: Any, key: str | None, due: float, now: float
+) -> None:
+    """A job with an ETA: Celery's message (ETA included) with its record, in one MULTI; parked if due later
+    than DELAYED_RELEASE_AHEAD, else queued (a worker holds it until due)."""
+    headers: dict[str, Any] = {HEADER_PUBLISHED_AT: now}
+    if key:
+        headers[HEADER_IDEMPOTENCY_KEY] = key
+    eta = datetime.fromtimestamp(due, UTC)
+    message = capture(lambda producer: send(producer, task_id, payload, headers, eta))
     record, ttl = accepted_entry(name, eta)
     pipe = producer_redis().pipeline(transaction=True)
     pipe.set(JOB_RECORD_KEY.format(id=task_id), record, ex=ttl)
     remember_recent(pipe, queue, [task_id], now)
-    if park_at is not None:
-        pipe.hset(DELAYED_MESSAGE_KEY, task_id, out.body)
-        pipe.hset(DELAYED_DEST_KEY, task_id, out.dest)
-        pipe.zadd(DELAYED_KEY, {task_id: park_at})
+    if due - now > get_settings().release_ahead:
+        pipe.hset(DELAYED_MESSAGE_KEY, task_id, message.body)
+        pipe.hset(DELAYED_DEST_KEY, task_id, message.dest)
+        pipe.zadd(DELAYED_KEY, {task_id: due})
     else:
-        pipe.lpush(out.dest, out.body)
-    _publish(pipe, out.publishes)
+        pipe.lpush(message.dest, message.body)
+    for _, (channel, event) in message.extra:
+        pipe.publish(channel, event)
     pipe.execute()
-    return park_at is not None
-
-
-def _publish(pipe: Pipeline, publishes: Iterable[tuple[str, str]]) -> None:
-    for channel, body in publishes:
-        pipe.publish(channel, body)
 
 
 def validate_many(name: str, adapter: TypeAdapter[list[Any]], payloads: list[Any]) -> list[BaseModel]:
@@ -217,17 +194,15 @@ def dump_checked(name: str, adapter: TypeAdapter[list[Any]], jobs: list[BaseMode
 def enqueue_many(
     name: str, queue: str, send: Send, adapter: TypeAdapter[list[Any]], payloads: Iterable[Any], chunk: int = CHUNK
 ) -> list[str]:
-    """Validate every payload (one call), then write records and messages `chunk` jobs per round trip; return
+    """Validate every payload (one call), then store records and messages `chunk` jobs per round trip; return
     the task ids in order. One bad payload: `PayloadInvalid` naming its index, nothing published."""
     items = dump_checked(name, adapter, validate_many(name, adapter, list(payloads)))
     template = template_for(name, lambda p, i, d, h: send(p, i, d, h, None))
-    client = producer_redis()
     ids: list[str] = []
     for start in range(0, len(items), chunk):
         part = items[start : start + chunk]
         now = time.time()
         chunk_ids = uuid4_strings(len(part))
-        outs = _templated(template, chunk_ids, part, now)
-        _queue_jobs(client, name, queue, chunk_ids, outs, now)
+        _store(name, queue, chunk_ids, _templated(template, chunk_ids, part, now), now)
         ids.extend(chunk_ids)
     return ids
