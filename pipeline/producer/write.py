@@ -37,9 +37,10 @@ from pipeline.constants import (
 )
 from pipeline.errors import PayloadInvalid
 from pipeline.producer.client import producer_redis
+from pipeline.producer.hooks import publish_hooked
 from pipeline.producer.script import store_jobs
 from pipeline.producer.template import Job, ReprLimits, Template, args_repr, template_for, uuid4_strings
-from pipeline.publish import capture
+from pipeline.publish import capture, capture_many
 from pipeline.records import accepted_entry, remember_recent
 
 #: Jobs per Redis round trip in `enqueue_many`.
@@ -119,7 +120,7 @@ def enqueue_one(
     """Publish one job of task `name` (its payload, and `text` its JSON); return its id, or with an
     `idempotency_key` already claimed (within ENQUEUE_IDEMPOTENCY_TTL) the id of the job that claimed it."""
     now = time.time()
-    if due is None or due <= now:
+    if (due is None or due <= now) and not publish_hooked():
         task_id = uuid4_strings(1)[0]
         template = template_for(name, lambda p, i, d, h: send(p, i, d, h, None), keyed=bool(idempotency_key))
         (out,) = _templated(template, [task_id], [(payload, text)], now, idempotency_key or None)
@@ -129,25 +130,26 @@ def enqueue_one(
         return _store(name, queue, [task_id], [out], now, claim) or task_id
     with idempotency.claim(name, idempotency_key) as claimed:
         if claimed.existing_id is None:
-            _write_later(name, queue, send, claimed.task_id, payload, idempotency_key, due, now)
+            _write_captured(name, queue, send, claimed.task_id, payload, idempotency_key, due, now)
         return claimed.existing_id or claimed.task_id
 
 
-def _write_later(
-    name: str, queue: str, send: Send, task_id: str, payload: Any, key: str | None, due: float, now: float
+def _write_captured(
+    name: str, queue: str, send: Send, task_id: str, payload: Any, key: str | None, due: float | None, now: float
 ) -> None:
-    """A job with an ETA: Celery's message (ETA included) with its record, in one MULTI; parked if due later
-    than DELAYED_RELEASE_AHEAD, else queued (a worker holds it until due)."""
+    """A job built by Celery (one with an ETA, or any while a publish hook watches: `pipeline.producer.hooks`),
+    written with its record in one MULTI; parked if due later than DELAYED_RELEASE_AHEAD, else queued (a job
+    due soon is held by a worker until due)."""
     headers: dict[str, Any] = {HEADER_PUBLISHED_AT: now}
     if key:
         headers[HEADER_IDEMPOTENCY_KEY] = key
-    eta = datetime.fromtimestamp(due, UTC)
+    eta = datetime.fromtimestamp(due, UTC) if due is not None and due > now else None
     message = capture(lambda producer: send(producer, task_id, payload, headers, eta))
     record, ttl = accepted_entry(name, eta)
     pipe = producer_redis().pipeline(transaction=True)
     pipe.set(JOB_RECORD_KEY.format(id=task_id), record, ex=ttl)
     remember_recent(pipe, queue, [task_id], now)
-    if due - now > get_settings().release_ahead:
+    if due is not None and due - now > get_settings().release_ahead:
         pipe.hset(DELAYED_MESSAGE_KEY, task_id, message.body)
         pipe.hset(DELAYED_DEST_KEY, task_id, message.dest)
         pipe.zadd(DELAYED_KEY, {task_id: due})
@@ -198,11 +200,27 @@ def enqueue_many(
     the task ids in order. One bad payload: `PayloadInvalid` naming its index, nothing published."""
     items = dump_checked(name, adapter, validate_many(name, adapter, list(payloads)))
     template = template_for(name, lambda p, i, d, h: send(p, i, d, h, None))
+    hooked = publish_hooked()
     ids: list[str] = []
     for start in range(0, len(items), chunk):
         part = items[start : start + chunk]
         now = time.time()
         chunk_ids = uuid4_strings(len(part))
-        _store(name, queue, chunk_ids, _templated(template, chunk_ids, part, now), now)
+        if hooked:
+            outs = _built_by_celery(send, chunk_ids, [payload for payload, _ in part], now)
+        else:
+            outs = _templated(template, chunk_ids, part, now)
+        _store(name, queue, chunk_ids, outs, now)
         ids.extend(chunk_ids)
     return ids
+
+
+def _built_by_celery(send: Send, ids: list[str], payloads: list[Any], now: float) -> list[Outgoing]:
+    """The jobs' messages as Celery builds them (its publish hooks run), captured, not sent."""
+    headers = {HEADER_PUBLISHED_AT: now}
+
+    def sender(task_id: str, payload: Any) -> Callable[[Any], Any]:
+        return lambda producer: send(producer, task_id, payload, headers, None)
+
+    messages = capture_many(sender(i, d) for i, d in zip(ids, payloads, strict=True))
+    return [Outgoing(m.dest, m.body, tuple((str(a[0]), str(a[1])) for _, a in m.extra)) for m in messages]

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
+from celery import signals
 from celery.result import AsyncResult
 from pydantic import TypeAdapter
 
@@ -21,7 +24,7 @@ from pipeline.runtime.probe import ProbeResult, probe
 from pipeline.status import JobState, job_status
 from tests.support.cli import run_cli
 from tests.support.monitor import Monitor
-from tests.support.procs import RedisServer
+from tests.support.procs import ROOT, RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -137,3 +140,54 @@ def redis_server_client() -> Any:
     from pipeline.producer.client import producer_redis
 
     return producer_redis()
+
+
+def test_a_publish_hook_sees_every_job_when_one_is_connected(redis_server: RedisServer) -> None:
+    """A foreign `before_task_publish` receiver (tracing, auditing) makes Celery build each job, so it runs."""
+    seen_ids: list[str] = []
+
+    def hook(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        assert headers is not None
+        seen_ids.append(headers["id"])
+        headers["x-audit"] = "seen"
+
+    signals.before_task_publish.connect(hook, weak=False)
+    try:
+        one = probe.enqueue({"message": "hooked"})
+        many = probe.enqueue_many([{"message": "hooked"}] * 3)
+    finally:
+        signals.before_task_publish.disconnect(hook)
+    assert seen_ids == [one, *many]
+    assert all(accepted_record(i) is not None for i in [one, *many])
+    client = redis_server.client()
+    stored = [json.loads(m) for m in client.lrange("default", 0, -1)]
+    mine = {m["headers"]["id"]: m["headers"] for m in stored if m["headers"]["id"] in seen_ids}
+    for headers in mine.values():  # those no worker has taken yet carry the hook's header and the stamp
+        assert headers["x-audit"] == "seen" and headers["pipeline_published_at"] > 0
+
+
+FORK_SCRIPT = """
+import os, sys
+from pipeline.producer.client import producer_redis
+from pipeline.runtime.probe import probe
+from pipeline.records import accepted_record
+first = probe.enqueue({"message": "parent"})
+parent_client = producer_redis()
+pid = os.fork()
+if pid == 0:  # the child: its own client, its jobs recorded
+    job = probe.enqueue({"message": "child"})
+    ok = producer_redis() is not parent_client and accepted_record(job) is not None
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+after = probe.enqueue({"message": "parent again"})
+assert producer_redis() is parent_client and accepted_record(after) is not None
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_builds_its_own_client_and_the_parent_keeps_its_own(redis_server: RedisServer) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "0"
