@@ -45,7 +45,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         f"{DEFAULT_WORKERS['pipeline'][0]!r}. Its queue is bench-pipeline.",
     )
     parser.add_argument("--stock-worker", action="append", metavar="COMMAND", help="the same for stock Celery")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    unknown = [p for p in args.parts if p not in (*PARTS, *STANDALONE)]
+    if unknown:
+        parser.error(f"unknown part {', '.join(unknown)}; {names}")
+    return args
 
 
 def main(argv: list[str]) -> int:

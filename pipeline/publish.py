@@ -5,9 +5,11 @@ and Redis redelivers it every visibility timeout until it runs (so a long delay 
 flood of delayed jobs fills worker memory). Here a job due later than DELAYED_RELEASE_AHEAD seconds is
 never given to a worker early:
 
-* **Park** (`schedule`). The exact message Celery would publish (kombu's Redis envelope, ETA included) is
-  captured instead of sent, and stored under its task id: ZSET ``pipeline:delayed`` (score = due time) plus
-  two hashes (envelope, destination list key), written in one MULTI. `pipeline.scheduling.delayed`
+* **Park** (`schedule`, for retries and the rate limiter; `TypedTask.enqueue` parks through
+  `pipeline.producer`, with the job record in the same MULTI). The exact message Celery would publish
+  (kombu's Redis envelope, ETA included) is captured instead of sent, and stored under its task id: ZSET
+  ``pipeline:delayed`` (score = due time) plus two hashes (envelope, destination list key), written in one
+  MULTI. `pipeline.scheduling.delayed`
   releases it to its queue when due, exactly once.
 * **Capture** (`capture`, `capture_many`). What Celery would write to Redis for a publish, recorded instead
   of sent: parking uses it, and so does `pipeline.producer`, which writes typed jobs (and their records) in

@@ -148,8 +148,8 @@ class Template:
                 "idem": idem,
                 "body": _q(base64.b64encode(body.encode()).decode()),
                 "id": _q(job.task_id),
-                "root_id": _q(job.root_id),
-                "parent_id": "null" if job.parent_id is None else _q(job.parent_id),
+                "root_id": json.dumps(job.root_id),  # a parent's ids come from its message: escaped
+                "parent_id": json.dumps(job.parent_id),
                 "argsrepr": json.dumps(job.argsrepr),
                 "published_at": repr(job.published_at),
                 "id2": _q(job.task_id),
@@ -166,8 +166,8 @@ class Template:
         event_body = body.fill(
             {
                 "id": _q(job.task_id),
-                "root_id": _q(job.root_id),
-                "parent_id": "null" if job.parent_id is None else _q(job.parent_id),
+                "root_id": json.dumps(job.root_id),  # a parent's ids come from its message: escaped
+                "parent_id": json.dumps(job.parent_id),
                 "argsrepr": json.dumps(job.argsrepr),
                 "clock": str(clock),
                 "timestamp": repr(timestamp),
