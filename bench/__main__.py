@@ -48,7 +48,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     unknown = [p for p in args.parts if p not in (*PARTS, *STANDALONE)]
     if unknown:
-        parser.error(f"unknown part {', '.join(unknown)}; {names}")
+        parser.error(f"unknown part {', '.join(unknown)}; any of {', '.join((*PARTS, *STANDALONE))}")
     return args
 
 
