@@ -36,10 +36,3 @@ def producer_redis() -> redis.Redis:
                 _clients[pid] = (connection, client)
         return _clients[pid][1]
 
-
-def reset() -> None:
-    """Forget the process's client (tests that restart Redis on another port; the app is rebuilt too)."""
-    with _lock:
-        for connection, _ in _clients.values():
-            connection.release()
-        _clients.clear()
