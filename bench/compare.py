@@ -217,6 +217,7 @@ def table(result: dict[str, Any]) -> str:
         "stock single, as in the reference; latency: lower is better). Dramatiq/BullMQ columns are fixed "
         "reference ratios from ../shared/reference/performance.md, not measured here."
     )
+    lines.append("issue #12 targets: enqueue >= 1.2x, bulk >= 12x (stock single), drain >= 1.5x, p99 <= 1x (stock's)")
     if "stock_bulk" in r:
         lines.append(f"stock group() ÷ stock single: {r['stock_bulk']:.2f}x")
     for system, commands in result["workers"].items():
