@@ -42,7 +42,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         action="append",
         metavar="COMMAND",
         help=f"worker command line for the pipeline (repeat to run several processes); default: "
-        f"{DEFAULT_WORKERS['pipeline'][0]!r}. Its queue is bench-pipeline.",
+        f"{DEFAULT_WORKERS['pipeline'][0]!r}. It must load bench.pipeline_app (the no-op task) and consume "
+        "the queue bench-pipeline.",
     )
     parser.add_argument("--stock-worker", action="append", metavar="COMMAND", help="the same for stock Celery")
     args = parser.parse_args(argv)
