@@ -35,4 +35,3 @@ def producer_redis() -> redis.Redis:
             with channel.conn_or_acquire() as client:  # a client on the channel's own pool
                 _clients[pid] = (connection, client)
         return _clients[pid][1]
-

@@ -95,6 +95,7 @@ class Template:
 
     def __init__(self, dest: str, envelope: dict[str, Any], event: tuple[str, dict[str, Any]] | None) -> None:
         self.dest = dest
+        self.repr_limits = ReprLimits.of_app()
         body = base64.b64decode(envelope["body"]).decode()
         head = '[[{"sample": true}]'
         if not body.startswith(head):

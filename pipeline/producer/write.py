@@ -39,7 +39,7 @@ from pipeline.errors import PayloadInvalid
 from pipeline.producer.client import producer_redis
 from pipeline.producer.hooks import publish_hooked
 from pipeline.producer.script import store_jobs
-from pipeline.producer.template import Job, ReprLimits, Template, args_repr, template_for, uuid4_strings
+from pipeline.producer.template import Job, Template, args_repr, template_for, uuid4_strings
 from pipeline.publish import capture, capture_many
 from pipeline.records import accepted_entry, remember_recent
 
@@ -68,22 +68,25 @@ def _parent() -> tuple[str | None, str | None]:
 
 
 def _templated(
-    template: Template, ids: list[str], items: list[tuple[Any, str]], published_at: float, key: str | None = None
-) -> list[Outgoing]:
-    """Messages (and `task-sent` events) of jobs `ids` with these (payload, JSON text) items."""
+    template: Template, items: list[tuple[Any, str]], published_at: float, key: str | None = None
+) -> tuple[list[str], list[Outgoing]]:
+    """New task ids, and the messages (and `task-sent` events) of jobs with these (payload, JSON text) items."""
     parent_id, root_id = _parent()
-    limits = ReprLimits.of_app()
     app: Any = get_app()  # celery-types lacks `clock`
     reply_to = app.thread_oid
-    tags = uuid4_strings(2 * len(ids))
+    uuids = uuid4_strings(3 * len(items))  # per job: task id, message tag, event tag (one urandom call)
+    ids = uuids[::3]
     outs = []
-    for n, (task_id, (payload, text)) in enumerate(zip(ids, items, strict=True)):
-        argsrepr = args_repr(payload, limits)
-        job = Job(task_id, text, argsrepr, published_at, root_id or task_id, parent_id, tags[2 * n], tags[2 * n + 1])
+    for n, (payload, text) in enumerate(items):
+        task_id = ids[n]
+        argsrepr = args_repr(payload, template.repr_limits)
+        job = Job(
+            task_id, text, argsrepr, published_at, root_id or task_id, parent_id, uuids[3 * n + 1], uuids[3 * n + 2]
+        )
         job.idempotency_key = key
         event = template.sent_event(job, app.clock.forward(), time.time())
         outs.append(Outgoing(template.dest, template.message(job, reply_to), (event,) if event is not None else ()))
-    return outs
+    return ids, outs
 
 
 def _store(name: str, queue: str, ids: list[str], outs: list[Outgoing], now: float, claim: Any = None) -> str | None:
@@ -121,9 +124,8 @@ def enqueue_one(
     `idempotency_key` already claimed (within ENQUEUE_IDEMPOTENCY_TTL) the id of the job that claimed it."""
     now = time.time()
     if (due is None or due <= now) and not publish_hooked():
-        task_id = uuid4_strings(1)[0]
         template = template_for(name, lambda p, i, d, h: send(p, i, d, h, None), keyed=bool(idempotency_key))
-        (out,) = _templated(template, [task_id], [(payload, text)], now, idempotency_key or None)
+        (task_id,), (out,) = _templated(template, [(payload, text)], now, idempotency_key or None)
         claim = None
         if idempotency_key:
             claim = (idempotency.redis_key(name, idempotency_key), get_settings().enqueue_idempotency_ttl)
@@ -205,11 +207,11 @@ def enqueue_many(
     for start in range(0, len(items), chunk):
         part = items[start : start + chunk]
         now = time.time()
-        chunk_ids = uuid4_strings(len(part))
         if hooked:
+            chunk_ids = uuid4_strings(len(part))
             outs = _built_by_celery(send, chunk_ids, [payload for payload, _ in part], now)
         else:
-            outs = _templated(template, chunk_ids, part, now)
+            chunk_ids, outs = _templated(template, part, now)
         _store(name, queue, chunk_ids, outs, now)
         ids.extend(chunk_ids)
     return ids
