@@ -191,3 +191,12 @@ def test_a_forked_child_builds_its_own_client_and_the_parent_keeps_its_own(redis
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "0"
+
+
+def test_a_job_enqueued_by_a_running_job_names_it_as_its_parent(session_worker: Any) -> None:
+    from tests.support.worker_app import spawn
+
+    parent = spawn.enqueue({"message": "from a job"})
+    child = spawn.result(parent, timeout=30).child_id
+    assert probe.result(child, timeout=30).message == "from a job"
+    assert get_app().backend.get_task_meta(child).get("parent_id") == parent  # as Celery's own publish sets it
