@@ -43,7 +43,7 @@ format: install ## Apply ruff's fixes and formatting
 typecheck: install ## mypy --strict on pipeline/ and tasks/
 	$(VENV)/bin/mypy
 
-bench: install system-deps ## Benchmarks against a bare-Celery baseline measured in the same run
+bench: install system-deps ## Stock Celery (default settings) vs the pipeline, same Redis, same run (python -m bench --help)
 	$(PY) -m bench
 
 clean: ## Remove the virtualenv, caches and local data

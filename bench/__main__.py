@@ -1,31 +1,79 @@
-"""Run every benchmark against a throwaway Redis; print figures and ratios. Not a test: nothing is asserted."""
+"""`make bench` / `python -m bench [PART ...] [options]`: stock Celery against the pipeline on a throwaway Redis.
+
+Parts: enqueue, bulk, drain, latency (all four by default: `bench.compare`), and the standalone
+pdf_memory and webhook_fanout benchmarks (run only when named). Not a test: nothing is asserted.
+
+    python -m bench                                  # the comparison table, medians of 3
+    python -m bench drain latency --json             # two parts, one JSON document on stdout
+    python -m bench drain --pipeline-worker 'celery -A bench.pipeline_app worker -Q bench-pipeline -P threads -c 8'
+    python -m bench drain --pipeline-worker 'celery -A bench.pipeline_app worker -Q bench-pipeline -P solo' \\
+                          --pipeline-worker 'celery -A bench.pipeline_app worker -Q bench-pipeline -P solo'
+"""
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import json
 import os
 import sys
 
+from bench.compare import DEFAULT_WORKERS, PARTS, Options, measure, table
 from bench.procs import redis_server
 
-#: Benchmarks in run order; a module that is absent is skipped with a note.
-BENCHMARKS = ("bench.overhead", "bench.pdf_memory", "bench.webhook_fanout")
+STANDALONE = ("pdf_memory", "webhook_fanout")
 
 
-def main() -> int:
-    selected = [b for b in BENCHMARKS if not sys.argv[1:] or b.rsplit(".", 1)[-1] in sys.argv[1:]]
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "parts",
+        nargs="*",
+        metavar="PART",
+        help=f"any of {', '.join((*PARTS, *STANDALONE))}; default: {' '.join(PARTS)}",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=5000, help="jobs per enqueue, bulk and drain measurement")
+    parser.add_argument("--rate", type=float, default=200.0, help="latency: jobs per second")
+    parser.add_argument("--seconds", type=float, default=10.0, help="latency: how long to send")
+    parser.add_argument(
+        "--pipeline-worker",
+        action="append",
+        metavar="COMMAND",
+        help=f"worker command line for the pipeline (repeat to run several processes); default: "
+        f"{DEFAULT_WORKERS['pipeline'][0]!r}. It must load bench.pipeline_app (the no-op task) and consume "
+        "the queue bench-pipeline.",
+    )
+    parser.add_argument("--stock-worker", action="append", metavar="COMMAND", help="the same for stock Celery")
+    args = parser.parse_args(argv)
+    unknown = [p for p in args.parts if p not in (*PARTS, *STANDALONE)]
+    if unknown:
+        parser.error(f"unknown part {', '.join(unknown)}; any of {', '.join((*PARTS, *STANDALONE))}")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    parts = tuple(p for p in args.parts if p in PARTS) or (() if args.parts else PARTS)
+    standalone = [p for p in args.parts if p in STANDALONE]
+    workers = dict(DEFAULT_WORKERS)
+    if args.pipeline_worker:
+        workers["pipeline"] = args.pipeline_worker
+    if args.stock_worker:
+        workers["stock"] = args.stock_worker
+    options = Options(args.reps, args.jobs, args.jobs, args.jobs, args.rate, args.seconds, parts, workers)
+    say = (lambda text: print(text, file=sys.stderr, flush=True)) if args.json else print
     with redis_server() as url:
-        os.environ.update(REDIS_URL=url, ENV_FILE="", LOG_LEVEL="WARNING")
-        for name in selected:
-            try:
-                module = importlib.import_module(name)
-            except ModuleNotFoundError:
-                print(f"== {name}: not present, skipped")
-                continue
-            print(f"== {name}", flush=True)
-            module.main()
+        if parts:
+            result = measure(url, options, say)
+            print(json.dumps(result, indent=2) if args.json else "\n" + table(result), flush=True)
+        os.environ.update(REDIS_URL=url, ENV_FILE="", SECRETS_DIR="/nonexistent", LOG_LEVEL="WARNING")
+        for name in standalone:
+            say(f"== {name}")
+            importlib.import_module(f"bench.{name}").main()
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,25 +1,32 @@
-"""The pipeline app plus a no-op typed task: validation, signals, DLQ hooks and metrics, no work."""
+"""The pipeline app plus the benchmark's no-op as a typed task: validation, records, signals, DLQ hooks and
+metrics all on, no work. Its jobs go to their own queue, `bench-pipeline`.
+
+    celery -A bench.pipeline_app worker -Q bench-pipeline -P prefork -c 2 --loglevel WARNING
+"""
 
 from __future__ import annotations
 
-import time
-
 from pydantic import BaseModel
 
+from bench import job
 from pipeline import app
 from pipeline.task import JobContext, typed_task
 
-__all__ = ["app"]
+__all__ = ["QUEUE", "app", "noop"]
+
+QUEUE = "bench-pipeline"
 
 
 class NoopJob(BaseModel):
-    sent_at: float
+    run: str
+    sent_at: float | None = None
 
 
 class NoopResult(BaseModel):
-    latency_s: float
+    ok: bool = True
 
 
-@typed_task("bench.noop", kind="bench-noop", payload=NoopJob, result=NoopResult, queue="bench-pipeline")
-def noop(job: NoopJob, ctx: JobContext) -> NoopResult:
-    return NoopResult(latency_s=time.time() - job.sent_at)
+@typed_task("bench.noop", kind="bench-noop", payload=NoopJob, result=NoopResult, public=False, queue=QUEUE)
+def noop(payload: NoopJob, ctx: JobContext) -> NoopResult:
+    job.record(payload.run, payload.sent_at)
+    return NoopResult()

@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -60,53 +59,45 @@ def redis_server() -> Iterator[str]:
         proc.wait(10)
 
 
-class Worker:
-    def __init__(self, app: str, queue: str, concurrency: int) -> None:
-        self.log = Path(tempfile.mkstemp(prefix="bench-worker-", suffix=".log")[1])
-        self.argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            app,
-            "worker",
-            "-Q",
-            queue,
-            "-c",
-            str(concurrency),
-            "-P",
-            "prefork",
-            "-l",
-            "WARNING",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "-n",
-            f"{queue}@%h",
-        ]
-        self.proc: subprocess.Popen[bytes] | None = None
+class Workers:
+    """Worker processes started from command lines (each split like a shell would), stopped by process group."""
 
-    def start(self) -> float:
-        """Start and return the monotonic time at which the worker reported ready."""
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [*self.argv, "-l", "INFO"],
-                cwd=ROOT,
-                env=os.environ,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        while " ready." not in self.log.read_text(errors="replace"):
-            if self.proc.poll() is not None:
-                raise RuntimeError(self.log.read_text())
-            time.sleep(0.01)
-        return time.monotonic()
+    def __init__(self, commands: list[list[str]], env: dict[str, str]) -> None:
+        self.commands = commands
+        self.env = env
+        self.logs: list[Path] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> Workers:
+        for argv in self.commands:
+            log = Path(tempfile.mkstemp(prefix="bench-worker-", suffix=".log")[1])
+            self.logs.append(log)
+            with log.open("wb") as out:
+                self.procs.append(
+                    subprocess.Popen(
+                        argv, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                    )
+                )
+        return self
+
+    def check(self) -> None:
+        """Raise with its log if a worker exited."""
+        for proc, log in zip(self.procs, self.logs, strict=True):
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker {proc.args!r} exited {proc.returncode}:\n{log.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        if self.proc is not None:
+        for proc in self.procs:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-            self.proc = None
-        self.log.unlink(missing_ok=True)
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        for log in self.logs:
+            log.unlink(missing_ok=True)
+        self.procs.clear()
+        self.logs.clear()

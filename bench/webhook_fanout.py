@@ -3,7 +3,7 @@
 Runs against its own throwaway redis-server on a free port (never a configured Redis: nothing here may
 reach a worker that would really deliver). No worker runs; the queue is measured, then discarded.
 
-    python -m bench.webhook_fanout [N]        (or `make bench`, which runs it with the others)
+    python -m bench.webhook_fanout [N]        (or `python -m bench webhook_fanout`)
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Producer-side idempotency: the same idempotency key yields the same job, not a second one.
 
-A key is claimed with `SET NX` (TTL ENQUEUE_IDEMPOTENCY_TTL) holding the new job's id before it is
-published; a later enqueue with the key gets that id back. If publishing fails, the claim is released
-so a retry of the enqueue can succeed.
+A key is claimed with `SET NX` (TTL ENQUEUE_IDEMPOTENCY_TTL) holding the new job's id; a later enqueue with
+the key gets that id back. A job due now claims its key in the same atomic call that stores it
+(`pipeline.producer.script`), so a failed publish claims nothing. A job with an ETA claims it here first; if
+publishing then fails, the claim is released so a retry of the enqueue can succeed.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from dataclasses import dataclass
 
 from celery.utils import uuid
 
-from pipeline.broker import broker_redis
 from pipeline.config import get_settings
 from pipeline.constants import ENQUEUE_IDEMPOTENCY_KEY
+from pipeline.producer.client import producer_redis
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,11 @@ class Claim:
     existing_id: str | None = None
 
 
+def redis_key(task_name: str, key: str) -> str:
+    """The Redis key holding the id of the job that claimed idempotency `key` for `task_name`."""
+    return ENQUEUE_IDEMPOTENCY_KEY.format(task=task_name, key=key)
+
+
 @contextmanager
 def claim(task_name: str, key: str | None) -> Iterator[Claim]:
     """Claim `key` for a new job of `task_name`; yields the id to publish under (or the existing one)."""
@@ -32,18 +38,18 @@ def claim(task_name: str, key: str | None) -> Iterator[Claim]:
     if not key:
         yield Claim(new_id)
         return
-    redis_key = ENQUEUE_IDEMPOTENCY_KEY.format(task=task_name, key=key)
-    with broker_redis() as client:
-        for _ in range(3):  # the holder may expire between SET NX and GET
-            if client.set(redis_key, new_id, nx=True, ex=get_settings().enqueue_idempotency_ttl):
-                break
-            existing = client.get(redis_key)
-            if existing is not None:
-                first = existing.decode() if isinstance(existing, bytes) else str(existing)
-                yield Claim(first, existing_id=first)
-                return
-        try:
-            yield Claim(new_id)
-        except BaseException:
-            client.delete(redis_key)
-            raise
+    held = redis_key(task_name, key)
+    client = producer_redis()
+    for _ in range(3):  # the holder may expire between SET NX and GET
+        if client.set(held, new_id, nx=True, ex=get_settings().enqueue_idempotency_ttl):
+            break
+        existing = client.get(held)
+        if existing is not None:
+            first = existing.decode() if isinstance(existing, bytes) else str(existing)
+            yield Claim(first, existing_id=first)
+            return
+    try:
+        yield Claim(new_id)
+    except BaseException:
+        client.delete(held)
+        raise

@@ -1,43 +1,36 @@
-"""Publishing a job: now, or parked in Redis until it is due; one job or thousands in a few round trips.
+"""Publishing a job now, or parked in Redis until it is due; capturing the exact message Celery would send.
 
 On a Redis broker Celery hands a countdown/ETA job to a worker at once; the worker holds it in memory
 and Redis redelivers it every visibility timeout until it runs (so a long delay runs many times, and a
 flood of delayed jobs fills worker memory). Here a job due later than DELAYED_RELEASE_AHEAD seconds is
 never given to a worker early:
 
-* **Park** (`schedule`). The exact message Celery would publish (kombu's Redis envelope, ETA included) is
-  captured instead of sent, and stored under its task id: ZSET ``pipeline:delayed`` (score = due time) plus
-  two hashes (envelope, destination list key), written in one MULTI. `pipeline.scheduling.delayed`
+* **Park** (`schedule`, for retries and the rate limiter; `TypedTask.enqueue` parks through
+  `pipeline.producer`, with the job record in the same MULTI). The exact message Celery would publish
+  (kombu's Redis envelope, ETA included) is captured instead of sent, and stored under its task id: ZSET
+  ``pipeline:delayed`` (score = due time) plus two hashes (envelope, destination list key), written in one
+  MULTI. `pipeline.scheduling.delayed`
   releases it to its queue when due, exactly once.
-* **Fan out** (`enqueue_many`). Thousands of jobs of one typed task: every payload validated first (one bad
-  item: `PayloadInvalid` naming its index, nothing published), each message built by Celery on one producer
-  (the exact envelope a single `enqueue()` sends, recorded by `capture_many`), then pushed with multi-value
-  LPUSHes in a non-transactional Redis pipeline, CHUNK messages per round trip, order kept.
+* **Capture** (`capture`, `capture_many`). What Celery would write to Redis for a publish, recorded instead
+  of sent: parking uses it, and so does `pipeline.producer`, which writes typed jobs (and their records) in
+  one round trip.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import groupby
 from typing import Any
 
 from celery.result import denied_join_result
-from celery.utils import uuid
 from kombu import Producer
-from pydantic import BaseModel
 
 from pipeline.broker import broker_redis
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
-from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY, HEADER_PUBLISHED_AT, JOB_RECORD_KEY
-from pipeline.errors import PayloadInvalid
-from pipeline.records import accepted_entry, remember_recent
-
-#: Messages per Redis round trip in `enqueue_many`.
-CHUNK = 1000
+from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
 
 #: Sends the job through `producer` (None: the app's pool) with this ETA.
 Send = Callable[[Producer | None, datetime | None], Any]
@@ -157,45 +150,3 @@ def parked_stats(now: float | None = None) -> ParkedStats:
     now = time.time() if now is None else now
     overdue = max(0.0, now - float(earliest[0][1])) if earliest else 0.0
     return ParkedStats(int(count), overdue)
-
-
-def _validate_all(typed: Any, payloads: Iterable[BaseModel | Mapping[str, Any]]) -> list[BaseModel]:
-    jobs = []
-    for index, payload in enumerate(payloads):
-        try:
-            jobs.append(typed.validate(payload))
-        except PayloadInvalid as exc:
-            errors = [{**e, "loc": [index, *e.get("loc", ())]} for e in exc.errors]
-            raise PayloadInvalid(typed.name, errors) from None
-    return jobs
-
-
-def enqueue_many(typed: Any, payloads: Iterable[BaseModel | Mapping[str, Any]]) -> list[str]:
-    """Publish one job of `typed` (a `TypedTask`) per payload; return their task ids in order."""
-    validated = _validate_all(typed, payloads)
-    ids: list[str] = []
-    for start in range(0, len(validated), CHUNK):
-        chunk = validated[start : start + CHUNK]
-        chunk_ids = [uuid() for _ in chunk]
-
-        def sender(job: BaseModel, task_id: str) -> Any:
-            headers = {HEADER_PUBLISHED_AT: time.time()}
-            args = (job.model_dump(mode="json"),)
-            return lambda producer: typed.task.apply_async(args, task_id=task_id, headers=headers, producer=producer)
-
-        messages = capture_many(sender(job, task_id) for job, task_id in zip(chunk, chunk_ids, strict=True))
-        record, ttl = accepted_entry(typed.name)
-        with broker_redis() as client:
-            pipe = client.pipeline(transaction=False)
-            for task_id in chunk_ids:  # before the jobs, as `enqueue()` does: an id is never "unknown"
-                pipe.set(JOB_RECORD_KEY.format(id=task_id), record, ex=ttl)
-            remember_recent(pipe, typed.queue, chunk_ids)
-            for dest, group in groupby(messages, key=lambda m: m.dest):
-                batch = list(group)
-                pipe.lpush(dest, *[m.body for m in batch])
-                for message in batch:
-                    for _, args in message.extra:
-                        pipe.publish(*args)
-            pipe.execute()
-        ids.extend(chunk_ids)
-    return ids

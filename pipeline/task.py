@@ -19,7 +19,7 @@ import dataclasses
 import importlib
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
@@ -27,13 +27,14 @@ from celery import Celery, Task, shared_task
 from celery.exceptions import Retry
 from celery.result import AsyncResult
 from celery.utils.time import rate as per_second
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from pipeline import idempotency, publish, records
+from pipeline import publish
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
-from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT, HEADER_RATE_SLOT, TASK_MODULES
+from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_RATE_SLOT, TASK_MODULES
 from pipeline.errors import PayloadInvalid, PermanentError
+from pipeline.producer import write
 from pipeline.retry import RetryPolicy
 
 P = TypeVar("P", bound=BaseModel)
@@ -175,10 +176,6 @@ def due_time(countdown: float | None, eta: datetime | None) -> float | None:
     return None
 
 
-def _eta(due: float | None) -> datetime | None:
-    return None if due is None else datetime.fromtimestamp(due, UTC)
-
-
 def _single_payload(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if len(args) != 1 or kwargs:
         raise PayloadInvalid(name, [{"loc": (), "msg": "takes exactly one positional argument: the payload object"}])
@@ -209,6 +206,8 @@ class TypedTask(Generic[P, R]):
         self.kind = kind
         #: False for the pipeline's own housekeeping: the API and the page do not offer it.
         self.public = public
+        self._list_adapter: TypeAdapter[list[Any]] | None = None
+        self._queue: tuple[Celery, str] | None = None
         REGISTRY[kind] = self
 
     @property
@@ -221,16 +220,32 @@ class TypedTask(Generic[P, R]):
 
     @property
     def queue(self) -> str:
-        """The queue the app's router sends this task's jobs to."""
-        return str(get_app().amqp.router.route({}, self.name)["queue"].name)
+        """The queue the app's router sends this task's jobs to (routes are fixed once the app is built)."""
+        app = get_app()
+        if self._queue is None or self._queue[0] is not app:
+            self._queue = (app, str(app.amqp.router.route({}, self.name)["queue"].name))
+        return self._queue[1]
 
     def validate(self, payload: P | Mapping[str, Any]) -> P:
+        """`payload` as the task's model; `PayloadInvalid` if it does not match or is over MAX_PAYLOAD_BYTES."""
+        return self._checked(payload)[0]
+
+    def _checked(self, payload: P | Mapping[str, Any]) -> tuple[P, dict[str, Any], str]:
+        """The validated job, its JSON-mode dict and its JSON text (what the message carries)."""
         job = validate_payload(self.name, self.payload_model, payload)
-        size = len(json.dumps(job.model_dump(mode="json")))
+        data = job.model_dump(mode="json")
+        text = json.dumps(data)
         limit = get_settings().max_payload_bytes
-        if size > limit:
-            raise PayloadInvalid(self.name, [{"loc": (), "msg": f"payload is {size} bytes; the limit is {limit}"}])
-        return job
+        if len(text) > limit:
+            raise PayloadInvalid(self.name, [{"loc": (), "msg": f"payload is {len(text)} bytes; the limit is {limit}"}])
+        return job, data, text
+
+    def _send(
+        self, producer: Any, task_id: str, payload: dict[str, Any], headers: dict[str, Any], eta: datetime | None
+    ) -> Any:
+        """Celery's own publish of one job (captured by `pipeline.producer`, never sent from here)."""
+        timing: dict[str, Any] = {"eta": eta} if eta is not None else {}
+        return self.task.apply_async((payload,), task_id=task_id, headers=headers, producer=producer, **timing)
 
     def enqueue(
         self,
@@ -242,33 +257,28 @@ class TypedTask(Generic[P, R]):
     ) -> str:
         """Validate `payload` and publish it; return the task id.
 
-        Nothing reaches the broker if validation fails (`PayloadInvalid`). With an `idempotency_key`, a
-        second enqueue with the same key (within ENQUEUE_IDEMPOTENCY_TTL) returns the first job's id.
-        A `countdown` or `eta` further ahead than DELAYED_RELEASE_AHEAD parks the job in Redis until it
-        is due (`pipeline.publish`), so any delay is safe beyond the visibility timeout.
+        Nothing reaches the broker if validation fails (`PayloadInvalid`). The job's record and its message
+        are written in one Redis round trip (`pipeline.producer`). With an `idempotency_key`, a second enqueue
+        with the same key (within ENQUEUE_IDEMPOTENCY_TTL) returns the first job's id. A `countdown` or `eta`
+        further ahead than DELAYED_RELEASE_AHEAD parks the job in Redis until it is due (`pipeline.publish`),
+        so any delay is safe beyond the visibility timeout.
         """
-        job = self.validate(payload)
-        headers: dict[str, Any] = {HEADER_PUBLISHED_AT: time.time()}
-        with idempotency.claim(self.name, idempotency_key) as claim:
-            if claim.existing_id is not None:
-                return claim.existing_id
-            if idempotency_key:
-                headers[HEADER_IDEMPOTENCY_KEY] = idempotency_key
-            args = (job.model_dump(mode="json"),)
-            due = due_time(countdown, eta)
-            queue = self.queue
-            records.record_accepted(claim.task_id, self.name, _eta(due), queue)  # first: never "unknown"
+        _, data, text = self._checked(payload)
+        due = due_time(countdown, eta)
+        return write.enqueue_one(
+            self.name, self.queue, self._send, data, text, due=due, idempotency_key=idempotency_key
+        )
 
-            def send(producer: Any, at: datetime | None) -> None:
-                timing: dict[str, Any] = {"eta": at} if at is not None else {}
-                self.task.apply_async(args, task_id=claim.task_id, headers=headers, producer=producer, **timing)
+    def enqueue_many(self, payloads: Iterable[P | Mapping[str, Any]]) -> list[str]:
+        """Validate every payload, then publish one job each; return their task ids in order.
 
-            try:
-                publish.schedule(send, claim.task_id, due)
-            except BaseException:
-                records.forget_accepted(claim.task_id, queue)
-                raise
-            return claim.task_id
+        One pydantic call validates the batch: an invalid item raises `PayloadInvalid` whose errors' `loc`
+        start with the item's index, and nothing is published. Records and messages are written
+        `pipeline.producer.write.CHUNK` jobs per Redis round trip.
+        """
+        if self._list_adapter is None:
+            self._list_adapter = TypeAdapter(list[self.payload_model])  # type: ignore[name-defined]  # a runtime model
+        return write.enqueue_many(self.name, self.queue, self._send, self._list_adapter, payloads)
 
     def result(self, task_id: str, timeout: float | None = None) -> R:
         """Wait for the job and return its typed result (raises the job's error if it failed)."""

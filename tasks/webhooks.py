@@ -22,7 +22,6 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
-from pipeline import publish
 from pipeline.config import get_settings
 from pipeline.errors import PermanentError, TransientError
 from pipeline.task import JobContext, typed_task
@@ -134,5 +133,5 @@ def enqueue(
 
 
 def enqueue_many(jobs: Iterable[WebhookJob | Mapping[str, Any]]) -> list[str]:
-    """Validate all, then publish every delivery in batches (see `pipeline.publish`); return the ids."""
-    return publish.enqueue_many(deliver, jobs)
+    """Validate all, then publish every delivery in batches (`TypedTask.enqueue_many`); return the ids."""
+    return deliver.enqueue_many(jobs)

@@ -1,11 +1,12 @@
-"""Building the `POST /jobs/<kind>` route function of one job kind.
+"""Building the `POST /jobs/<kind>` and `POST /jobs/<kind>/batch` route functions of one job kind.
 
 The body parameter is exactly the kind's payload model (so the same JSON works for the API, the CLI and
 `send_task`). Delay and ETA are query parameters, at most `MAX_DELAY_S` ahead (a product limit: delayed
 jobs are parked in Redis, so the visibility timeout does not bound them); the
 `Idempotency-Key` header makes a repeated request return the first job's id. The function returns only
 after `enqueue()` did, i.e. after the publish to Redis returned; broker errors propagate to the 503
-handler in `pipeline.api.errors`.
+handler in `pipeline.api.errors`. The batch route takes a JSON array of such payloads (at most MAX_BATCH)
+and publishes them with `TypedTask.enqueue_many`: all or none, a bad item named by its index.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-from fastapi import Body, Header, HTTPException, Query, Response
-from pydantic import BeforeValidator
+from fastapi import Body, Header, HTTPException, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
-from pipeline.api.models import Accepted
+from pipeline.api.models import Accepted, AcceptedBatch
 from pipeline.task import TypedTask
 
 ETA_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?([Zz]|[+-]\d{2}:?\d{2})?$")
@@ -128,3 +131,39 @@ def enqueue_endpoint(typed: TypedTask[Any, Any]) -> Any:
     endpoint.__signature__ = inspect.Signature(params, return_annotation=Accepted)  # type: ignore[attr-defined]  # FastAPI reads it
     endpoint.__name__ = f"enqueue_{typed.kind.replace('-', '_')}"
     return endpoint
+
+
+#: Most jobs one `POST /jobs/<kind>/batch` request may carry (its body also counts against API_MAX_BODY_BYTES).
+MAX_BATCH = 1000
+
+
+def enqueue_batch_endpoint(typed: TypedTask[Any, Any]) -> tuple[Any, dict[str, Any]]:
+    """The batch route function of `typed` and its OpenAPI request body (a JSON array of the kind's payloads).
+
+    The body is validated as JSON in one call, strictly (JSON types must match the schema: `false` is not an
+    integer, `"5"` is not a number), errors located like FastAPI's (`["body", index, field]`), then published
+    with `TypedTask.enqueue_many`.
+    """
+    model: Any = typed.payload_model
+    adapter: TypeAdapter[list[Any]] = TypeAdapter(Annotated[list[model], Field(min_length=1, max_length=MAX_BATCH)])
+
+    async def endpoint(request: Request) -> AcceptedBatch:
+        try:
+            jobs = adapter.validate_json(await request.body(), strict=True)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False, include_input=False)
+            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from None
+        ids = await run_in_threadpool(typed.enqueue_many, jobs)
+        return AcceptedBatch(ids=ids, status_urls=[status_path(i) for i in ids])
+
+    endpoint.__name__ = f"enqueue_{typed.kind.replace('-', '_')}_batch"
+    # The most items is said in words, not as maxItems: a longer array is refused (422) like any invalid body,
+    # but a body over API_MAX_BODY_BYTES gets its 413 before it is read, which OpenAPI cannot express.
+    schema = {
+        "type": "array",
+        "items": {"$ref": f"#/components/schemas/{model.__name__}"},
+        "minItems": 1,
+        "description": f"1 to {MAX_BATCH} payloads, validated together.",
+    }
+    body = {"required": True, "content": {"application/json": {"schema": schema}}}
+    return endpoint, {"requestBody": body}

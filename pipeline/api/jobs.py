@@ -1,4 +1,4 @@
-"""Job routes: `POST /jobs/<kind>` for every registered kind, `GET /jobs/{id}`, `GET /jobs`, `GET /kinds`.
+"""Job routes: `POST /jobs/<kind>` and `/jobs/<kind>/batch` per kind, `GET /jobs/{id}`, `GET /jobs`, `GET /kinds`.
 
 The enqueue routes are generated from `pipeline.task.REGISTRY` (see `pipeline.api.enqueue`), so OpenAPI
 documents each kind's payload model, and only registered kinds can be enqueued.
@@ -12,8 +12,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
 
 from pipeline.api.auth import require_token
-from pipeline.api.enqueue import enqueue_endpoint, require_json
-from pipeline.api.models import Accepted, Kind, Problem
+from pipeline.api.enqueue import MAX_BATCH, enqueue_batch_endpoint, enqueue_endpoint, require_json
+from pipeline.api.models import Accepted, AcceptedBatch, Kind, Problem
 from pipeline.api.strict import reject_unknown_query
 from pipeline.browse.listing import browse
 from pipeline.browse.model import MAX_LIMIT, BadCursor, BrowseState, JobPage
@@ -26,6 +26,14 @@ JobId = Annotated[str, Path(min_length=1, max_length=255, description="The job's
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "Missing or invalid bearer token."},
     503: {"model": Problem, "description": "The broker is unreachable; see Retry-After."},
+}
+
+
+BODY_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": Problem, "description": "The body is not UTF-8 text, or Content-Length is invalid."},
+    408: {"model": Problem, "description": "The body did not arrive within API_BODY_TIMEOUT."},
+    413: {"model": Problem, "description": "Request body too large."},
+    415: {"model": Problem, "description": "Content-Type is not JSON (none at all is read as JSON)."},
 }
 
 
@@ -49,29 +57,39 @@ def _bad_query(name: str, message: str) -> HTTPException:
 def router(registry: dict[str, TypedTask[Any, Any]]) -> APIRouter:
     routes = APIRouter(dependencies=[Depends(require_token), Depends(reject_unknown_query)], responses=ERRORS)
     kinds = sorted(registry)
+    # A body without Content-Type is read as JSON (documented). FastAPI's strict default guards
+    # cookie-authenticated apps against cross-site form posts; these routes need a bearer header,
+    # which a cross-site request cannot carry without a CORS preflight.
+    post: dict[str, Any] = {
+        "methods": ["POST"],
+        "status_code": 202,
+        "tags": ["jobs"],
+        "dependencies": [Depends(require_json)],
+        "strict_content_type": False,
+        "responses": BODY_ERRORS,
+    }
     for kind in kinds:
         typed = registry[kind]
         routes.add_api_route(
             f"/jobs/{kind}",
             enqueue_endpoint(typed),
-            methods=["POST"],
-            status_code=202,
             response_model=Accepted,
             response_description="The job is stored in the broker; `Location` is its status URL.",
-            tags=["jobs"],
             summary=f"Enqueue a {kind} job ({typed.name})",
             description=kind_info(typed).description,
-            dependencies=[Depends(require_json)],
-            # A body without Content-Type is read as JSON (documented). FastAPI's strict default guards
-            # cookie-authenticated apps against cross-site form posts; these routes need a bearer header,
-            # which a cross-site request cannot carry without a CORS preflight.
-            strict_content_type=False,
-            responses={
-                400: {"model": Problem, "description": "The body is not UTF-8 text, or Content-Length is invalid."},
-                408: {"model": Problem, "description": "The body did not arrive within API_BODY_TIMEOUT."},
-                413: {"model": Problem, "description": "Request body too large."},
-                415: {"model": Problem, "description": "Content-Type is not JSON (none at all is read as JSON)."},
-            },
+            **post,
+        )
+        batch, batch_body = enqueue_batch_endpoint(typed)
+        routes.add_api_route(
+            f"/jobs/{kind}/batch",
+            batch,
+            response_model=AcceptedBatch,
+            response_description="Every job is stored in the broker, in order.",
+            summary=f"Enqueue up to {MAX_BATCH} {kind} jobs at once ({typed.name})",
+            description="A JSON array of payloads, validated together: one invalid item refuses the whole "
+            "batch (422, its `loc` names the item's index) and nothing is published.",
+            openapi_extra=batch_body,
+            **post,
         )
 
     @routes.post("/jobs/{kind}", include_in_schema=False)

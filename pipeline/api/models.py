@@ -18,6 +18,13 @@ class Accepted(BaseModel):
     status_url: str = Field(description="Path of the job's status, relative to the API root.")
 
 
+class AcceptedBatch(BaseModel):
+    """Every job of a batch was stored in the broker, in the order sent."""
+
+    ids: list[str]
+    status_urls: list[str] = Field(description="Paths of the jobs' statuses, relative to the API root, in order.")
+
+
 class Kind(BaseModel):
     kind: str
     task: str

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from pipeline.cli import dlq as cli_dlq
-from pipeline.cli.output import broker_errors, emit_json, fail, parse_time, read_payload
+from pipeline.cli.output import broker_errors, emit_json, fail, parse_time, read_payload, read_payloads
 from pipeline.config import get_settings
 from pipeline.errors import PayloadInvalid
 from pipeline.status import JobState, JobStatus, job_status
@@ -57,22 +57,14 @@ def enqueue(
     as_json: JsonOpt = False,
 ) -> None:
     """Validate a payload and publish the job; print its id (and with --wait, its result)."""
-    from pipeline.task import load_task_modules
-
-    tasks = load_task_modules()
-    typed = tasks.get(kind) or next((t for t in tasks.values() if t.name == kind), None)
-    if typed is None:
-        raise fail(f"unknown kind {kind!r}; known: {', '.join(sorted(tasks))}", 2, as_json)
+    typed = _typed(kind, as_json)
     eta: datetime | None = parse_time(at) if at else None
     try:
         task_id = typed.enqueue(
             read_payload(payload, set_ or []), countdown=delay, eta=eta, idempotency_key=idempotency_key
         )
     except PayloadInvalid as exc:
-        if as_json:
-            emit_json({"error": "invalid payload", "task": typed.name, "details": exc.errors})
-            raise typer.Exit(2) from None
-        raise fail(str(exc), 2) from None
+        raise _invalid(exc, as_json) from None
     if not wait:
         emit_json({"id": task_id, "task": typed.name}) if as_json else typer.echo(task_id)
         return
@@ -91,6 +83,43 @@ def enqueue(
             error = f"{status.error.type}: {status.error.message}" if status.error else None
             typer.secho(f"{status.state}: {error}", fg=typer.colors.RED, err=True)
         raise typer.Exit(1)
+
+
+@app.command("enqueue-many")
+def enqueue_many(
+    kind: Annotated[str, typer.Argument(help="Job kind (see `pipeline kinds`) or full task name.")],
+    payloads: Annotated[str, typer.Argument(help="A JSON array or JSON Lines: @file, - for stdin, or the text.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Validate every payload, then publish one job each (all or none); print their ids in order."""
+    typed = _typed(kind, as_json)
+    try:
+        ids = typed.enqueue_many(read_payloads(payloads))
+    except PayloadInvalid as exc:
+        raise _invalid(exc, as_json) from None
+    if as_json:
+        emit_json({"task": typed.name, "ids": ids})
+    else:
+        typer.echo("\n".join(ids))
+
+
+def _typed(kind: str, as_json: bool) -> Any:
+    """The typed task of a kind or task name (exit 2 naming the known kinds if there is none)."""
+    from pipeline.task import load_task_modules
+
+    tasks = load_task_modules()
+    typed = tasks.get(kind) or next((t for t in tasks.values() if t.name == kind), None)
+    if typed is None:
+        raise fail(f"unknown kind {kind!r}; known: {', '.join(sorted(tasks))}", 2, as_json)
+    return typed
+
+
+def _invalid(exc: PayloadInvalid, as_json: bool) -> typer.Exit:
+    """Exit 2 with the field errors (for a batch, each `loc` starts with the item's index)."""
+    if as_json:
+        emit_json({"error": "invalid payload", "task": exc.task, "details": exc.errors})
+        return typer.Exit(2)
+    return fail(str(exc), 2)
 
 
 def _dumps(value: Any) -> str:

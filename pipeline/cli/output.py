@@ -96,3 +96,18 @@ def read_payload(source: str | None, assignments: list[str]) -> dict[str, Any]:
             value = raw
         _set_path(payload, key, value)
     return payload
+
+
+def read_payloads(source: str) -> list[Any]:
+    """Payloads from `@file`, `-` (stdin) or JSON text: a JSON array, or JSON Lines (one object per line)."""
+    text = sys.stdin.read() if source == "-" else Path(source[1:]).read_text() if source[0] == "@" else source
+    try:
+        if text.lstrip().startswith("["):
+            items = json.loads(text)
+        else:
+            items = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except ValueError as exc:
+        raise typer.BadParameter(f"payloads are not a JSON array or JSON Lines: {exc}") from None
+    if not isinstance(items, list) or not items:
+        raise typer.BadParameter("expected at least one payload")
+    return items

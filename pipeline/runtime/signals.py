@@ -24,6 +24,7 @@ from celery.utils.dispatch import Signal
 from pipeline.constants import HEADER_PUBLISHED_AT
 from pipeline.dlq import capture
 from pipeline.observability import endpoint, logs, metrics, multiproc, sentry, task_metrics
+from pipeline.producer.hooks import publish_safe
 from pipeline.scheduling import delayed
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ def guarded(handler: Callable[..., None]) -> Callable[..., None]:
 
 
 @guarded
+@publish_safe  # templated messages carry the stamp themselves (pipeline.producer)
 def on_before_task_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
     """Stamp the publish time (for queue-wait figures) unless the producer already did."""
     if headers is not None:

@@ -49,7 +49,8 @@ def test_swagger_ui_renders_offline(api: ApiServer) -> None:
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto("/docs")
             expect(page.locator(".swagger-ui .info .title")).to_contain_text("pipeline", timeout=30_000)
-            expect(page.locator(".opblock-summary-path", has_text="/jobs/probe")).to_be_visible()
+            expect(page.locator('.opblock-summary-path[data-path="/jobs/probe"]')).to_be_visible()
+            expect(page.locator('.opblock-summary-path[data-path="/jobs/probe/batch"]')).to_be_visible()
             expect(page.locator(".swagger-ui .btn.authorize")).to_be_visible()
         finally:
             browser.close()

@@ -198,6 +198,23 @@ def test_idempotency_key_returns_the_same_job(idle: ApiServer) -> None:
         assert bad.status_code == 422
 
 
+def test_a_batch_is_published_whole_or_not_at_all(idle: ApiServer) -> None:
+    with idle.client() as client:
+        before = depth(client)
+        bad = client.post("/jobs/probe/batch", json=[{"message": "a"}, {"message": "b", "sleep_s": -1}])
+        assert bad.status_code == 422
+        assert [e["loc"] for e in bad.json()["detail"]] == [["body", 1, "sleep_s"]]
+        assert client.post("/jobs/probe/batch", json=[]).status_code == 422
+        assert depth(client) == before  # nothing of a refused batch was published
+
+        accepted = client.post("/jobs/probe/batch", json=[{"message": f"m{i}"} for i in range(30)])
+        assert accepted.status_code == 202
+        ids = accepted.json()["ids"]
+        assert len(set(ids)) == 30 and accepted.json()["status_urls"][0] == f"/jobs/{ids[0]}"
+        assert depth(client) == before + 30
+        assert {client.get(f"/jobs/{i}").json()["state"] for i in ids} == {"queued"}
+
+
 # --- refusals ----------------------------------------------------------------------------------------
 
 

@@ -1,7 +1,8 @@
 """The pipeline app plus tasks that only tests use; workers in tests run `celery -A tests.support.worker_app`.
 
 `test.ledger` writes one record per attempt to a Redis list (attempt number, time, pid) so tests can
-measure retries, redeliveries and timing from the outside, then behaves as its payload asks.
+measure retries, redeliveries and timing from the outside, then behaves as its payload asks. `test.spawn`
+enqueues a probe job from inside a running job.
 """
 
 from __future__ import annotations
@@ -79,3 +80,19 @@ def ledger(job: LedgerJob, ctx: JobContext) -> LedgerResult:
         os._exit(1)  # the pool child dies mid-task
     ledger_client().rpush(f"test:done:{job.key}", ctx.task_id)
     return LedgerResult(key=job.key, attempt=ctx.attempt, pid=os.getpid())
+
+
+class SpawnJob(BaseModel):
+    message: str
+
+
+class SpawnResult(BaseModel):
+    child_id: str
+
+
+@typed_task("test.spawn", kind="test-spawn", payload=SpawnJob, result=SpawnResult)
+def spawn(job: SpawnJob, ctx: JobContext) -> SpawnResult:
+    """Enqueue a probe job from inside this running job (its message names this job as parent)."""
+    from pipeline.runtime.probe import probe
+
+    return SpawnResult(child_id=probe.enqueue({"message": job.message}))

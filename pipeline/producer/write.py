@@ -1,0 +1,228 @@
+"""Writing jobs: record, recent-jobs index and message (queued or parked) in one round trip per job or chunk.
+
+`enqueue_one` is `TypedTask.enqueue`'s publish. A job due now takes its message from the task's template
+(`pipeline.producer.template`) and is stored by one script call (`pipeline.producer.script`): its record
+(`pipeline.records`), its place in the recent-jobs index, the message and the `task-sent` event when the app
+sends one, and the claim of its idempotency key if it has one — all or nothing, one round trip. A job with an
+ETA is built by Celery itself and captured (`pipeline.publish.capture`), then written with its record in one
+MULTI, queued or parked (a key is claimed first, one more round trip). Celery's result backend is not asked to
+subscribe to the job's result channel (stock Celery subscribes on every `apply_async`): results are read from
+the store when someone asks (`TypedTask.result`, `AsyncResult.get`, `pipeline status`, the API).
+
+`enqueue_many` validates a whole batch in one pydantic call and stores records and messages CHUNK jobs per
+script call.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from pipeline import idempotency
+from pipeline.celery_app import get_app
+from pipeline.config import get_settings
+from pipeline.constants import (
+    DELAYED_DEST_KEY,
+    DELAYED_KEY,
+    DELAYED_MESSAGE_KEY,
+    HEADER_IDEMPOTENCY_KEY,
+    HEADER_PUBLISHED_AT,
+    JOB_RECORD_KEY,
+)
+from pipeline.errors import PayloadInvalid
+from pipeline.producer.client import producer_redis
+from pipeline.producer.hooks import publish_hooked
+from pipeline.producer.script import store_jobs
+from pipeline.producer.template import Job, Template, args_repr, template_for, uuid4_strings
+from pipeline.publish import capture, capture_many
+from pipeline.records import accepted_entry, remember_recent
+
+#: Jobs per Redis round trip in `enqueue_many`.
+CHUNK = 1000
+
+#: `send(producer, task_id, payload, headers, eta)`: the task's `apply_async` on `producer`.
+Send = Callable[[Any, str, dict[str, Any], dict[str, Any], datetime | None], Any]
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """What one job writes besides its record: a list key and kombu's envelope, and PUBLISHes (events)."""
+
+    dest: str
+    body: str
+    publishes: tuple[tuple[str, str], ...]
+
+
+def _parent() -> tuple[str | None, str | None]:
+    """(parent_id, root_id) Celery gives a job sent from inside a running task, else (None, None)."""
+    parent = get_app().current_worker_task
+    if parent is None:
+        return None, None
+    return parent.request.id, parent.request.root_id or parent.request.id
+
+
+def _templated(
+    template: Template, items: list[tuple[Any, str]], published_at: float, key: str | None = None
+) -> tuple[list[str], list[Outgoing]]:
+    """New task ids, and the messages (and `task-sent` events) of jobs with these (payload, JSON text) items."""
+    parent_id, root_id = _parent()
+    app: Any = get_app()  # celery-types lacks `clock`
+    reply_to = app.thread_oid
+    uuids = uuid4_strings(3 * len(items))  # per job: task id, message tag, event tag (one urandom call)
+    ids = uuids[::3]
+    outs = []
+    for n, (payload, text) in enumerate(items):
+        task_id = ids[n]
+        argsrepr = args_repr(payload, template.repr_limits)
+        job = Job(
+            task_id, text, argsrepr, published_at, root_id or task_id, parent_id, uuids[3 * n + 1], uuids[3 * n + 2]
+        )
+        job.idempotency_key = key
+        event = template.sent_event(job, app.clock.forward(), time.time())
+        outs.append(Outgoing(template.dest, template.message(job, reply_to), (event,) if event is not None else ()))
+    return ids, outs
+
+
+def _store(name: str, queue: str, ids: list[str], outs: list[Outgoing], now: float, claim: Any = None) -> str | None:
+    """Store jobs due now in one script call (see `pipeline.producer.script.store_jobs`)."""
+    record, ttl = accepted_entry(name)
+    channels = {channel for out in outs for channel, _ in out.publishes}
+    if len(channels) > 1 or len({out.dest for out in outs}) != 1:
+        raise RuntimeError(f"{name}: a batch's jobs must share one queue and one event channel")
+    return store_jobs(
+        producer_redis(),
+        queue=queue,
+        dest=outs[0].dest,
+        record=record,
+        record_ttl=ttl,
+        now=now,
+        ids=ids,
+        messages=[out.body for out in outs],
+        channel=channels.pop() if channels else "",
+        events=[body for out in outs for _, body in out.publishes],
+        claim=claim,
+    )
+
+
+def enqueue_one(
+    name: str,
+    queue: str,
+    send: Send,
+    payload: dict[str, Any],
+    text: str,
+    *,
+    due: float | None = None,
+    idempotency_key: str | None = None,
+) -> str:
+    """Publish one job of task `name` (its payload, and `text` its JSON); return its id, or with an
+    `idempotency_key` already claimed (within ENQUEUE_IDEMPOTENCY_TTL) the id of the job that claimed it."""
+    now = time.time()
+    if (due is None or due <= now) and not publish_hooked():
+        template = template_for(name, lambda p, i, d, h: send(p, i, d, h, None), keyed=bool(idempotency_key))
+        (task_id,), (out,) = _templated(template, [(payload, text)], now, idempotency_key or None)
+        claim = None
+        if idempotency_key:
+            claim = (idempotency.redis_key(name, idempotency_key), get_settings().enqueue_idempotency_ttl)
+        return _store(name, queue, [task_id], [out], now, claim) or task_id
+    with idempotency.claim(name, idempotency_key) as claimed:
+        if claimed.existing_id is None:
+            _write_captured(name, queue, send, claimed.task_id, payload, idempotency_key, due, now)
+        return claimed.existing_id or claimed.task_id
+
+
+def _write_captured(
+    name: str, queue: str, send: Send, task_id: str, payload: Any, key: str | None, due: float | None, now: float
+) -> None:
+    """A job built by Celery (one with an ETA, or any while a publish hook watches: `pipeline.producer.hooks`),
+    written with its record in one MULTI; parked if due later than DELAYED_RELEASE_AHEAD, else queued (a job
+    due soon is held by a worker until due)."""
+    headers: dict[str, Any] = {HEADER_PUBLISHED_AT: now}
+    if key:
+        headers[HEADER_IDEMPOTENCY_KEY] = key
+    eta = datetime.fromtimestamp(due, UTC) if due is not None and due > now else None
+    message = capture(lambda producer: send(producer, task_id, payload, headers, eta))
+    record, ttl = accepted_entry(name, eta)
+    pipe = producer_redis().pipeline(transaction=True)
+    pipe.set(JOB_RECORD_KEY.format(id=task_id), record, ex=ttl)
+    remember_recent(pipe, queue, [task_id], now)
+    if due is not None and due - now > get_settings().release_ahead:
+        pipe.hset(DELAYED_MESSAGE_KEY, task_id, message.body)
+        pipe.hset(DELAYED_DEST_KEY, task_id, message.dest)
+        pipe.zadd(DELAYED_KEY, {task_id: due})
+    else:
+        pipe.lpush(message.dest, message.body)
+    for _, (channel, event) in message.extra:
+        pipe.publish(channel, event)
+    pipe.execute()
+
+
+def validate_many(name: str, adapter: TypeAdapter[list[Any]], payloads: list[Any]) -> list[BaseModel]:
+    """All `payloads` as models, in one pydantic call; `PayloadInvalid` with each error's `loc` starting with
+    the bad item's index (nothing is published)."""
+    not_objects = [
+        {"loc": [i], "msg": f"payload must be a JSON object, got {type(p).__name__}", "type": "model_type"}
+        for i, p in enumerate(payloads)
+        if not isinstance(p, BaseModel | Mapping)
+    ]
+    if not_objects:
+        raise PayloadInvalid(name, not_objects)
+    try:
+        jobs: list[BaseModel] = adapter.validate_python(payloads)
+    except ValidationError as exc:
+        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        raise PayloadInvalid(name, errors) from None
+    return jobs
+
+
+def dump_checked(name: str, adapter: TypeAdapter[list[Any]], jobs: list[BaseModel]) -> list[tuple[Any, str]]:
+    """Each job's JSON-mode dict and its JSON text, size-checked against MAX_PAYLOAD_BYTES."""
+    limit = get_settings().max_payload_bytes
+    dumped = adapter.dump_python(jobs, mode="json")
+    texts = [json.dumps(d) for d in dumped]
+    too_big = [
+        {"loc": [i], "msg": f"payload is {len(t)} bytes; the limit is {limit}", "type": "too_large"}
+        for i, t in enumerate(texts)
+        if len(t) > limit
+    ]
+    if too_big:
+        raise PayloadInvalid(name, too_big)
+    return list(zip(dumped, texts, strict=True))
+
+
+def enqueue_many(
+    name: str, queue: str, send: Send, adapter: TypeAdapter[list[Any]], payloads: Iterable[Any], chunk: int = CHUNK
+) -> list[str]:
+    """Validate every payload (one call), then store records and messages `chunk` jobs per round trip; return
+    the task ids in order. One bad payload: `PayloadInvalid` naming its index, nothing published."""
+    items = dump_checked(name, adapter, validate_many(name, adapter, list(payloads)))
+    template = template_for(name, lambda p, i, d, h: send(p, i, d, h, None))
+    hooked = publish_hooked()
+    ids: list[str] = []
+    for start in range(0, len(items), chunk):
+        part = items[start : start + chunk]
+        now = time.time()
+        if hooked:
+            chunk_ids = uuid4_strings(len(part))
+            outs = _built_by_celery(send, chunk_ids, [payload for payload, _ in part], now)
+        else:
+            chunk_ids, outs = _templated(template, part, now)
+        _store(name, queue, chunk_ids, outs, now)
+        ids.extend(chunk_ids)
+    return ids
+
+
+def _built_by_celery(send: Send, ids: list[str], payloads: list[Any], now: float) -> list[Outgoing]:
+    """The jobs' messages as Celery builds them (its publish hooks run), captured, not sent."""
+    headers = {HEADER_PUBLISHED_AT: now}
+
+    def sender(task_id: str, payload: Any) -> Callable[[Any], Any]:
+        return lambda producer: send(producer, task_id, payload, headers, None)
+
+    messages = capture_many(sender(i, d) for i, d in zip(ids, payloads, strict=True))
+    return [Outgoing(m.dest, m.body, tuple((str(a[0]), str(a[1])) for _, a in m.extra)) for m in messages]
