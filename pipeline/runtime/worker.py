@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
@@ -28,9 +29,11 @@ from celery.apps.worker import Worker as CeleryWorker
 from celery.worker import state
 
 from pipeline.config import get_settings
-from pipeline.config.celery import worker_broker_transport
+from pipeline.config.celery import prefetch_multiplier, worker_broker_transport, worker_profile
 from pipeline.constants import DEAD_LETTER_QUEUE
 from pipeline.runtime.stall import mark_stopping
+
+log = logging.getLogger(__name__)
 
 #: Longest time the worker's event loop sleeps before it looks at a pending shutdown.
 WAKE_S = 0.25
@@ -60,7 +63,21 @@ class Worker(CeleryWorker):
 
     def setup_queues(self, include: Any, exclude: Any = None) -> None:
         super().setup_queues(include, exclude)
-        refuse_dead_letter_queue(self.app.amqp.queues.consume_from)
+        queues = set(self.app.amqp.queues.consume_from)
+        refuse_dead_letter_queue(queues)
+        self.apply_profile(queues)
+
+    def apply_profile(self, queues: set[str]) -> None:
+        """The worker profile's prefetch, now that the queues are known (before the consumer exists). A
+        multiplier given explicitly (WORKER_PREFETCH_MULTIPLIER, or `--prefetch-multiplier` other than the
+        configured one) stays."""
+        settings = get_settings()
+        profile = worker_profile(settings, queues)
+        given = int(getattr(self, "prefetch_multiplier", 0))  # set by Celery's `setup_defaults`
+        if settings.worker_prefetch_multiplier is None and given == int(self.app.conf.worker_prefetch_multiplier):
+            given = prefetch_multiplier(settings, profile)
+        self.prefetch_multiplier = given
+        log.info("worker profile %s: prefetch %d per process, late acks", profile, given)
 
     def wait_for_soft_shutdown(self) -> Any:
         if not (state.active_requests or state.reserved_requests):
