@@ -13,6 +13,8 @@
   for a message it cannot run and refuse it. `Worker.setup_queues` (after Celery applied `-Q`/`-X`,
   `celery/worker/worker.py: WorkController.setup_queues`) refuses to start instead: one line on
   stderr naming the queue, exit status 2.
+* A solo worker (`-P solo`, the I/O profile) gets soft and hard time limits from a timer in its main
+  thread (`pipeline.runtime.timelimits`): Celery enforces none in that pool.
 * The worker consumes through `pipeline.runtime.transport` (set in `on_before_init`, before any connection):
   queue elements that are not messages are dead-lettered instead of stopping it, and jobs a lost
   connection left unacknowledged are put back when it reconnects.
@@ -31,6 +33,7 @@ from celery.worker import state
 from pipeline.config import get_settings
 from pipeline.config.celery import prefetch_multiplier, worker_broker_transport, worker_profile
 from pipeline.constants import DEAD_LETTER_QUEUE
+from pipeline.runtime import timelimits
 from pipeline.runtime.stall import mark_stopping
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,8 @@ class Worker(CeleryWorker):
         queues = set(self.app.amqp.queues.consume_from)
         refuse_dead_letter_queue(queues)
         self.apply_profile(queues)
+        if _is_solo(getattr(self, "pool_cls", None)):
+            timelimits.enable()  # Celery enforces no time limit in the solo pool: a timer in the main thread does
 
     def apply_profile(self, queues: set[str]) -> None:
         """The worker profile's prefetch, now that the queues are known (before the consumer exists). A
@@ -85,6 +90,12 @@ class Worker(CeleryWorker):
         # The soft shutdown sleeps in the signal handler, so the event loop (and the heartbeat) stops meanwhile.
         mark_stopping(float(self.app.conf.worker_soft_shutdown_timeout or 0))
         return super().wait_for_soft_shutdown()
+
+
+def _is_solo(pool_cls: Any) -> bool:
+    """`-P solo` (an alias until Celery resolves it, or the class itself)."""
+    name = pool_cls if isinstance(pool_cls, str) else getattr(pool_cls, "__module__", "")
+    return name == "solo" or str(name).endswith("concurrency.solo")
 
 
 def _wake() -> None:
