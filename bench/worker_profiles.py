@@ -135,6 +135,8 @@ class System:
     #: One worker command line per process (after `celery -A ... worker`).
     procs: list[list[str]]
     env: dict[str, str] = field(default_factory=dict)
+    #: N: `pipeline worker --processes N` (solo workers under the supervisor) instead of `procs`.
+    supervised: int = 0
 
 
 def systems(queue: str) -> list[System]:
@@ -147,9 +149,9 @@ def systems(queue: str) -> list[System]:
         System("pipeline prefork c2, results ignored (bound)", "app", queue, [c2], {"BENCH_IGNORE_RESULT": "true"}),
         System("pipeline threads c8", "app", queue, [["-P", "threads", "-c", "8"]]),
         System("pipeline threads c16", "app", queue, [["-P", "threads", "-c", "16"]]),
-        System("pipeline 2 x solo", "app", queue, [["-P", "solo"]] * 2),
-        System("pipeline 3 x solo", "app", queue, [["-P", "solo"]] * 3),
-        System("pipeline 4 x solo", "app", queue, [["-P", "solo"]] * 4),
+        System("pipeline worker --processes 2 (solo)", "app", queue, [], supervised=2),
+        System("pipeline worker --processes 3 (solo)", "app", queue, [], supervised=3),
+        System("pipeline worker --processes 4 (solo)", "app", queue, [], supervised=4),
         System("pipeline gevent c16", "app", queue, [["-P", "gevent", "-c", "16"]]),
         System("pipeline 2 x gevent c8", "app", queue, [["-P", "gevent", "-c", "8"]] * 2),
     ]
@@ -168,7 +170,10 @@ class Workers:
         self.logs: list[Path] = []
 
     def start(self) -> None:
-        for index, extra in enumerate(self.system.procs):
+        system = self.system
+        supervisor = [sys.executable, "-m", "pipeline", "worker", "--processes", str(system.supervised)]
+        supervisor += ["--app", f"bench.worker_profiles:{system.app}", "-Q", system.queue, "-l", "WARNING"]
+        for index, extra in enumerate([supervisor] if system.supervised else system.procs):
             log = Path(tempfile.mkstemp(prefix="bench-wp-", suffix=".log")[1])
             metrics = tempfile.mkdtemp(prefix="bench-wp-metrics-")
             env = {
@@ -176,13 +181,15 @@ class Workers:
                 "REDIS_URL": self.url,
                 "LOG_LEVEL": "WARNING",
                 "METRICS_PORT": str(free_port()),
+                "DATA_DIR": metrics,
                 "METRICS_ADDRESS": "127.0.0.1",
                 "PROMETHEUS_MULTIPROC_DIR": metrics,
                 "WORKER_HEALTH_DIR": metrics,
                 **self.system.env,
             }
-            argv = [sys.executable, "-m", "celery", "-A", f"bench.worker_profiles:{self.system.app}", "worker"]
-            argv += [*extra, "-Q", self.system.queue, "-n", f"bench{index}@%h", "-l", "WARNING"]
+            argv = [sys.executable, "-m", "celery", "-A", f"bench.worker_profiles:{system.app}", "worker"]
+            argv += [*extra, "-Q", system.queue, "-n", f"bench{index}@%h", "-l", "WARNING"]
+            argv = extra if system.supervised else argv
             with log.open("wb") as out:
                 proc = subprocess.Popen(
                     argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -191,12 +198,16 @@ class Workers:
             self.logs.append(log)
         control = __getattr__("stock").control  # any app on this Redis: the control exchange is the same
         deadline = time.monotonic() + 60
-        while len(control.ping(timeout=0.5)) < len(self.procs):
+        while len(control.ping(timeout=0.5)) < (system.supervised or len(self.procs)):
             for proc, log in zip(self.procs, self.logs, strict=True):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(log.read_text())
 
     def stop(self) -> None:
+        if self.system.supervised:  # its workers run in sessions of their own: it stops them
+            for proc in self.procs:
+                proc.terminate()
+                proc.wait(60)
         for proc in self.procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)

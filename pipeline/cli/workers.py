@@ -50,7 +50,8 @@ def metrics_directory() -> Path:
 
 
 def worker_argv(app: str, name: str, index: int, celery_args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", app, "worker", "-P", "solo", "-n", f"{name}{index}@%h", *celery_args]
+    node = f"{name}{index}@%h"
+    return [sys.executable, "-m", "celery", "-A", app, "worker", "-P", "solo", "-c", "1", "-n", node, *celery_args]
 
 
 class Supervisor:
