@@ -59,6 +59,9 @@ def refuse_dead_letter_queue(queues: Any) -> None:
 
 
 class Worker(CeleryWorker):
+    #: `short` or `long` (`pipeline.config.celery.worker_profile`), known once the queues are.
+    profile = "short"
+
     def on_before_init(self, quiet: bool = False, **kwargs: Any) -> None:
         # Before the worker opens any connection: it consumes through `pipeline.runtime.transport`.
         self.app.conf.broker_transport = worker_broker_transport(get_settings().broker_url)
@@ -82,7 +85,11 @@ class Worker(CeleryWorker):
         if settings.worker_prefetch_multiplier is None and given == int(self.app.conf.worker_prefetch_multiplier):
             given = prefetch_multiplier(settings, profile)
         self.prefetch_multiplier = given
-        log.info("worker profile %s: prefetch %d per process, late acks", profile, given)
+        self.profile = profile
+
+    def on_start(self) -> None:
+        super().on_start()  # logging is set up from here on
+        log.info("worker profile %s: prefetch %d per process, late acks", self.profile, self.prefetch_multiplier)
 
     def wait_for_soft_shutdown(self) -> Any:
         if not (state.active_requests or state.reserved_requests):
