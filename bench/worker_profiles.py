@@ -97,7 +97,6 @@ def _pipeline() -> Any:
         ok: bool = True
 
     track = os.environ.get("BENCH_TRACK_STARTED") == "true"
-    ignore = os.environ.get("BENCH_IGNORE_RESULT") == "true"
 
     @typed_task(
         "bench.noop",
@@ -106,7 +105,6 @@ def _pipeline() -> Any:
         result=NoopResult,
         public=False,
         track_started=track,
-        ignore_result=ignore,
     )
     def noop(job: NoopJob, ctx: JobContext) -> NoopResult:
         _record(_client(), job.model_dump())
@@ -146,14 +144,12 @@ def systems(queue: str) -> list[System]:
         System("pipeline on main (events, track_started, prefetch 1)", "app", queue, [c2], _on_main()),
         System("pipeline prefork c2 (lean default)", "app", queue, [c2]),
         System("pipeline prefork c2 + events (Flower)", "app", queue, [c2], {"TASK_EVENTS": "true"}),
-        System("pipeline prefork c2, results ignored (bound)", "app", queue, [c2], {"BENCH_IGNORE_RESULT": "true"}),
         System("pipeline threads c8", "app", queue, [["-P", "threads", "-c", "8"]]),
         System("pipeline threads c16", "app", queue, [["-P", "threads", "-c", "16"]]),
         System("pipeline worker --processes 2 (solo)", "app", queue, [], supervised=2),
         System("pipeline worker --processes 3 (solo)", "app", queue, [], supervised=3),
         System("pipeline worker --processes 4 (solo)", "app", queue, [], supervised=4),
         System("pipeline gevent c16", "app", queue, [["-P", "gevent", "-c", "16"]]),
-        System("pipeline 2 x gevent c8", "app", queue, [["-P", "gevent", "-c", "8"]] * 2),
     ]
 
 
@@ -295,6 +291,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated substrings of system names")
     parser.add_argument("--json", dest="json_out", default="", help="also write the medians to this file")
     opts = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the workers and Redis on the way out
     chosen = [s for s in systems(opts.queue) if not opts.only or any(o in s.name for o in opts.only.split(","))]
     results: dict[str, list[dict[str, float]]] = {s.name: [] for s in chosen}
     with redis_server() as url:

@@ -11,7 +11,9 @@ So a worker starts with task events off (TASK_EVENTS=false, the default) and tur
 `enable_events` control command arrives (Celery's own handler). `EventsLease` remembers when it last
 arrived and turns task events off again once nobody has asked for EVENTS_IDLE_TIMEOUT seconds (Flower
 stopped, or was started with `--enable_events=false`). With TASK_EVENTS=true they are on from the start
-and stay on (for another consumer of events than Flower, e.g. an exporter that does not ask).
+and stay on (for another consumer of events than Flower, e.g. an exporter that does not ask). A worker
+started with both `--without-heartbeat` and `--without-gossip` has no event dispatcher at all unless
+TASK_EVENTS is on, so Flower cannot turn its events on.
 """
 
 from __future__ import annotations
