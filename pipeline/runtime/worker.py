@@ -34,7 +34,8 @@ from pipeline.config import get_settings
 from pipeline.config.celery import prefetch_multiplier, worker_broker_transport, worker_profile
 from pipeline.constants import DEAD_LETTER_QUEUE
 from pipeline.runtime import timelimits
-from pipeline.runtime.stall import mark_stopping
+from pipeline.runtime.stall import mark_stopping, running_job
+from pipeline.task import GUARDS
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,8 @@ class Worker(CeleryWorker):
         self.apply_profile(queues)
         if _is_solo(getattr(self, "pool_cls", None)):
             timelimits.enable()  # Celery enforces no time limit in the solo pool: a timer in the main thread does
+            if running_job not in GUARDS:  # a job blocks the event loop: the heartbeat is kept up meanwhile
+                GUARDS.append(running_job)
 
     def apply_profile(self, queues: set[str]) -> None:
         """The worker profile's prefetch, now that the queues are known (before the consumer exists). A

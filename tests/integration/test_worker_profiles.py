@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -30,7 +31,7 @@ from tests.support.limited import limited, starts
 from tests.support.procs import RedisServer, Worker, free_port, wait_for
 from tests.support.scrape import scrape, value
 from tests.support.tracked import tracked, untracked
-from tests.support.worker_app import ledger, ledger_client
+from tests.support.worker_app import attempts, ledger, ledger_client
 
 pytestmark = pytest.mark.integration
 
@@ -129,7 +130,7 @@ def test_only_tracking_tasks_store_started_and_status_follows(make_worker: Any) 
 
 
 @pytest.fixture(scope="module")
-def io_profile(work_dir: Path, redis_server: RedisServer) -> Iterator[tuple[str, int]]:
+def io_profile(work_dir: Path, redis_server: RedisServer) -> Iterator[tuple[str, int, Path]]:
     """`pipeline worker --processes 2` on a queue of its own, with a /metrics port and short time limits."""
     queue = f"io-{uuid.uuid4().hex[:6]}"
     port = free_port()
@@ -141,6 +142,8 @@ def io_profile(work_dir: Path, redis_server: RedisServer) -> Iterator[tuple[str,
         "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
         "TASK_SOFT_TIME_LIMIT": "4",
         "TASK_TIME_LIMIT": "6",
+        "STALL_TIMEOUT": "2",  # a heartbeat older than 2 s is stale: jobs below run longer than that
+        "WORKER_HEALTH_DIR": str(multiproc),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
     worker = Worker(queue, work_dir / "logs", env)
@@ -150,13 +153,13 @@ def io_profile(work_dir: Path, redis_server: RedisServer) -> Iterator[tuple[str,
     try:
         wait_for(lambda: worker.log().count(" ready.") == 2, 60, 0.2, what="both solo workers ready")
         assert "worker profile short: prefetch 4 per process" in worker.log()
-        yield queue, port
+        yield queue, port, multiproc
     finally:
         worker.stop()
 
 
-def test_io_profile_dead_letters_and_counts(io_profile: tuple[str, int]) -> None:
-    queue, port = io_profile
+def test_io_profile_dead_letters_and_counts(io_profile: tuple[str, int, Path]) -> None:
+    queue, port, _ = io_profile
     ok = [ledger.task.apply_async(({"key": uuid.uuid4().hex},), queue=queue) for _ in range(6)]
     failing = ledger.task.apply_async(({"key": uuid.uuid4().hex, "fail": "permanent"},), queue=queue)
     for result in ok:
@@ -176,8 +179,10 @@ def test_io_profile_dead_letters_and_counts(io_profile: tuple[str, int]) -> None
         ({"fail": "hang", "sleep_s": 30}, "billiard.exceptions.TimeLimitExceeded"),  # ignores its soft limit
     ],
 )
-def test_io_profile_enforces_time_limits(io_profile: tuple[str, int], payload: dict[str, Any], exception: str) -> None:
-    queue, _ = io_profile
+def test_io_profile_enforces_time_limits(
+    io_profile: tuple[str, int, Path], payload: dict[str, Any], exception: str
+) -> None:
+    queue, _, _ = io_profile
     job = ledger.task.apply_async(({"key": uuid.uuid4().hex, **payload},), queue=queue, soft_time_limit=1, time_limit=2)
     entry = dead_letter(str(job.id), timeout=30)
     assert entry.exception_type == exception
@@ -186,8 +191,22 @@ def test_io_profile_enforces_time_limits(io_profile: tuple[str, int], payload: d
     assert ledger.task.apply_async(({"key": uuid.uuid4().hex},), queue=queue).get(timeout=30)
 
 
-def test_io_profile_honours_a_cluster_rate_limit(io_profile: tuple[str, int], redis_server: RedisServer) -> None:
-    queue, _ = io_profile
+def test_io_profile_stays_healthy_while_a_job_blocks_its_event_loop(io_profile: tuple[str, int, Path]) -> None:
+    queue, _, health_dir = io_profile
+    health = [sys.executable, "-m", "pipeline", "worker-health", "--node", "io*@%h"]
+    env = {**os.environ, "WORKER_HEALTH_DIR": str(health_dir)}
+    key = uuid.uuid4().hex
+    job = ledger.task.apply_async(({"key": key, "sleep_s": 3.5},), queue=queue)  # past STALL_TIMEOUT, within limits
+    wait_for(lambda: attempts(key), 30, 0.05, what="the job to start")
+    verdicts = []
+    while not job.ready():
+        verdicts.append(subprocess.run(health, env=env, capture_output=True, text=True, check=False))
+    assert job.get(timeout=5)["attempt"] == 1
+    assert verdicts and all(v.returncode == 0 for v in verdicts), [v.stdout + v.stderr for v in verdicts]
+
+
+def test_io_profile_honours_a_cluster_rate_limit(io_profile: tuple[str, int, Path], redis_server: RedisServer) -> None:
+    queue, _, _ = io_profile
     redis_server.client().delete("pipeline:ratelimit:test.limited")
     key, jobs, rate = uuid.uuid4().hex, 30, 20
     results = [limited.task.apply_async(({"key": key, "n": i},), queue=queue) for i in range(jobs)]
