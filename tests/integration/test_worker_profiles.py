@@ -217,3 +217,21 @@ def test_io_profile_honours_a_cluster_rate_limit(io_profile: tuple[str, int, Pat
     assert peak <= rate * 1.1, f"{peak} starts in one second"
     assert times[-1] - times[0] >= (jobs - 1) / rate - 1  # the limit set the pace, not two idle workers
     assert all(r.get(timeout=30)["attempt"] == 1 for r in results)
+
+
+def test_results_are_stored_in_one_round_trip_and_a_success_is_never_overwritten(redis_server: RedisServer) -> None:
+    from pipeline.config.results import RedisBackend
+
+    backend = get_app().backend
+    assert isinstance(backend, RedisBackend)
+    task_id = str(uuid.uuid4())
+    client = redis_server.client()
+    with client.monitor() as monitor:
+        backend.store_result(task_id, {"n": 1}, "PROGRESS")
+        commands = [monitor.next_command()["command"].split()[0] for _ in range(1)]
+    assert commands[0] in ("EVALSHA", "EVAL"), commands  # one call: no GET ahead of the write
+    backend.store_result(task_id, {"ok": True}, "SUCCESS")
+    backend.mark_as_failure(task_id, RuntimeError("a late redelivery failed"))
+    meta = backend.get_task_meta(task_id, cache=False)
+    assert (meta["status"], meta["result"]) == ("SUCCESS", {"ok": True})
+    assert 0 < client.ttl(backend.get_key_for_task(task_id)) <= get_app().conf.result_expires
