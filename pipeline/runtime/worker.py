@@ -14,7 +14,9 @@
   `celery/worker/worker.py: WorkController.setup_queues`) refuses to start instead: one line on
   stderr naming the queue, exit status 2.
 * A solo worker (`-P solo`, the I/O profile) gets soft and hard time limits from a timer in its main
-  thread (`pipeline.runtime.timelimits`): Celery enforces none in that pool.
+  thread (`pipeline.runtime.timelimits`): Celery enforces none in that pool. Its job runs in the thread
+  that handles the shutdown signal, so a soft shutdown could only pause it: it skips the wait, and the
+  running job goes back to its queue at once (and runs again: jobs are idempotent).
 * The worker consumes through `pipeline.runtime.transport` (set in `on_before_init`, before any connection):
   queue elements that are not messages are dead-lettered instead of stopping it, and jobs a lost
   connection left unacknowledged are put back when it reconnects.
@@ -96,6 +98,11 @@ class Worker(CeleryWorker):
 
     def wait_for_soft_shutdown(self) -> Any:
         if not (state.active_requests or state.reserved_requests):
+            return None
+        if _is_solo(getattr(self, "pool_cls", None)):
+            # The job runs in this thread, under this signal handler: sleeping would pause it, not let it
+            # finish. Cold shutdown at once: the running job goes back to its queue now, not in N seconds.
+            log.warning("solo worker: the running job is requeued now (it cannot finish during a soft shutdown)")
             return None
         # The soft shutdown sleeps in the signal handler, so the event loop (and the heartbeat) stops meanwhile.
         mark_stopping(float(self.app.conf.worker_soft_shutdown_timeout or 0))

@@ -235,3 +235,25 @@ def test_results_are_stored_in_one_round_trip_and_a_success_is_never_overwritten
     meta = backend.get_task_meta(task_id, cache=False)
     assert (meta["status"], meta["result"]) == ("SUCCESS", {"ok": True})
     assert 0 < client.ttl(backend.get_key_for_task(task_id)) <= get_app().conf.result_expires
+
+
+def test_io_profile_sigterm_during_a_job_requeues_it_at_once(work_dir: Path, redis_server: RedisServer) -> None:
+    """A solo worker runs the job in the thread that handles the signal: a soft shutdown could only pause it,
+    so the job goes back to its queue at once (run again: jobs are idempotent) and the worker exits."""
+    queue = f"io-stop-{uuid.uuid4().hex[:6]}"
+    worker = Worker(queue, work_dir / "logs", {"WORKER_SOFT_SHUTDOWN_TIMEOUT": "20"})
+    worker.argv = [sys.executable, "-m", "pipeline", "worker", "--processes", "1", "--app", "tests.support.worker_app"]
+    worker.argv += ["-Q", queue, "-l", "INFO", "--without-gossip", "--without-mingle"]
+    worker.start()
+    try:
+        key = uuid.uuid4().hex
+        job = ledger.task.apply_async(({"key": key, "sleep_s": 30},), queue=queue)
+        wait_for(lambda: attempts(key), 30, 0.05, what="the job to start")
+        worker.terminate()
+        code = worker.wait(15)  # well within WORKER_SOFT_SHUTDOWN_TIMEOUT: no soft-shutdown sleep
+    finally:
+        worker.stop()
+    assert code == 0
+    assert redis_server.client().llen(queue) == 1, "the interrupted job is back on its queue"
+    assert len(attempts(key)) == 1
+    assert ledger.task.AsyncResult(job.id).state == "PENDING", "neither failed nor dead-lettered"
