@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -257,3 +258,14 @@ def test_io_profile_sigterm_during_a_job_requeues_it_at_once(work_dir: Path, red
     assert redis_server.client().llen(queue) == 1, "the interrupted job is back on its queue"
     assert len(attempts(key)) == 1
     assert ledger.task.AsyncResult(job.id).state == "PENDING", "neither failed nor dead-lettered"
+
+
+def test_io_profile_supervisor_restarts_a_worker_that_died(io_profile: tuple[str, int, Path]) -> None:
+    queue, _, _ = io_profile
+    nodes = [f"io{i}@{socket.gethostname()}" for i in (1, 2)]
+    victim = ledger.task.apply_async(({"key": uuid.uuid4().hex},), queue=queue).get(timeout=30)["pid"]
+    os.kill(victim, signal.SIGKILL)
+    # The supervisor starts a worker in its place, under the same node name: both nodes answer again.
+    wait_for(lambda: len(get_app().control.ping(destination=nodes, timeout=0.5)) == 2, 60, 0.5, what="two nodes")
+    pids = {ledger.task.apply_async(({"key": uuid.uuid4().hex},), queue=queue).get(timeout=30)["pid"] for _ in range(8)}
+    assert victim not in pids
