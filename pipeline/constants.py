@@ -20,6 +20,9 @@ DEAD_LETTER_QUEUE: Final = "dead_letter"
 #: Queues a worker consumes when started without `-Q`.
 WORK_QUEUES: Final = (DEFAULT_QUEUE, EMAIL_QUEUE, PDF_QUEUE, TRANSCODE_QUEUE, WEBHOOKS_QUEUE)
 
+#: Queues of long jobs (minutes to hours): a worker consuming any of them runs the `long` profile.
+LONG_JOB_QUEUES: Final = (PDF_QUEUE, TRANSCODE_QUEUE)
+
 #: Task-name glob → queue. Routing is by name so foreign clients calling `send_task` land right too.
 ROUTES: Final = {
     "email.*": EMAIL_QUEUE,

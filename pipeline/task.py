@@ -15,11 +15,13 @@ client's mistake) raises `PayloadInvalid`, a permanent error: no retry, straight
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
@@ -46,6 +48,9 @@ REGISTRY: dict[str, TypedTask[Any, Any]] = {}
 #: Celery's `Ignore`. The worker's runtime installs the cluster-wide rate limiter here
 #: (`pipeline.scheduling.ratelimit.admit`); a producer process runs no task and needs none.
 ADMISSION: list[Callable[[PipelineTask, Any], None]] = []
+#: Context managers around each run of a task's function, each `guard(task)`. The worker's runtime installs
+#: the solo pool's time limits here (`pipeline.runtime.timelimits`).
+GUARDS: list[Callable[[PipelineTask], AbstractContextManager[None]]] = []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +147,10 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
         for admit in ADMISSION:
             admit(self, job)  # raises Ignore after deferring the job
         try:
-            return fn(job, self.job_context()).model_dump(mode="json")
+            with contextlib.ExitStack() as stack:
+                for guard in GUARDS:
+                    stack.enter_context(guard(self))
+                return fn(job, self.job_context()).model_dump(mode="json")
         except PermanentError:
             raise
         except Exception as exc:

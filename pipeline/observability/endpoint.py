@@ -49,10 +49,12 @@ def _consumed_queues(consumer: Any) -> list[str]:
 def serve_worker_metrics(consumer: Any) -> None:
     """Start the endpoint for this worker node (no-op when METRICS_PORT is unset)."""
     settings = get_settings()
+    directory = multiprocess_dir()
     if settings.metrics_port is None:
+        if directory is not None:  # a supervisor serves the directory (`pipeline worker --processes`)
+            _mark_up(consumer)
         log.info("METRICS_PORT is not set: this worker serves no /metrics endpoint")
         return
-    directory = multiprocess_dir()
     if directory is None and _is_prefork(consumer):
         log.warning(
             "worker metrics are OFF: the prefork pool needs a multiprocess directory so that its child "
@@ -60,21 +62,31 @@ def serve_worker_metrics(consumer: Any) -> None:
             "(see the log above if it failed), or set PROMETHEUS_MULTIPROC_DIR to an empty directory."
         )
         return
-    registry: CollectorRegistry = REGISTRY
-    if directory is not None:
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=str(directory))  # type: ignore[no-untyped-call]  # untyped
-        _start_sweeper(directory, settings.metrics_sweep_interval)
-    server, _thread = start_http_server(settings.metrics_port, settings.metrics_address, registry)
-    _state["server"] = server
-    for queue in _consumed_queues(consumer):
-        metrics.workers_up.labels(queue=queue).set(1)
+    serve(directory, settings.metrics_port)
+    _mark_up(consumer)
     log.info(
         "worker metrics on http://%s:%d/metrics (multiprocess directory: %s)",
         settings.metrics_address,
         settings.metrics_port,
         directory or "none, one process records everything",
     )
+
+
+def serve(directory: Path | None, port: int) -> None:
+    """Serve `directory`'s files added up (and sweep its dead PIDs), or this process's registry, on `port`."""
+    settings = get_settings()
+    registry: CollectorRegistry = REGISTRY
+    if directory is not None:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=str(directory))  # type: ignore[no-untyped-call]  # untyped
+        _start_sweeper(directory, settings.metrics_sweep_interval)
+    server, _thread = start_http_server(port, settings.metrics_address, registry)
+    _state["server"] = server
+
+
+def _mark_up(consumer: Any) -> None:
+    for queue in _consumed_queues(consumer):
+        metrics.workers_up.labels(queue=queue).set(1)
 
 
 def mark_dead(pid: int) -> None:

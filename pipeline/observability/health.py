@@ -27,10 +27,21 @@ STALLED = "stalled"
 STOPPING = "stopping"
 
 
+def _safe(node: str, keep: str = "@._-") -> str:
+    return "".join(c if c.isalnum() or c in keep else "_" for c in node)
+
+
 def health_path(directory: Path, node: str) -> Path:
     """The heartbeat file of worker node `node` (e.g. `celery@host`)."""
-    safe = "".join(c if c.isalnum() or c in "@._-" else "_" for c in node)
-    return directory / f"pipeline-worker-{safe}.health"
+    return directory / f"pipeline-worker-{_safe(node)}.health"
+
+
+def health_paths(directory: Path, node: str) -> list[Path]:
+    """The heartbeat files of `node`, or of every node a glob matches (`io*@host`); at least one path."""
+    if "*" not in node:
+        return [health_path(directory, node)]
+    found = sorted(directory.glob(f"pipeline-worker-{_safe(node, '@._-*')}.health"))
+    return found or [health_path(directory, node.replace("*", ""))]
 
 
 def write_heartbeat(path: Path, state: str, reason: str | None, stale_after: float, **extra: Any) -> None:

@@ -5,7 +5,7 @@
 metrics and their endpoint, logs, Sentry, the delayed-job releaser), the admission check of cluster-wide
 rate limits, Flower's authentication (`flower_auth`), the worker process class (`worker`), the job
 request class (`request`: a job cancelled by a lost connection goes back to its queue) and the stall
-watchdog (`stall`). The
+watchdog (`stall`), and task events that follow Flower's requests (`events`). The
 housekeeping tasks (`housekeeping`, `probe`) are task modules the worker imports by name; the worker class
 selects the worker's Redis transport (`transport`). Producers (CLI, API) never install any of this.
 """
@@ -15,7 +15,8 @@ from __future__ import annotations
 from celery import Celery
 
 from pipeline.celery_app import get_app
-from pipeline.runtime import flower_auth, signals
+from pipeline.runtime import events, flower_auth, signals
+from pipeline.runtime.events import EventsLease
 from pipeline.runtime.request import REQUEST_CLASS
 from pipeline.runtime.stall import StallWatchdog
 from pipeline.runtime.worker import PromptShutdown, Worker
@@ -27,6 +28,7 @@ def install() -> None:
     """Connect the worker's handlers and checks (idempotent)."""
     signals.install()
     flower_auth.install()
+    events.install()
     if ratelimit.admit not in ADMISSION:
         ADMISSION.append(ratelimit.admit)
 
@@ -50,4 +52,6 @@ def worker_app() -> Celery:
     # A heartbeat file the liveness probe reads: stale when the event loop stops, stalled when queued jobs
     # wait and this worker fetches none (`stall`, `pipeline worker-health`).
     app.steps["worker"].add(StallWatchdog)
+    # Task events only while Flower (or `celery control enable_events`) keeps asking for them (`events`).
+    app.steps["worker"].add(EventsLease)
     return app

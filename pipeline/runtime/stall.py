@@ -24,8 +24,10 @@ marked `stalled` with the reason and a WARNING line says why; the first fetch cl
 stopped consuming (`cancel_consumer`) while jobs wait on it counts as a stall: the worker was deployed for it.
 When Redis cannot be read, nothing is judged (the worker could not fetch either) and the reader thread
 keeps the heartbeat fresh, since the consumer reconnects outside the event loop: an outage restarts no
-worker. The solo pool runs jobs on the event loop, so its heartbeat goes stale during a job longer than
-STALL_TIMEOUT: use threads or prefork.
+worker. The solo pool runs jobs on the event loop, so the loop's timer stops during a job: while a job runs
+there (`running_job`, installed for solo workers), the reader thread keeps the heartbeat fresh, up to the
+job's hard time limit plus STALL_TIMEOUT; a job still running past that (it defeated its time limits) leaves
+the heartbeat stale, and the probe restarts the worker.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -105,7 +107,11 @@ class _DepthReader(threading.Thread):
             except Exception as exc:  # noqa: BLE001  # Redis down or failing over: nothing to judge until it is back
                 self.depths = None
                 self.on_unreadable(f"{type(exc).__name__}: {exc}")
+            self.on_cycle()
             self.halt.wait(self.interval)
+
+    def on_cycle(self) -> None:
+        """Called after every read (the watchdog's `keepalive`)."""
 
 
 def _direct_client() -> redis.Redis | None:
@@ -164,6 +170,9 @@ class StallWatchdog(bootsteps.StartStopStep):
         self.state = OK
         self.stopping = False
         self.reader = _DepthReader(self.interval, self._broker_unreadable)
+        self.reader.on_cycle = self.keepalive  # type: ignore[method-assign]  # the reader's hook
+        #: While a job runs on the event loop (solo pool): monotonic time past which it has overrun its limits.
+        self.busy_until: float | None = None
         self._write_failed = False
 
     def start(self, parent: Any) -> None:
@@ -199,6 +208,12 @@ class StallWatchdog(bootsteps.StartStopStep):
             self.state = OK
             self.blocked_since = None
             self.write(OK, f"broker unreadable, waiting for it: {error[:200]}")
+
+    def keepalive(self) -> None:
+        """From the reader thread: a job on the event loop (solo pool) keeps the heartbeat fresh until it overruns."""
+        busy_until = self.busy_until
+        if busy_until is not None and not self.stopping and time.monotonic() < busy_until:
+            self.write(OK, "running a job on the event loop (solo pool)")
 
     def _count_fetches(self, consumer: Any) -> None:
         """Record the time of every fetched message, before the consumer's own handler sees it."""
@@ -257,3 +272,17 @@ class StallWatchdog(bootsteps.StartStopStep):
             logger.warning("worker consuming again: the stall is over")
         self.state = OK
         self.write(OK, None)
+
+
+@contextlib.contextmanager
+def running_job(task: Any) -> Iterator[None]:
+    """Around a job that runs on the event loop (`pipeline.task.GUARDS`, solo workers): see `keepalive`."""
+    hard = task.request.timelimit[0] if task.request.timelimit else None
+    limit = float(hard or task.time_limit or task.app.conf.task_time_limit or 0) or float("inf")
+    for watchdog in list(_ACTIVE):
+        watchdog.busy_until = time.monotonic() + limit + watchdog.timeout
+    try:
+        yield
+    finally:
+        for watchdog in list(_ACTIVE):
+            watchdog.busy_until = None

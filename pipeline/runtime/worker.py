@@ -13,6 +13,10 @@
   for a message it cannot run and refuse it. `Worker.setup_queues` (after Celery applied `-Q`/`-X`,
   `celery/worker/worker.py: WorkController.setup_queues`) refuses to start instead: one line on
   stderr naming the queue, exit status 2.
+* A solo worker (`-P solo`, the I/O profile) gets soft and hard time limits from a timer in its main
+  thread (`pipeline.runtime.timelimits`): Celery enforces none in that pool. Its job runs in the thread
+  that handles the shutdown signal, so a soft shutdown could only pause it: it skips the wait, and the
+  running job goes back to its queue at once (and runs again: jobs are idempotent).
 * The worker consumes through `pipeline.runtime.transport` (set in `on_before_init`, before any connection):
   queue elements that are not messages are dead-lettered instead of stopping it, and jobs a lost
   connection left unacknowledged are put back when it reconnects.
@@ -20,6 +24,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
@@ -28,9 +33,13 @@ from celery.apps.worker import Worker as CeleryWorker
 from celery.worker import state
 
 from pipeline.config import get_settings
-from pipeline.config.celery import worker_broker_transport
+from pipeline.config.celery import prefetch_multiplier, worker_broker_transport, worker_profile
 from pipeline.constants import DEAD_LETTER_QUEUE
-from pipeline.runtime.stall import mark_stopping
+from pipeline.runtime import timelimits
+from pipeline.runtime.stall import mark_stopping, running_job
+from pipeline.task import GUARDS
+
+log = logging.getLogger(__name__)
 
 #: Longest time the worker's event loop sleeps before it looks at a pending shutdown.
 WAKE_S = 0.25
@@ -53,6 +62,9 @@ def refuse_dead_letter_queue(queues: Any) -> None:
 
 
 class Worker(CeleryWorker):
+    #: `short` or `long` (`pipeline.config.celery.worker_profile`), known once the queues are.
+    profile = "short"
+
     def on_before_init(self, quiet: bool = False, **kwargs: Any) -> None:
         # Before the worker opens any connection: it consumes through `pipeline.runtime.transport`.
         self.app.conf.broker_transport = worker_broker_transport(get_settings().broker_url)
@@ -60,14 +72,47 @@ class Worker(CeleryWorker):
 
     def setup_queues(self, include: Any, exclude: Any = None) -> None:
         super().setup_queues(include, exclude)
-        refuse_dead_letter_queue(self.app.amqp.queues.consume_from)
+        queues = set(self.app.amqp.queues.consume_from)
+        refuse_dead_letter_queue(queues)
+        self.apply_profile(queues)
+        if _is_solo(getattr(self, "pool_cls", None)):
+            timelimits.enable()  # Celery enforces no time limit in the solo pool: a timer in the main thread does
+            if running_job not in GUARDS:  # a job blocks the event loop: the heartbeat is kept up meanwhile
+                GUARDS.append(running_job)
+
+    def apply_profile(self, queues: set[str]) -> None:
+        """The worker profile's prefetch, now that the queues are known (before the consumer exists). A
+        multiplier given explicitly (WORKER_PREFETCH_MULTIPLIER, or `--prefetch-multiplier` other than the
+        configured one) stays."""
+        settings = get_settings()
+        profile = worker_profile(settings, queues)
+        given = int(getattr(self, "prefetch_multiplier", 0))  # set by Celery's `setup_defaults`
+        if settings.worker_prefetch_multiplier is None and given == int(self.app.conf.worker_prefetch_multiplier):
+            given = prefetch_multiplier(settings, profile)
+        self.prefetch_multiplier = given
+        self.profile = profile
+
+    def on_start(self) -> None:
+        super().on_start()  # logging is set up from here on
+        log.info("worker profile %s: prefetch %d per process, late acks", self.profile, self.prefetch_multiplier)
 
     def wait_for_soft_shutdown(self) -> Any:
         if not (state.active_requests or state.reserved_requests):
             return None
+        if _is_solo(getattr(self, "pool_cls", None)):
+            # The job runs in this thread, under this signal handler: sleeping would pause it, not let it
+            # finish. Cold shutdown at once: the running job goes back to its queue now, not in N seconds.
+            log.warning("solo worker: the running job is requeued now (it cannot finish during a soft shutdown)")
+            return None
         # The soft shutdown sleeps in the signal handler, so the event loop (and the heartbeat) stops meanwhile.
         mark_stopping(float(self.app.conf.worker_soft_shutdown_timeout or 0))
         return super().wait_for_soft_shutdown()
+
+
+def _is_solo(pool_cls: Any) -> bool:
+    """`-P solo` (an alias until Celery resolves it, or the class itself)."""
+    name = pool_cls if isinstance(pool_cls, str) else getattr(pool_cls, "__module__", "")
+    return name == "solo" or str(name).endswith("concurrency.solo")
 
 
 def _wake() -> None:

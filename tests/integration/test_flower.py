@@ -8,13 +8,14 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pipeline.runtime.probe import probe
-from tests.support.inproc import InProcessWorker
 from tests.support.procs import ROOT, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -65,15 +66,18 @@ def flower(work_dir: Path) -> Iterator[int]:
         _stop(proc)
 
 
-def test_flower_requires_auth_and_lists_a_task_that_ran(flower: int, session_worker: InProcessWorker) -> None:
+def test_flower_requires_auth_and_lists_a_task_that_ran(flower: int, make_worker: Any) -> None:
     status, _ = _get(flower, "/api/tasks")
     assert status == 401
     assert _get(flower, "/api/tasks", "ops:wrong")[0] == 401
+    # A worker as deployed: task events off (TASK_EVENTS unset) until Flower's `enable_events` arrives.
+    queue = f"flower-{uuid.uuid4().hex[:6]}"
+    make_worker("flower", queues=queue, concurrency=1)
 
     ids: list[str] = []
 
     def listed() -> dict[str, object] | None:
-        ids.append(probe.task.apply_async(({"message": "flower"},)).id)
+        ids.append(probe.task.apply_async(({"message": "flower"},), queue=queue).id)
         probe.task.AsyncResult(ids[-1]).get(timeout=30)
         status, body = _get(flower, "/api/tasks", CREDENTIALS)
         assert status == 200

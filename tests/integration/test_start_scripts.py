@@ -16,7 +16,7 @@ from tests.support.worker_app import ledger
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize(("script", "pool"), [("start-worker-io", "thread"), ("start-worker-cpu", "prefork")])
+@pytest.mark.parametrize(("script", "pool"), [("start-worker-io", "solo"), ("start-worker-cpu", "prefork")])
 def test_profile_script_runs_a_worker_with_metrics(
     script: str, pool: str, work_dir: Path, redis_server: RedisServer
 ) -> None:
@@ -26,7 +26,8 @@ def test_profile_script_runs_a_worker_with_metrics(
     env = {
         "CELERY_APP": "tests.support.worker_app",
         "WORKER_QUEUES": queue,
-        "WORKER_CONCURRENCY": "2",
+        "WORKER_CONCURRENCY": "2",  # the cpu profile's pool processes
+        "WORKER_PROCESSES": "2",  # the io profile's solo workers
         "METRICS_PORT": str(port),
         "METRICS_ADDRESS": "127.0.0.1",
         "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
@@ -36,7 +37,11 @@ def test_profile_script_runs_a_worker_with_metrics(
     worker.argv = [str(ROOT / "deploy" / "docker" / script), "--without-gossip", "--without-mingle"]
     worker.start()
     try:
-        assert f"concurrency: 2 ({pool})" in worker.log()
+        if pool == "solo":  # two workers of one process each, under the supervisor
+            wait_for(lambda: worker.log().count(" ready.") == 2, 60, 0.2, what="both solo workers ready")
+            assert worker.log().count("concurrency: 1 (solo)") == 2
+        else:
+            assert f"concurrency: 2 ({pool})" in worker.log()
         wait_for(lambda: try_scrape(port), 20, 0.2, what=f"{script} /metrics")
         key = uuid.uuid4().hex
         for _ in range(3):
@@ -44,6 +49,6 @@ def test_profile_script_runs_a_worker_with_metrics(
         wait_for(lambda: redis_server.client().llen(f"test:done:{key}") == 3, 30, 0.1, what="3 tasks done")
         labels = {"task": "test.ledger", "queue": queue, "outcome": "succeeded"}
         wait_for(lambda: value(scrape(port), "pipeline_tasks_total", **labels) == 3, 15, 0.2, what="3 counted")
-        assert value(scrape(port), "pipeline_workers_up", queue=queue) == 1
+        assert value(scrape(port), "pipeline_workers_up", queue=queue) == (2 if pool == "solo" else 1)
     finally:
         worker.stop()

@@ -20,7 +20,7 @@ from pipeline import app  # the worker's app, runtime installed (`celery -A pipe
 from pipeline.config import get_settings
 from pipeline.errors import PermanentError, TransientError
 from pipeline.task import JobContext, typed_task
-from tests.support import limited, obs_tasks, ticks  # noqa: F401  # registers test.limited, test.leaky, test.tick
+from tests.support import limited, obs_tasks, ticks, tracked  # noqa: F401  # registers test.limited, test.leaky, test.tick, test.tracked
 
 __all__ = ["app"]
 

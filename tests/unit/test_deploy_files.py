@@ -24,6 +24,7 @@ import yaml
 
 from pipeline.broker import queue_keys
 from pipeline.config import Settings
+from pipeline.config.celery import prefetch_multiplier, worker_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "deploy" / "docker"
@@ -90,11 +91,16 @@ def test_start_script_is_short_execs_and_remaps_sigterm(script: str) -> None:
 def test_worker_profiles() -> None:
     io = (DOCKER / "start-worker-io").read_text()
     cpu = (DOCKER / "start-worker-cpu").read_text()
-    assert "-P threads" in io
+    assert "exec pipeline worker --processes" in io  # solo workers under one supervisor
     assert "email,webhooks" in io
     assert "-P prefork" in cpu
-    assert "--prefetch-multiplier=1" in cpu
     assert "pdf,transcode" in cpu
+    # The prefetch follows the queues (WORKER_PROFILE=auto): long for pdf/transcode, short for the rest.
+    settings = Settings(_env_file=None)
+    assert worker_profile(settings, ["pdf", "transcode"]) == "long"
+    assert prefetch_multiplier(settings, "long") == 1
+    assert worker_profile(settings, ["default", "email", "webhooks"]) == "short"
+    assert prefetch_multiplier(settings, "short") >= 4
 
 
 # --- docker-compose.yml ---------------------------------------------------------------------
@@ -258,10 +264,12 @@ def test_workers_grace_periods_pdbs_and_autoscaling() -> None:
 
 
 def _node_prefix(script: str) -> str:
-    """The node name prefix a worker start script gives `celery worker -n` (`io` for `-n io@%h`)."""
-    match = re.search(r" -n (\S+)@%h ", (DOCKER / script).read_text())
+    """The node name (glob) a worker start script's workers have: `cpu` for `-n cpu@%h`, `io*` for the
+    `pipeline worker --name io` supervisor's io1@%h..ioN@%h."""
+    text = (DOCKER / script).read_text()
+    match = re.search(r" -n (\S+)@%h ", text) or re.search(r"pipeline worker .*--name (\S+) ", text)
     assert match, f"{script} names no node"
-    return match.group(1)
+    return match.group(1) + ("*" if "pipeline worker" in text else "")
 
 
 def test_workers_liveness_is_the_stall_watchdog_probe_of_their_own_node() -> None:

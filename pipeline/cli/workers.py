@@ -1,0 +1,110 @@
+"""`pipeline worker --processes N`: the I/O profile, N single-process (`-P solo`) Celery workers under one supervisor.
+
+Why (README, "Worker profiles", measured with `bench/worker_profiles.py`): a short job is mostly the
+worker's own bookkeeping (fetch, unacked record, result, ack), so what bounds throughput is Python CPU
+per job. A prefork worker pays it twice (its main process fetches, acknowledges and talks to the child
+over a pipe; the child runs and stores the result) and its main process is the bottleneck; a threads
+pool shares one interpreter lock. N solo workers each do everything in one process, one job at a time,
+and use N cores; their start latency stays at the round trip. Time limits hold in them through a timer
+in the main thread (`pipeline.runtime.timelimits`).
+
+The supervisor starts `celery -A <app> worker -P solo -n <name><i>@%h <args>` N times, each in its own
+session, with one prometheus-client multiprocess directory (PROMETHEUS_MULTIPROC_DIR, else one under
+DATA_DIR) and no METRICS_PORT of their own: the supervisor serves their figures added up on METRICS_PORT
+and sweeps the files of processes that are gone. A worker that exits on its own is started again (after
+a second; a worker that refuses to start, exit status 2, stops them all with status 2). SIGTERM or SIGINT
+is passed to every worker, which drains as any Celery worker does (REMAP_SIGTERM=SIGQUIT: running jobs get
+WORKER_SOFT_SHUTDOWN_TIMEOUT), then the supervisor exits; a worker left after that bound is killed.
+Each worker writes its own heartbeat file: `pipeline worker-health --node '<name>*@%h'` checks them all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from pipeline.config import get_settings
+from pipeline.observability import endpoint
+
+#: Exit status of a Celery worker that refused to start (a bad setting, the DLQ among its queues).
+EX_REFUSED = 2
+RESTART_DELAY_S = 1.0
+
+
+def metrics_directory() -> Path:
+    """PROMETHEUS_MULTIPROC_DIR if set (the start scripts wipe it), else DATA_DIR/metrics-workers, emptied."""
+    settings = get_settings()
+    if settings.prometheus_multiproc_dir is not None:
+        return settings.prometheus_multiproc_dir
+    directory = (settings.data_dir / "metrics-workers").resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("*.db"):
+        stale.unlink()
+    return directory
+
+
+def worker_argv(app: str, name: str, index: int, celery_args: list[str]) -> list[str]:
+    node = f"{name}{index}@%h"
+    return [sys.executable, "-m", "celery", "-A", app, "worker", "-P", "solo", "-c", "1", "-n", node, *celery_args]
+
+
+class Supervisor:
+    def __init__(self, app: str, name: str, processes: int, celery_args: list[str]) -> None:
+        self.argvs = [worker_argv(app, name, i + 1, celery_args) for i in range(processes)]
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * processes
+        self.stopping = threading.Event()
+        directory = metrics_directory()
+        self.env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory), "REMAP_SIGTERM": "SIGQUIT"}
+        self.env.pop("METRICS_PORT", None)
+        self.directory = directory
+
+    def start(self, index: int) -> None:
+        self.procs[index] = subprocess.Popen(self.argvs[index], env=self.env, start_new_session=True)
+
+    def run(self) -> int:
+        settings = get_settings()
+        if settings.metrics_port is not None:
+            endpoint.serve(self.directory, settings.metrics_port)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stopping.set())
+        for index in range(len(self.procs)):
+            self.start(index)
+        code = 0
+        while not self.stopping.wait(0.5):
+            for index, proc in enumerate(self.procs):
+                if proc is None or proc.poll() is None:
+                    continue
+                if proc.returncode == EX_REFUSED:
+                    print(f"pipeline worker: worker {index + 1} refused to start; stopping", file=sys.stderr)
+                    self.stopping.set()
+                    code = EX_REFUSED
+                    break
+                print(f"pipeline worker: worker {index + 1} exited ({proc.returncode}); restarting", file=sys.stderr)
+                time.sleep(RESTART_DELAY_S)
+                self.start(index)
+        self.stop(settings.worker_soft_shutdown_timeout + 15)
+        return code
+
+    def stop(self, grace: float) -> None:
+        running = [p for p in self.procs if p is not None and p.poll() is None]
+        for proc in running:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # past the bound, or a leftover of its session
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+
+
+def run_workers(app: str, name: str, processes: int, celery_args: list[str]) -> int:
+    return Supervisor(app, name, processes, celery_args).run()

@@ -1,0 +1,81 @@
+"""The result backend: Celery's Redis backend, storing a job's state in one round trip instead of two.
+
+Celery's key-value backends read the stored state before every write and skip the write when it is
+SUCCESS (`celery/backends/base.py: BaseKeyValueStoreBackend._store_result`: a redelivered job must not
+overwrite a result that is already final). On Redis that is a GET, then a MULTI with SETEX and PUBLISH:
+two round trips in the process that runs the job, for every state it stores (FAILURE, RETRY, PROGRESS,
+STARTED where tracked, SUCCESS). `_store_result` here does the same in one Lua call: read the stored
+state, leave a SUCCESS alone, else SETEX and PUBLISH the new one. What is stored (the encoded meta, with
+`result_extended` fields), the key, its expiry and the message published are Celery's own, so every
+reader (`AsyncResult`, `pipeline.status`, the job browser) is unchanged.
+
+`pipeline.celery_app` makes the app use these classes for `redis://`, `rediss://` and `sentinel://` URLs
+(`Celery.loader.override_backends`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import states
+from celery.backends.redis import RedisBackend as CeleryRedisBackend
+from celery.backends.redis import SentinelBackend as CelerySentinelBackend
+from celery.exceptions import BackendStoreError
+from kombu.utils.encoding import bytes_to_str
+
+# KEYS[1]: the task's key. ARGV: the encoded meta, its expiry in seconds (0: none). Returns 0 when a
+# SUCCESS was already stored (nothing written), 1 otherwise.
+_STORE = """
+local current = redis.call('GET', KEYS[1])
+if current then
+  local ok, meta = pcall(cjson.decode, current)
+  if ok and type(meta) == 'table' and meta['status'] == 'SUCCESS' then return 0 end
+end
+if tonumber(ARGV[2]) > 0 then
+  redis.call('SETEX', KEYS[1], ARGV[2], ARGV[1])
+else
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+redis.call('PUBLISH', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+class OneTripStore:
+    """`_store_result` in one Lua call (mixed into Celery's Redis backends)."""
+
+    _store_script: Any = None
+
+    def _store_result(
+        self: Any, task_id: str, result: Any, state: str, traceback: Any = None, request: Any = None, **kwargs: Any
+    ) -> Any:
+        meta = self._get_result_meta(result=result, state=state, traceback=traceback, request=request)
+        meta["task_id"] = bytes_to_str(task_id)
+        value = self.encode(meta)
+        if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:
+            raise BackendStoreError("value too large for Redis backend", state=state, task_id=task_id)  # type: ignore[call-arg]  # celery-types lags: Celery passes both
+        expires = self.failure_expires if state == states.FAILURE else self.expires
+        key = self.get_key_for_task(task_id)
+        self.ensure(self._store_once, (key, value, int(expires or 0)))
+        return result
+
+    def _store_once(self: Any, key: bytes, value: Any, expires: int) -> None:
+        if self._store_script is None:
+            self._store_script = self.client.register_script(_STORE)
+        self._store_script(keys=[key], args=[value, expires])
+
+
+class RedisBackend(OneTripStore, CeleryRedisBackend):
+    """Celery's `redis://` and `rediss://` backend with the one-trip store."""
+
+
+class SentinelBackend(OneTripStore, CelerySentinelBackend):
+    """Celery's `sentinel://` backend with the one-trip store."""
+
+
+#: Scheme → backend class, for `Celery.loader.override_backends`.
+BACKENDS = {
+    "redis": f"{__name__}:RedisBackend",
+    "rediss": f"{__name__}:RedisBackend",
+    "sentinel": f"{__name__}:SentinelBackend",
+}
