@@ -1,43 +1,63 @@
-"""The worker's job request: a job cancelled because the broker connection dropped goes back to its queue.
+"""The worker's job request: a delivery whose lease was lost is neither run nor acknowledged, stored or dead-lettered.
 
-With `worker_cancel_long_running_tasks_on_connection_loss` (set in `pipeline.config.celery`), Celery's
-`Consumer.on_connection_error_after_connected` (`celery/worker/consumer/consumer.py`) terminates every running
-late-acknowledged job with `request.cancel(self.pool)`, leaving its message unacknowledged so that it is
-delivered again (`pipeline.runtime.transport` puts it back on its queue when the worker reconnects).
+`pipeline.runtime.lease` records the delivery tags whose lease a peer took (this worker was frozen or cut off
+for longer than a lease and the job was restored for another worker). Celery's per-task request class
+(`celery/worker/request.py: create_request_cls`) replaces `execute_using_pool` but still asks `revoked()`
+first, so `revoked()` is where a lost delivery is refused: it is dropped without running (its in-memory
+prefetch slot freed through a fenced acknowledgement, a no-op in Redis), and `TaskRevokedError` tells the
+worker nothing ran (`celery/worker/worker.py: WorkController._process_task`). Unlike a revoke, no REVOKED
+state is stored: the peer's result must stand.
 
-`Request.cancel` (`celery/worker/request.py`) then calls `_announce_cancelled`, which by default
-(`emit_retry=True`) first stores a RETRY state through the result backend and only then marks the request
-cancelled. With the broker's Redis also the result backend, that write happens while Redis is down:
-`result_backend_always_retry` retries it for seconds, the worker's main loop is blocked meanwhile (the other
-running jobs are not terminated yet and may finish into a dead connection, to be delivered and run again),
-and once the retries give up the request is never marked cancelled, so the terminated child's failure is
-taken for a revoke: `_announce_revoked` acknowledges the message and the job is lost.
-
-`Consumer.cancel_active_requests` (the shutdown path, same file) already passes `emit_retry=False` for
-late-acknowledged jobs, "since broker will handle redelivery"; this request does the same for every cancel of a
-late-acknowledged job, and never acknowledges or dead-letters a job it cancelled: its message stays in the
-broker's unacknowledged set and is put back on its queue.
+A running job found lost is terminated by `pipeline.runtime.fencing`; its child's death is then not a
+failure here (`on_failure` returns), as for a job Celery cancelled at shutdown (`Consumer.cancel_active_requests`
+passes `emit_retry=False` for late-acknowledged jobs, "since broker will handle redelivery").
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery.worker.request import Request as CeleryRequest
+from celery.worker.state import task_ready
+
+from pipeline.runtime import lease
+
+log = logging.getLogger(__name__)
 
 #: What `Task.Request` names: the worker's strategy resolves it per task (`celery/worker/strategy.py`).
 REQUEST_CLASS = "pipeline.runtime.request:Request"
 
 
+def delivery_tag(request: Any) -> str | None:
+    message = getattr(request, "_message", None)
+    tag = getattr(message, "delivery_tag", None)
+    return None if tag is None else str(tag)
+
+
+def drop_lost(request: Any) -> None:
+    """Forget a request whose lease was lost: not run, nothing stored, the acknowledgement fenced."""
+    request._lease_lost = True
+    task_ready(request)
+    request.acknowledge()  # fenced: removes nothing in Redis (the lease is a peer's), frees the prefetch slot
+    tag = delivery_tag(request)
+    if tag is not None:
+        lease.forget_lost([tag])
+    log.warning("job %s[%s]: lease lost to another worker; not run here", request.name, request.id)
+
+
 class Request(CeleryRequest):
-    def cancel(self, pool: Any, signal: Any = None, emit_retry: bool = True) -> None:
-        if self.task.acks_late:
-            emit_retry = False  # no backend write while the broker is away; its message comes back instead
-        super().cancel(pool, signal, emit_retry=emit_retry)
+    _lease_lost = False
+
+    def revoked(self) -> bool:
+        if lease.is_lost(delivery_tag(self)):
+            drop_lost(self)
+            return True
+        return bool(super().revoked())
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
-        if getattr(self, "_already_cancelled", False) and self.task.acks_late:
-            # The child died of our cancel (Terminated, SystemExit or a lost worker alike): not a failure, not a
-            # revoke. Leave the message unacknowledged; it is delivered again.
+        if self._lease_lost or (getattr(self, "_already_cancelled", False) and self.task.acks_late):
+            # The child died of our terminate (lease lost) or of a cancel at shutdown: not a failure, not a
+            # revoke. Nothing stored, nothing dead-lettered: the job is a peer's, or goes back to its queue.
             return
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)

@@ -1,0 +1,82 @@
+"""The lease bootstep: starts the renewal thread and fences, from the event loop, the jobs whose lease was lost.
+
+`LeaseStep.start` configures `pipeline.runtime.lease` (LEASE_SECONDS) and starts its renewal thread with a
+Redis client of its own (short timeouts; the app's pool for Sentinel). Every FENCE_INTERVAL_S the event loop
+(or the worker's timer, for pools without one) looks at the tags the thread found lost: a reserved request
+(waiting for a pool process) is dropped without running, a running one is terminated (SIGKILL of its pool
+process: the job is a peer's now, nothing of it may go on), each with a fenced acknowledgement (a no-op in
+Redis). A lost request still waiting for its ETA is refused when it comes due (`Request.revoked`). The solo
+and threads pools cannot terminate a running job: it finishes, and its acknowledgement is fenced.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+from celery import bootsteps
+from celery.worker import state
+
+from pipeline.broker import broker_redis
+from pipeline.config import get_settings
+from pipeline.runtime import lease
+from pipeline.runtime.request import delivery_tag, drop_lost
+from pipeline.runtime.stall import direct_client
+
+log = logging.getLogger(__name__)
+
+FENCE_INTERVAL_S = 0.5
+
+
+class _PoolClient:
+    """Sentinel: renew through the app's broker pool (it follows failovers)."""
+
+    def eval(self, *args: Any) -> Any:
+        with broker_redis() as client:
+            return client.eval(*args)
+
+
+def _client() -> Any:
+    return direct_client() or _PoolClient()
+
+
+def fence(requests: Any, pool: Any, lost: set[str]) -> set[str]:
+    """Drop or terminate the requests among `requests` whose delivery tag is in `lost`; return the tags handled."""
+    handled: set[str] = set()
+    for request in list(requests):
+        tag = delivery_tag(request)
+        if tag not in lost or getattr(request, "_lease_lost", False):
+            continue
+        request._lease_lost = True
+        if request.time_start:
+            log.error("job %s[%s]: lease lost to another worker; terminating it here", request.name, request.id)
+            request.cancel(pool, signal=signal.SIGKILL, emit_retry=False)
+        elif request._apply_result is not None and (result := request._apply_result()) is not None:
+            result.terminate(signal.SIGKILL)  # queued in the pool: killed if a process accepts it
+        drop_lost(request)
+        handled.add(tag)
+    return handled
+
+
+class LeaseStep(bootsteps.StartStopStep):
+    requires = ("celery.worker.components:Pool",)
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        lease.configure(get_settings().lease_seconds)
+        self.renewer: lease.Renewer | None = None
+
+    def start(self, parent: Any) -> None:
+        self.worker = parent
+        self.renewer = lease.Renewer(_client).start()
+        timer = parent.hub if getattr(parent, "use_eventloop", False) else parent.timer
+        timer.call_repeatedly(FENCE_INTERVAL_S, self.tick)
+        log.info(
+            "leases: %s s, renewed every %.1f s by %s", lease.lease_seconds(), lease.lease_seconds() / 3, lease.owner()
+        )
+
+    def tick(self) -> None:
+        lost = lease.take_lost()
+        if lost:
+            fence(set(state.reserved_requests) | set(state.active_requests), self.worker.pool, lost)

@@ -1,0 +1,169 @@
+"""The worker transport's atomic fetch, its lease records and fenced acknowledgements, on a real redis-server.
+
+No worker here: a kombu `Connection` on `pipeline.runtime.transport` consumes the way a worker's consumer does
+(`drain_events` through kombu's poll cycle: the fetch script, then the non-consuming wait).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+
+from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
+from pipeline.runtime import lease, transport
+from tests.support.procs import RedisServer
+
+pytestmark = pytest.mark.faults
+
+
+@pytest.fixture
+def queue_name() -> str:
+    return f"lease-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def conn(own_redis: RedisServer) -> Iterator[Connection]:
+    with Connection(own_redis.url, transport=transport.Transport, transport_options={"visibility_timeout": 6}) as c:
+        yield c
+    with lease._lock:
+        lease._held.clear()
+        lease._lost.clear()
+        lease._pending_acks.clear()
+
+
+def _publish(conn: Connection, name: str, body: Any) -> None:
+    queue = Queue(name, Exchange(name, "direct"), name)
+    Producer(conn.channel()).publish(body, exchange=queue.exchange, routing_key=name, declare=[queue])
+
+
+def _drain(conn: Connection, name: str, n: int, timeout: float = 5) -> list[Any]:
+    got: list[Any] = []
+    queue = Queue(name, Exchange(name, "direct"), name)
+    with Consumer(conn.channel(), [queue], callbacks=[lambda body, message: got.append(message)]):
+        deadline = time.monotonic() + timeout
+        while len(got) < n and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                conn.drain_events(timeout=0.5)
+    return got
+
+
+def test_a_fetch_records_the_delivery_lease_count_and_history_in_one_step(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    _publish(conn, queue_name, {"n": 1})
+    raw = own_redis.client().lindex(queue_name, 0)
+    (message,) = _drain(conn, queue_name, 1)
+    client = own_redis.client()
+    tag = message.delivery_tag
+    record = json.loads(client.hget("unacked", tag))
+    assert record[0] == json.loads(raw) and record[1:] == [queue_name, queue_name]  # the element untouched
+    assert client.hget(LEASE_KEY, tag).decode() == lease.owner()
+    assert client.zscore("unacked_index", tag) is not None
+    assert int(client.hget(DELIVERIES_KEY, tag)) == 1
+    history = [json.loads(x) for x in client.lrange(DELIVERY_LOG_KEY.format(tag=tag), 0, -1)]
+    assert len(history) == 1 and history[0]["worker"] and abs(history[0]["at"] - time.time()) < 10
+    assert message.headers[HEADER_DELIVERY_COUNT] == 1
+    assert tag in lease.held()
+
+    message.ack()
+    assert client.hlen("unacked") == 0 and client.zcard("unacked_index") == 0
+    assert client.hlen(LEASE_KEY) == 0 and client.hlen(DELIVERIES_KEY) == 0
+    assert not client.exists(DELIVERY_LOG_KEY.format(tag=tag))
+    assert tag not in lease.held()
+
+
+def test_a_delivery_restored_after_its_lease_counts_its_second_delivery(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    _publish(conn, queue_name, {"n": 2})
+    (first,) = _drain(conn, queue_name, 1)
+    client = own_redis.client()
+    client.zadd("unacked_index", {first.delivery_tag: time.time() - 60})  # its holder stopped renewing
+    lease._streak_since = time.monotonic() - 60  # this worker has renewed for a whole lease
+    conn.default_channel.qos.restore_visible(interval=1)
+    assert client.hlen(LEASE_KEY) == 0 and client.llen(queue_name) == 1  # back on its queue, lease cleared
+    (second,) = _drain(conn, queue_name, 1)
+    assert second.delivery_tag == first.delivery_tag
+    assert second.headers[HEADER_DELIVERY_COUNT] == 2
+    assert client.llen(DELIVERY_LOG_KEY.format(tag=second.delivery_tag)) == 2
+
+
+def test_the_sweep_waits_a_whole_lease_of_renewals_and_skips_renewed_leases(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    _publish(conn, queue_name, {"n": 3})
+    (message,) = _drain(conn, queue_name, 1)
+    client = own_redis.client()
+    client.zadd("unacked_index", {message.delivery_tag: time.time() - 60})
+    lease._streak_since = time.monotonic()  # renewing since just now: e.g. Redis just came back
+    conn.default_channel.qos.restore_visible(interval=1)
+    assert client.hlen("unacked") == 1 and client.llen(queue_name) == 0
+    lease.renew_once(client)  # renewed: no longer expired
+    lease._streak_since = time.monotonic() - 60
+    conn.default_channel.qos.restore_visible(interval=1)
+    assert client.hlen("unacked") == 1 and client.llen(queue_name) == 0
+
+
+def test_an_ack_after_the_lease_moved_to_a_peer_is_fenced(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    _publish(conn, queue_name, {"n": 4})
+    (message,) = _drain(conn, queue_name, 1)
+    client = own_redis.client()
+    client.hset(LEASE_KEY, message.delivery_tag, "peer:1:abc")  # a peer fetched it after a restore
+    assert lease.renew_once(client) == {message.delivery_tag}
+    assert lease.is_lost(message.delivery_tag)
+    message.ack()
+    assert client.hget(LEASE_KEY, message.delivery_tag) == b"peer:1:abc"  # the peer's delivery is untouched
+    assert client.hlen("unacked") == 1
+
+
+def test_an_ack_made_while_redis_is_down_is_applied_by_the_renewal(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    _publish(conn, queue_name, {"n": 5})
+    (message,) = _drain(conn, queue_name, 1)
+    own_redis.stop()
+    message.ack()  # no error: remembered
+    assert lease.pending_acks() == 1
+    own_redis.start()
+    lease.renew_once(own_redis.client())
+    assert lease.pending_acks() == 0
+    assert own_redis.client().hlen("unacked") == 0
+
+
+def test_a_non_message_is_dead_lettered_and_untracked(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    _publish(conn, queue_name, {"n": 6})
+    client = own_redis.client()
+    client.rpush(queue_name, b"\xff not json")  # RPUSH: the next element popped
+    (message,) = _drain(conn, queue_name, 1)
+    assert message.payload == {"n": 6}
+    # Dead-lettered (to the app's broker: tests/faults/test_poison.py follows it there) and no longer tracked.
+    assert client.hlen("unacked") == 1 and client.hlen(LEASE_KEY) == 1 and client.llen(queue_name) == 0
+
+
+def test_an_idle_single_queue_starts_a_job_at_once(own_redis: RedisServer, conn: Connection, queue_name: str) -> None:
+    """The wait is a blocking BLMOVE on the queue's key: a job published into an idle wait is fetched at once."""
+    queue = Queue(queue_name, Exchange(queue_name, "direct"), queue_name)
+    got: list[float] = []
+    with Consumer(conn.channel(), [queue], callbacks=[lambda body, message: got.append(time.monotonic())]):
+        latencies = []
+        for _ in range(5):
+            with pytest.raises(TimeoutError):
+                conn.drain_events(timeout=0.3)  # idle: the channel is waiting now
+            sent = time.monotonic()
+            _publish(conn, queue_name, {"n": 7})
+            while len(got) < len(latencies) + 1:
+                conn.drain_events(timeout=2)
+            latencies.append(got[-1] - sent)
+    print("start latency, single queue (s):", [round(x, 4) for x in latencies])
+    assert max(latencies) < 0.1, latencies
