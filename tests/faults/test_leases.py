@@ -1,0 +1,126 @@
+"""Leases with real workers: a dead worker's jobs come back within a lease plus a sweep, a live worker's long job
+is never delivered twice, and a worker that was frozen past its lease neither runs nor acknowledges the job a
+peer took over (fencing).
+
+Each test has its own redis-server (AOF on) for the broker and a ledger Redis the jobs record their starts
+(`test:ledger:<key>`) and completions (`test:done:<key>`) in, and runs `celery worker` subprocesses on the
+`default` queue. Every worker sharing a broker must use the same LEASE_SECONDS (a sweep judges other
+workers' leases by its own), so these workers never share the session's Redis.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from pipeline.constants import LEASE_KEY
+from tests.support.procs import RedisServer, wait_for
+
+pytestmark = pytest.mark.faults
+
+#: A short lease for tests about the mechanism: renewed every 2 s, restored 6 s after the last renewal.
+SHORT_LEASE = {"LEASE_SECONDS": "6", "UNACKED_RESTORE_INTERVAL": "1"}
+
+
+@pytest.fixture
+def producer(own_redis: RedisServer) -> Iterator[Celery]:
+    app = Celery("lease-producer", broker=own_redis.url, backend=own_redis.url, set_as_current=False)
+    app.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
+    yield app
+    app.close()
+
+
+def _env(own_redis: RedisServer, ledger: RedisServer, **extra: str) -> dict[str, str]:
+    return {"REDIS_URL": own_redis.url, "TEST_LEDGER_URL": ledger.url, **extra}
+
+
+def _send(producer: Celery, key: str, sleep_s: float) -> str:
+    return str(producer.send_task("test.ledger", args=[{"key": key, "sleep_s": sleep_s}], queue="default").id)
+
+
+def _starts(ledger: RedisServer, key: str) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in ledger.client().lrange(f"test:ledger:{key}", 0, -1)]
+
+
+def _done(ledger: RedisServer, key: str) -> collections.Counter[str]:
+    return collections.Counter(x.decode() for x in ledger.client().lrange(f"test:done:{key}", 0, -1))
+
+
+def test_kill_9_with_three_jobs_in_flight_all_finish_once_on_a_peer_within_lease_plus_sweep(
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
+) -> None:
+    """Default LEASE_SECONDS (30) and sweep interval (10 s): the bound is 40 s from the kill to the restore."""
+    key = uuid.uuid4().hex
+    env = _env(own_redis, ledger_redis, UNACKED_RESTORE_INTERVAL="10")
+    first = make_worker(f"kill9-a-{key[:6]}", env=env, concurrency=3)
+    jobs = [_send(producer, key, 5) for _ in range(3)]
+    wait_for(lambda: len(_starts(ledger_redis, key)) >= 3, 30, 0.05, what="three jobs to start")
+    peer = make_worker(f"kill9-b-{key[:6]}", env=env, concurrency=3)
+    first.kill_group(signal.SIGKILL)
+    killed_at = time.time()
+    first.wait(10)
+    wait_for(lambda: set(jobs) <= set(_done(ledger_redis, key)), 60, 0.1, what="the three jobs on the peer")
+    restarts = [s for s in _starts(ledger_redis, key) if s["t"] > killed_at]
+    recovery = max(s["t"] for s in restarts) - killed_at
+    print(f"kill -9 → every job started again on the peer after {recovery:.1f} s (bound: lease 30 + sweep 10)")
+    assert _done(ledger_redis, key) == collections.Counter(dict.fromkeys(jobs, 1))
+    assert sorted(s["task_id"] for s in restarts) == sorted(jobs)
+    assert recovery <= 30 + 10 + 3, recovery
+    assert own_redis.client().hlen("unacked") == 0 and own_redis.client().hlen(LEASE_KEY) == 0
+    assert peer.proc is not None and peer.proc.poll() is None
+
+
+def test_a_job_of_several_leases_with_an_idle_peer_runs_exactly_once(
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
+) -> None:
+    key = uuid.uuid4().hex
+    env = _env(own_redis, ledger_redis, **SHORT_LEASE)
+    make_worker(f"long-a-{key[:6]}", env=env, concurrency=1)
+    make_worker(f"long-b-{key[:6]}", env=env, concurrency=1)
+    job = _send(producer, key, 25)  # four leases and more
+    wait_for(lambda: _done(ledger_redis, key), 60, 0.2, what="the long job to finish")
+    time.sleep(3)  # a redelivery would have started by now (the peer sweeps every second)
+    assert _done(ledger_redis, key) == collections.Counter({job: 1})
+    assert len(_starts(ledger_redis, key)) == 1, _starts(ledger_redis, key)
+    assert producer.AsyncResult(job).state == "SUCCESS"
+
+
+def test_a_worker_frozen_past_its_lease_neither_runs_nor_acknowledges_the_job_a_peer_took(
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
+) -> None:
+    key = uuid.uuid4().hex
+    env = _env(own_redis, ledger_redis, **SHORT_LEASE)
+    frozen = make_worker(f"fence-a-{key[:6]}", env=env, concurrency=1)
+    job = _send(producer, key, 20)
+    wait_for(lambda: _starts(ledger_redis, key), 30, 0.05, what="the job to start")
+    peer = make_worker(f"fence-b-{key[:6]}", env=env, concurrency=1)
+    frozen.kill_group(signal.SIGSTOP)  # the whole worker: main process (and its renewal thread) and pool child
+    stopped_at = time.time()
+    try:
+        wait_for(lambda: len(_starts(ledger_redis, key)) >= 2, 40, 0.1, what="the peer to take the job over")
+    finally:
+        frozen.kill_group(signal.SIGCONT)
+    taken_after = _starts(ledger_redis, key)[1]["t"] - stopped_at
+    broker = own_redis.client()
+    tag = next(iter(broker.hkeys(LEASE_KEY)))
+    wait_for(lambda: "lease lost" in frozen.log(), 10, 0.1, what="the thawed worker to find its lease gone")
+    time.sleep(2)  # the thawed worker's fence and its fenced acknowledgement have run by now
+    assert broker.hexists("unacked", tag), "the thawed worker removed the peer's delivery"
+    assert broker.hget(LEASE_KEY, tag).decode().split(":")[1] == str(peer.pid)
+    wait_for(lambda: _done(ledger_redis, key), 40, 0.2, what="the peer to finish the job")
+    time.sleep(1)
+    print(f"frozen worker's job restarted on the peer {taken_after:.1f} s after SIGSTOP (lease 6 s)")
+    assert _done(ledger_redis, key) == collections.Counter({job: 1})
+    assert [s["pid"] for s in _starts(ledger_redis, key)][1] != _starts(ledger_redis, key)[0]["pid"]
+    assert producer.AsyncResult(job).state == "SUCCESS"
+    wait_for(lambda: broker.hlen("unacked") == 0, 10, 0.1, what="the peer's acknowledgement")
+    assert frozen.proc is not None and frozen.proc.poll() is None
+    assert "terminating it here" in frozen.log()
