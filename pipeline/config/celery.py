@@ -27,6 +27,15 @@ def worker_broker_transport(broker_url: str) -> str:
     return f"pipeline.runtime.transport:{'SentinelTransport' if sentinel else 'Transport'}"
 
 
+#: What a worker adds to `celery_conf` (`pipeline.runtime.worker`): a job that finishes while Redis is down keeps
+#: its lease and stores its result once Redis is back, retried every ~1 s (full jitter up to 2 s) for about ten
+#: minutes, then dead-lettered with BackendStoreError. Producers keep 10 quick retries, so an API request fails
+#: fast (503) instead.
+WORKER_RESULT_RETRIES: dict[str, Any] = {
+    "result_backend_max_retries": 600,
+    "result_backend_base_sleep_between_retries_ms": 100,
+    "result_backend_max_sleep_between_retries_ms": 2000,
+}
 #: Deliveries one sweep restores at most (a dead worker's prefetch is far below this).
 UNACKED_RESTORE_LIMIT = 1000
 
@@ -98,11 +107,8 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
         "result_expires": settings.result_expires,
         "result_extended": True,
         "result_backend_always_retry": True,
-        # A job that finishes while Redis is down keeps its lease and stores its result once Redis is back:
-        # retried every ~1 s (full jitter up to 2 s) for about ten minutes, then dead-lettered BackendStoreError.
-        "result_backend_max_retries": 600,
-        "result_backend_base_sleep_between_retries_ms": 100,
-        "result_backend_max_sleep_between_retries_ms": 2000,
+        # Producers (API, CLI) give up quickly; workers wait much longer (`WORKER_RESULT_RETRIES`).
+        "result_backend_max_retries": 10,
         "task_default_queue": WORK_QUEUES[0],
         "task_queues": [Queue(name, routing_key=name) for name in WORK_QUEUES],
         "task_routes": {pattern: {"queue": queue} for pattern, queue in ROUTES.items()},
