@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 #: Bounds of the wait on one key when a worker consumes several queues (seconds).
 WAIT_MIN_S = 0.05
-WAIT_MAX_S = 0.2
+WAIT_MAX_S = 0.1
 #: Deliveries kept in a message's history, and how long the history outlives its last delivery (seconds).
 DELIVERY_LOG_MAX = 20
 DELIVERY_LOG_TTL_S = 7 * 86400

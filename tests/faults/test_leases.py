@@ -13,9 +13,10 @@ from __future__ import annotations
 import collections
 import json
 import signal
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -78,19 +79,36 @@ def test_kill_9_with_three_jobs_in_flight_all_finish_once_on_a_peer_within_lease
     assert peer.proc is not None and peer.proc.poll() is None
 
 
+def _runs_once_on_two_workers(
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, send: Callable[[str], str]
+) -> None:
+    """Two workers with a short lease; the job `send(key)` publishes runs once, and only once, on one of them."""
+    key = uuid.uuid4().hex
+    env = _env(own_redis, ledger_redis, **SHORT_LEASE)
+    for name in "ab":
+        make_worker(f"once-{name}-{key[:6]}", env=env, concurrency=1)
+    job = send(key)
+    wait_for(lambda: _done(ledger_redis, key), 60, 0.2, what="the job to finish")
+    time.sleep(3)  # a redelivery would have started by now (the idle worker sweeps every second)
+    assert _done(ledger_redis, key) == collections.Counter({job: 1})
+    assert len(_starts(ledger_redis, key)) == 1, _starts(ledger_redis, key)
+
+
 def test_a_job_of_several_leases_with_an_idle_peer_runs_exactly_once(
     own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
 ) -> None:
-    key = uuid.uuid4().hex
-    env = _env(own_redis, ledger_redis, **SHORT_LEASE)
-    make_worker(f"long-a-{key[:6]}", env=env, concurrency=1)
-    make_worker(f"long-b-{key[:6]}", env=env, concurrency=1)
-    job = _send(producer, key, 25)  # four leases and more
-    wait_for(lambda: _done(ledger_redis, key), 60, 0.2, what="the long job to finish")
-    time.sleep(3)  # a redelivery would have started by now (the peer sweeps every second)
-    assert _done(ledger_redis, key) == collections.Counter({job: 1})
-    assert len(_starts(ledger_redis, key)) == 1, _starts(ledger_redis, key)
-    assert producer.AsyncResult(job).state == "SUCCESS"
+    _runs_once_on_two_workers(own_redis, ledger_redis, make_worker, lambda key: _send(producer, key, 25))
+
+
+def test_a_countdown_held_past_several_leases_runs_once(
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
+) -> None:
+    """A reserved message (a countdown the worker holds in its timer) is renewed like a running one."""
+
+    def send(key: str) -> str:
+        return str(producer.send_task("test.ledger", args=[{"key": key}], queue="default", countdown=20).id)
+
+    _runs_once_on_two_workers(own_redis, ledger_redis, make_worker, send)
 
 
 def test_a_worker_frozen_past_its_lease_neither_runs_nor_acknowledges_the_job_a_peer_took(
@@ -124,3 +142,70 @@ def test_a_worker_frozen_past_its_lease_neither_runs_nor_acknowledges_the_job_a_
     wait_for(lambda: broker.hlen("unacked") == 0, 10, 0.1, what="the peer's acknowledgement")
     assert frozen.proc is not None and frozen.proc.poll() is None
     assert "terminating it here" in frozen.log()
+
+
+def test_after_an_outage_longer_than_the_lease_no_worker_restores_a_live_peers_jobs(
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
+) -> None:
+    """When Redis comes back every lease looks expired (nobody renewed for 10 s, lease 6 s). Each worker sweeps
+    only after renewing for a whole lease itself, by when every live worker has renewed: the four jobs, still
+    running on two workers, are neither restored nor run twice."""
+    key = uuid.uuid4().hex
+    env = _env(own_redis, ledger_redis, **SHORT_LEASE)
+    workers = [make_worker(f"outage-{n}-{key[:6]}", env=env, concurrency=2) for n in "ab"]
+    jobs = [_send(producer, key, 22) for _ in range(4)]
+    wait_for(lambda: len(_starts(ledger_redis, key)) >= 4, 30, 0.05, what="four jobs to start")
+    assert len({s["pid"] for s in _starts(ledger_redis, key)}) == 4
+    own_redis.stop()
+    time.sleep(10)  # the outage itself, not a wait for an outcome
+    own_redis.start()
+    wait_for(lambda: set(jobs) <= set(_done(ledger_redis, key)), 60, 0.2, what="the four jobs to finish")
+    time.sleep(2)
+    assert _done(ledger_redis, key) == collections.Counter(dict.fromkeys(jobs, 1))
+    assert len(_starts(ledger_redis, key)) == 4, _starts(ledger_redis, key)
+    assert {producer.AsyncResult(job).state for job in jobs} == {"SUCCESS"}
+    wait_for(lambda: own_redis.client().hlen("unacked") == 0, 10, 0.1, what="every acknowledgement")
+    assert all("restored" not in w.log() for w in workers)
+
+
+def test_kill_9_under_load_loses_no_accepted_job(
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
+) -> None:
+    """The fetch window: a worker killed at any instant holds nothing untracked. A producer sends short jobs all
+    along; the worker is killed -9 three times (a fresh one started each time); every job the producer was told
+    was accepted runs. A killed worker's jobs run again (at-least-once): at most its prefetch each time."""
+    key = uuid.uuid4().hex
+    env = _env(own_redis, ledger_redis, **SHORT_LEASE)
+    sent: list[str] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        while not stop.is_set():
+            sent.append(_send(producer, key, 0.05))
+            time.sleep(0.01)
+
+    worker = make_worker(f"loop-0-{key[:6]}", env=env, concurrency=2)
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    try:
+        for n in range(1, 4):
+            target = len(_done(ledger_redis, key)) + 30
+            wait_for(lambda: len(_done(ledger_redis, key)) >= target, 30, 0.05, what="jobs to run")  # noqa: B023
+            worker.kill_group(signal.SIGKILL)
+            worker.wait(10)
+            worker = make_worker(f"loop-{n}-{key[:6]}", env=env, concurrency=2)
+    finally:
+        stop.set()
+        thread.join(10)
+    broker = own_redis.client()
+    wait_for(
+        lambda: set(sent) <= set(_done(ledger_redis, key)) and broker.hlen("unacked") == 0,
+        60,
+        0.2,
+        what="every accepted job to run",
+    )
+    runs = _done(ledger_redis, key)
+    twice = {job: n for job, n in runs.items() if n > 1}
+    print(f"sent {len(sent)}, ran {len(runs)}, lost {len(set(sent) - set(runs))}, ran twice {len(twice)}")
+    assert not set(sent) - set(runs)
+    assert len(twice) <= 3 * 2, twice  # at most the two jobs each killed worker held
