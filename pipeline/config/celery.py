@@ -118,6 +118,7 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
         # Idle workers stop at once; `pipeline.runtime.worker` still waits for jobs held with an ETA.
         "worker_enable_soft_shutdown_on_idle": False,
         # Leases keep a running job ours through an outage: it goes on and is acknowledged once Redis is back.
+        # (Cancelling it lost jobs: celery/celery#7185, celery/celery#8541.)
         "worker_cancel_long_running_tasks_on_connection_loss": False,
         "worker_consumer": "pipeline.dlq.consumer:DeadLetteringConsumer",
         "worker_hijack_root_logger": False,

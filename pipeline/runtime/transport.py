@@ -5,14 +5,14 @@ Workers select it (`pipeline.runtime.worker` sets `broker_transport` to the clas
 on `pipeline.dlq.transport` (elements that are not messages are dead-lettered).
 
 kombu 5.7 (`kombu/transport/redis.py`) fetches with BRPOP and records the delivery in a second round trip
-(`QoS.append`: HSET `unacked`, ZADD `unacked_index`). A worker killed, or a Redis stopping, between the two
-loses the message: it left the list and is recorded nowhere (issue 10). Here `_brpop_start` sends one Lua
-script (EVALSHA, through kombu's own poll cycle) that RPOPs the first element over the consumed keys in
-kombu's order and, in the same script, records it exactly as `QoS.append` would (the element's bytes
-untouched), plus the lease owner (`pipeline:lease`), a delivery count (`pipeline:deliveries`, which
-survives kombu's restore: the tag is in the message) and a bounded delivery history
-(`pipeline:deliveries:<tag>`). `QoS.append` then keeps only kombu's in-memory bookkeeping. The count reaches
-the worker as the message header `x-delivery-count` (1 on the first delivery).
+(`QoS.append`: HSET `unacked`, ZADD `unacked_index`). A worker killed, or a Redis stopping, between the two loses
+the message: it left the list and is recorded nowhere (issue 10; celery/kombu#305, celery/celery#1789). Here
+`_brpop_start` sends one Lua script (EVALSHA, through kombu's own poll cycle) that RPOPs the first element over the
+consumed keys in kombu's order and, in the same script, records it exactly as `QoS.append` would (the element's
+bytes untouched), plus the lease owner (`pipeline:lease`), a delivery count (`pipeline:deliveries`, which survives
+kombu's restore: the tag is in the message) and a bounded delivery history (`pipeline:deliveries:<tag>`).
+`QoS.append` then keeps only kombu's in-memory bookkeeping. The count reaches the worker as the message header
+`x-delivery-count` (1 on the first delivery).
 
 A script cannot block, so when every key is empty the channel waits with a command that does not consume:
 `BLMOVE k k RIGHT RIGHT <timeout>` moves a list's last element onto itself (no change) and wakes as soon as
@@ -21,14 +21,15 @@ after each wait). Several queues: it waits on each queue's key in turn for WAIT_
 WAIT_MAX_S while nothing comes (an element on the key being waited on starts at once; on another key within
 one wait). `_brpop_sent_at` is set for every command sent, so kombu's reply health check still applies.
 
-Acknowledgements are fenced (`pipeline.runtime.lease.ACK`: removed only while this worker owns the lease);
-one that cannot reach Redis is remembered and applied by the renewal thread. kombu's sweep
-(`restore_visible`) restores deliveries whose lease expired, only once this worker has been renewing for a
-whole lease (after an outage every lease looks expired), and clears the lease owner in the same
-transaction. A closed connection no longer restores what the channel delivered (running jobs go on and are
-acknowledged on reconnect); only a real worker shutdown does (kombu's `restore_at_shutdown`), and only the
-deliveries this worker still owns. `Channel._connparams` on a connection kombu already closed raises a
-connection error (kombu's AttributeError there stopped the worker: issue 10).
+kombu's visibility timeout had to outlast the longest job, so a dead worker's jobs waited that long
+(celery/celery#5935, celery/celery#2599); leases (`pipeline.runtime.lease`) replace it. Acknowledgements are fenced
+(`pipeline.runtime.lease.ACK`: removed only while this worker owns the lease); one that cannot reach Redis is
+remembered and applied by the renewal thread. kombu's sweep (`restore_visible`) restores deliveries whose lease
+expired, only once this worker has been renewing for a whole lease (after an outage every lease looks expired), and
+clears the lease owner in the same transaction. A closed connection no longer restores what the channel delivered
+(running jobs go on and are acknowledged on reconnect); only a real worker shutdown does (kombu's
+`restore_at_shutdown`), and only the deliveries this worker still owns. `Channel._connparams` on a connection kombu
+already closed raises a connection error (kombu's AttributeError there stopped the worker: issue 10).
 
 Requires Redis >= 6.2 (BLMOVE with a fractional timeout). Not supported: kombu's `global_keyprefix`.
 """
