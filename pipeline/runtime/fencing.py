@@ -12,7 +12,9 @@ and threads pools cannot terminate a running job: it finishes, and its acknowled
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import time
 from typing import Any
 
 from celery import bootsteps
@@ -51,12 +53,32 @@ def fence(requests: Any, pool: Any, lost: set[str]) -> set[str]:
         request._lease_lost = True
         if request.time_start:
             log.error("job %s[%s]: lease lost to another worker; terminating it here", request.name, request.id)
-            request.cancel(pool, signal=signal.SIGKILL, emit_retry=False)
-        elif request._apply_result is not None and (result := request._apply_result()) is not None:
-            result.terminate(signal.SIGKILL)  # queued in the pool: killed if a process accepts it
+            try:
+                request.cancel(pool, signal=signal.SIGKILL, emit_retry=False)
+            except NotImplementedError:  # solo, threads: a running job cannot be stopped; its ack is fenced
+                log.error(
+                    "job %s[%s]: this pool cannot terminate it; it finishes unacknowledged", request.name, request.id
+                )
+        else:
+            _unqueue(request, pool)
         drop_lost(request)
         handled.add(tag)
     return handled
+
+
+def _unqueue(request: Any, pool: Any) -> None:
+    """A request handed to the pool but not started: take it out of the prefork pool's outbound buffer, as
+    Celery does for a revoked job it finds there (`celery/concurrency/asynpool.py`: `_put_back`), so no process
+    ever starts it; one already written to a process is killed as that process accepts it (`on_accepted` runs
+    `_terminate_on_ack`)."""
+    request._terminate_on_ack = (pool, signal.SIGKILL)
+    result = request._apply_result() if request._apply_result is not None else None
+    outbound = getattr(getattr(pool, "_pool", None), "outbound_buffer", None)
+    if result is None or outbound is None or result not in outbound:
+        return
+    outbound.remove(result)
+    result._ack(None, time.time(), os.getpid(), None)
+    result._set_terminated(signal.SIGKILL)  # its error callback is Request.on_failure: nothing stored
 
 
 class LeaseStep(bootsteps.StartStopStep):

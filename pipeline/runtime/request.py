@@ -55,6 +55,12 @@ class Request(CeleryRequest):
             return True
         return bool(super().revoked())
 
+    def _announce_revoked(self, reason: Any, terminated: Any, signum: Any, expired: Any) -> None:
+        if self._lease_lost:  # terminated by the fence: no REVOKED state over the peer's result
+            task_ready(self)
+            return
+        super()._announce_revoked(reason, terminated, signum, expired)  # type: ignore[misc]  # untyped in celery-types
+
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
         if self._lease_lost or (getattr(self, "_already_cancelled", False) and self.task.acks_late):
             # The child died of our terminate (lease lost) or of a cancel at shutdown: not a failure, not a

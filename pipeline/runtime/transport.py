@@ -221,7 +221,11 @@ class QoS(kombu_redis.QoS):
 
 
 def _restore_record(channel: Any, raw: bytes, pipe: Any, leftmost: bool) -> None:
-    message, exchange, routing_key = json.loads(raw.decode("utf-8", "surrogateescape"))
+    try:
+        message, exchange, routing_key = json.loads(raw.decode("utf-8", "surrogateescape"))
+    except ValueError as exc:  # not what the fetch wrote: dead-letter it rather than fail every sweep
+        dead_lettering.dead_letter(raw, "unacked", exc)
+        return
     if isinstance(message, str):  # an element that was not a message: back where it was, byte for byte
         key = routing_key
         (pipe.lpush if leftmost else pipe.rpush)(key, message.encode("utf-8", "surrogateescape"))

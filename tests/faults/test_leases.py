@@ -80,13 +80,17 @@ def test_kill_9_with_three_jobs_in_flight_all_finish_once_on_a_peer_within_lease
 
 
 def _runs_once_on_two_workers(
-    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, send: Callable[[str], str]
+    own_redis: RedisServer,
+    ledger_redis: RedisServer,
+    make_worker: Any,
+    send: Callable[[str], str],
+    pool: str = "prefork",
 ) -> None:
     """Two workers with a short lease; the job `send(key)` publishes runs once, and only once, on one of them."""
     key = uuid.uuid4().hex
     env = _env(own_redis, ledger_redis, **SHORT_LEASE)
     for name in "ab":
-        make_worker(f"once-{name}-{key[:6]}", env=env, concurrency=1)
+        make_worker(f"once-{name}-{key[:6]}", env=env, concurrency=1, pool=pool)
     job = send(key)
     wait_for(lambda: _done(ledger_redis, key), 60, 0.2, what="the job to finish")
     time.sleep(3)  # a redelivery would have started by now (the idle worker sweeps every second)
@@ -94,10 +98,13 @@ def _runs_once_on_two_workers(
     assert len(_starts(ledger_redis, key)) == 1, _starts(ledger_redis, key)
 
 
+@pytest.mark.parametrize("pool", ["prefork", "solo", "threads"])
 def test_a_job_of_several_leases_with_an_idle_peer_runs_exactly_once(
-    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery, pool: str
 ) -> None:
-    _runs_once_on_two_workers(own_redis, ledger_redis, make_worker, lambda key: _send(producer, key, 25))
+    """The renewal thread renews whatever the pool: with solo the main process itself runs the job."""
+    sleep_s = 25 if pool == "prefork" else 15
+    _runs_once_on_two_workers(own_redis, ledger_redis, make_worker, lambda key: _send(producer, key, sleep_s), pool)
 
 
 def test_a_countdown_held_past_several_leases_runs_once(
@@ -111,35 +118,37 @@ def test_a_countdown_held_past_several_leases_runs_once(
     _runs_once_on_two_workers(own_redis, ledger_redis, make_worker, send)
 
 
-def test_a_worker_frozen_past_its_lease_neither_runs_nor_acknowledges_the_job_a_peer_took(
+def test_a_worker_frozen_past_its_lease_neither_runs_nor_acknowledges_the_jobs_a_peer_took(
     own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
 ) -> None:
+    """The frozen worker holds two jobs: one running, one prefetched behind it. A peer takes both over; thawed,
+    the worker terminates the first, drops the second without running it, and acknowledges neither."""
     key = uuid.uuid4().hex
     env = _env(own_redis, ledger_redis, **SHORT_LEASE)
-    frozen = make_worker(f"fence-a-{key[:6]}", env=env, concurrency=1)
-    job = _send(producer, key, 20)
-    wait_for(lambda: _starts(ledger_redis, key), 30, 0.05, what="the job to start")
-    peer = make_worker(f"fence-b-{key[:6]}", env=env, concurrency=1)
+    frozen = make_worker(f"fence-a-{key[:6]}", env={**env, "WORKER_PREFETCH_MULTIPLIER": "2"}, concurrency=1)
+    jobs = [_send(producer, key, 20) for _ in range(2)]
+    wait_for(lambda: _starts(ledger_redis, key), 30, 0.05, what="the first job to start")
+    broker = own_redis.client()
+    wait_for(lambda: broker.hlen(LEASE_KEY) == 2, 10, 0.05, what="the second job to be prefetched")
+    peer = make_worker(f"fence-b-{key[:6]}", env=env, concurrency=2)
     frozen.kill_group(signal.SIGSTOP)  # the whole worker: main process (and its renewal thread) and pool child
     stopped_at = time.time()
     try:
-        wait_for(lambda: len(_starts(ledger_redis, key)) >= 2, 40, 0.1, what="the peer to take the job over")
+        wait_for(lambda: len(_starts(ledger_redis, key)) >= 3, 40, 0.1, what="the peer to take both jobs over")
     finally:
         frozen.kill_group(signal.SIGCONT)
     taken_after = _starts(ledger_redis, key)[1]["t"] - stopped_at
-    broker = own_redis.client()
-    tag = next(iter(broker.hkeys(LEASE_KEY)))
-    wait_for(lambda: "lease lost" in frozen.log(), 10, 0.1, what="the thawed worker to find its lease gone")
-    time.sleep(2)  # the thawed worker's fence and its fenced acknowledgement have run by now
-    assert broker.hexists("unacked", tag), "the thawed worker removed the peer's delivery"
-    assert broker.hget(LEASE_KEY, tag).decode().split(":")[1] == str(peer.pid)
-    wait_for(lambda: _done(ledger_redis, key), 40, 0.2, what="the peer to finish the job")
+    wait_for(lambda: "not run here" in frozen.log(), 10, 0.1, what="the thawed worker to find its leases gone")
+    time.sleep(2)  # the thawed worker's fence and its fenced acknowledgements have run by now
+    holders = {v.decode().split(":")[1] for v in broker.hvals(LEASE_KEY)}
+    assert broker.hlen("unacked") == 2 and holders == {str(peer.pid)}, "the thawed worker touched the peer's jobs"
+    wait_for(lambda: len(_done(ledger_redis, key)) >= 2, 40, 0.2, what="the peer to finish both jobs")
     time.sleep(1)
-    print(f"frozen worker's job restarted on the peer {taken_after:.1f} s after SIGSTOP (lease 6 s)")
-    assert _done(ledger_redis, key) == collections.Counter({job: 1})
-    assert [s["pid"] for s in _starts(ledger_redis, key)][1] != _starts(ledger_redis, key)[0]["pid"]
-    assert producer.AsyncResult(job).state == "SUCCESS"
-    wait_for(lambda: broker.hlen("unacked") == 0, 10, 0.1, what="the peer's acknowledgement")
+    print(f"frozen worker's jobs restarted on the peer {taken_after:.1f} s after SIGSTOP (lease 6 s)")
+    assert _done(ledger_redis, key) == collections.Counter(dict.fromkeys(jobs, 1))
+    assert len(_starts(ledger_redis, key)) == 3  # the prefetched job never started on the frozen worker
+    assert {producer.AsyncResult(job).state for job in jobs} == {"SUCCESS"}
+    wait_for(lambda: broker.hlen("unacked") == 0, 10, 0.1, what="the peer's acknowledgements")
     assert frozen.proc is not None and frozen.proc.poll() is None
     assert "terminating it here" in frozen.log()
 
