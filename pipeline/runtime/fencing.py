@@ -81,6 +81,31 @@ def _unqueue(request: Any, pool: Any) -> None:
     result._set_terminated(signal.SIGKILL)  # its error callback is Request.on_failure: nothing stored
 
 
+def _kept_on_close(pool: Any) -> set[str]:
+    """Tags of the requests that survive Celery's `Consumer.on_close`: running, or written to a pool process."""
+    outbound = getattr(getattr(pool, "_pool", None), "outbound_buffer", None) or ()
+    kept = {delivery_tag(request) for request in state.active_requests}
+    for request in state.reserved_requests:
+        result = request._apply_result() if request._apply_result is not None else None
+        if result is not None and result not in outbound and not result.ready():
+            kept.add(delivery_tag(request))
+    return {tag for tag in kept if tag is not None}
+
+
+def _release_what_on_close_drops(consumer: Any, pool: Any) -> None:
+    """After a lost connection Celery's `Consumer.on_close` (`celery/worker/consumer/consumer.py`) forgets the
+    requests it reserved or scheduled and flushes the pool's outbound buffer: "the broker may redeliver these
+    tasks". With leases it would not (this worker renews them), so their leases are given up instead."""
+    close = consumer.on_close
+
+    def on_close() -> None:
+        kept = _kept_on_close(pool)
+        close()
+        lease.drop(lease.held() - kept)
+
+    consumer.on_close = on_close
+
+
 class LeaseStep(bootsteps.StartStopStep):
     requires = ("celery.worker.components:Pool",)
 
@@ -92,6 +117,7 @@ class LeaseStep(bootsteps.StartStopStep):
     def start(self, parent: Any) -> None:
         self.worker = parent
         self.renewer = lease.Renewer(_client).start()
+        _release_what_on_close_drops(parent.consumer, parent.pool)
         timer = parent.hub if getattr(parent, "use_eventloop", False) else parent.timer
         timer.call_repeatedly(FENCE_INTERVAL_S, self.tick)
         log.info(

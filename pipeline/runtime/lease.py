@@ -67,6 +67,19 @@ redis.call('DEL', KEYS[5])
 return 1
 """
 
+#: KEYS: unacked_index, lease. ARGV: owner, tags... Gives up this owner's lease on each tag and marks it expired,
+#: so the next sweep puts it back on its queue (a delivery the worker dropped without running it).
+RELEASE = """
+for i = 2, #ARGV do
+  local tag = ARGV[i]
+  if redis.call('HGET', KEYS[2], tag) == ARGV[1] then
+    redis.call('ZADD', KEYS[1], 'XX', 0, tag)
+    redis.call('HDEL', KEYS[2], tag)
+  end
+end
+return 0
+"""
+
 _lock = threading.Lock()
 _owner: str | None = None
 #: Delivery tags this worker holds (fetched, not yet acknowledged, requeued or lost).
@@ -75,6 +88,9 @@ _held: set[str] = set()
 _lost: set[str] = set()
 #: Tags acknowledged while Redis was unreachable: applied (fenced) by the renewal thread.
 _pending_acks: set[str] = set()
+#: Tags Celery dropped without running (its consumer's `on_close` after a lost connection): released by the
+#: renewal thread, so a sweep puts them back on their queues.
+_dropped: set[str] = set()
 _lease_seconds = 30.0
 _streak_since: float | None = None  # monotonic time of the first renewal of the current unbroken run
 _wake = threading.Event()
@@ -131,6 +147,19 @@ def forget_lost(tags: Iterable[str]) -> None:
         _lost.difference_update(tags)
 
 
+def drop(tags: Iterable[str]) -> None:
+    """Stop holding `tags` (the worker forgot them unrun): their leases are given up for a sweep to restore."""
+    with _lock:
+        tags = (set(tags) & _held) - _pending_acks  # an acknowledged job is done: never given back
+        _held.difference_update(tags)
+        _dropped.update(tags)
+    if tags:
+        _wake.set()
+        log.warning(
+            "released %d prefetched job(s) dropped with a lost connection: back on their queues soon", len(tags)
+        )
+
+
 def pending_acks() -> int:
     with _lock:
         return len(_pending_acks)
@@ -170,6 +199,12 @@ def renew_once(client: Any, now: float | None = None) -> set[str]:
         ack(client, tag)
     if acks:
         log.info("applied %d acknowledgement(s) made while the broker was unreachable", len(acks))
+    with _lock:
+        dropped = list(_dropped)
+    if dropped:
+        client.eval(RELEASE, 2, UNACKED_INDEX_KEY, LEASE_KEY, owner(), *dropped)
+        with _lock:
+            _dropped.difference_update(dropped)
     tags = sorted(held())
     stamp = repr(time.time() if now is None else now)
     lost: set[str] = set()
@@ -218,7 +253,7 @@ class Renewer:
                 with _lock:
                     if _streak_since is None:
                         _streak_since = time.monotonic()
-                    delay = min(period, 1.0) if _pending_acks else period
+                    delay = min(period, 1.0) if _pending_acks or _dropped else period
                 if lost and self._on_lost is not None:
                     self._on_lost(lost)
             except Exception as exc:  # noqa: BLE001  # a connection error, Redis loading its AOF: try again soon

@@ -218,3 +218,25 @@ def test_kill_9_under_load_loses_no_accepted_job(
     print(f"sent {len(sent)}, ran {len(runs)}, lost {len(set(sent) - set(runs))}, ran twice {len(twice)}")
     assert not set(sent) - set(runs)
     assert len(twice) <= 3 * 2, twice  # at most the two jobs each killed worker held
+
+
+def test_a_prefetched_job_dropped_with_a_lost_connection_runs_once_after_it(
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
+) -> None:
+    """Celery forgets the jobs it had prefetched when its connection drops (`Consumer.on_close`); the worker gives
+    their leases up, so a sweep puts them back and they run once, beside the job that ran through the outage."""
+    key = uuid.uuid4().hex
+    env = _env(own_redis, ledger_redis, **SHORT_LEASE, WORKER_PREFETCH_MULTIPLIER="2")
+    worker = make_worker(f"dropped-{key[:6]}", env=env, concurrency=1)
+    running, prefetched = _send(producer, key, 12), _send(producer, key, 0.1)
+    wait_for(lambda: _starts(ledger_redis, key), 30, 0.05, what="the first job to start")
+    wait_for(lambda: own_redis.client().hlen(LEASE_KEY) == 2, 10, 0.05, what="the second job to be prefetched")
+    own_redis.stop()
+    time.sleep(4)  # the outage itself, not a wait for an outcome
+    own_redis.start()
+    wait_for(lambda: {running, prefetched} <= set(_done(ledger_redis, key)), 60, 0.2, what="both jobs")
+    time.sleep(2)
+    assert _done(ledger_redis, key) == collections.Counter({running: 1, prefetched: 1})
+    assert len(_starts(ledger_redis, key)) == 2
+    wait_for(lambda: own_redis.client().hlen("unacked") == 0, 10, 0.1, what="both acknowledgements")
+    assert "released 1 prefetched job(s)" in worker.log()
