@@ -124,6 +124,18 @@ class LeaseStep(bootsteps.StartStopStep):
             "leases: %s s, renewed every %.1f s by %s", lease.lease_seconds(), lease.lease_seconds() / 3, lease.owner()
         )
 
+    def stop(self, parent: Any) -> None:
+        # Last: acknowledgements of jobs that finished while Redis was away (the soft shutdown lets them end),
+        # so they are not delivered again after the lease.
+        if lease.pending_acks():
+            try:
+                lease.renew_once(_client())
+            except Exception:  # noqa: BLE001  # Redis still away: the jobs come back after the lease
+                log.warning("could not apply %d acknowledgement(s) before exiting", lease.pending_acks())
+
+    def terminate(self, parent: Any) -> None:
+        self.stop(parent)
+
     def tick(self) -> None:
         lost = lease.take_lost()
         if lost:

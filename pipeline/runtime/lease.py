@@ -94,6 +94,7 @@ _dropped: set[str] = set()
 _lease_seconds = 30.0
 _streak_since: float | None = None  # monotonic time of the first renewal of the current unbroken run
 _wake = threading.Event()
+_renewing = threading.Lock()  # one renewal at a time: the thread's, or the last one at shutdown
 
 
 def owner() -> str:
@@ -193,6 +194,11 @@ def ack(client: Any, tag: str) -> bool:
 
 def renew_once(client: Any, now: float | None = None) -> set[str]:
     """Apply remembered acknowledgements, renew every held lease; return the tags found lost."""
+    with _renewing:
+        return _renew(client, now)
+
+
+def _renew(client: Any, now: float | None) -> set[str]:
     with _lock:
         acks = list(_pending_acks)
     for tag in acks:
