@@ -93,6 +93,7 @@ _pending_acks: set[str] = set()
 _dropped: set[str] = set()
 _lease_seconds = 30.0
 _streak_since: float | None = None  # monotonic time of the first renewal of the current unbroken run
+_renewed_at: float | None = None  # monotonic time of the last successful renewal
 _wake = threading.Event()
 _renewing = threading.Lock()  # one renewal at a time: the thread's, or the last one at shutdown
 
@@ -174,9 +175,28 @@ def remember_ack(tag: str, exc: BaseException) -> None:
 
 
 def sweep_allowed() -> bool:
-    """True once this worker's renewals have succeeded without a break for a whole lease (see the module doc)."""
+    """True once this worker's renewals have succeeded without a break for a whole lease (see the module doc),
+    the last one recently: a worker that was frozen renews (or finds its leases lost) before it sweeps."""
     with _lock:
-        return _streak_since is not None and time.monotonic() - _streak_since >= _lease_seconds
+        now = time.monotonic()
+        return (
+            _streak_since is not None
+            and now - _streak_since >= _lease_seconds
+            and _renewed_at is not None
+            and now - _renewed_at <= _lease_seconds / 2
+        )
+
+
+def _renewed(ok: bool) -> None:
+    """Record a renewal's outcome: a failure, or a gap longer than the lease, starts the run over."""
+    global _streak_since, _renewed_at
+    now = time.monotonic()
+    with _lock:
+        if not ok or (_renewed_at is not None and now - _renewed_at > _lease_seconds):
+            _streak_since = None
+        if ok and _streak_since is None:
+            _streak_since = now
+        _renewed_at = now if ok else None
 
 
 def _ack_keys(tag: str) -> list[str]:
@@ -248,7 +268,6 @@ class Renewer:
         _wake.set()
 
     def _run(self) -> None:
-        global _streak_since
         period = _lease_seconds / 3
         client: Any = None
         while not self._stop.is_set():
@@ -256,17 +275,15 @@ class Renewer:
             try:
                 client = client or self._client_factory()
                 lost = renew_once(client)
+                _renewed(True)
                 with _lock:
-                    if _streak_since is None:
-                        _streak_since = time.monotonic()
                     delay = min(period, 1.0) if _pending_acks or _dropped else period
                 if lost and self._on_lost is not None:
                     self._on_lost(lost)
             except Exception as exc:  # noqa: BLE001  # a connection error, Redis loading its AOF: try again soon
-                with _lock:
-                    if _streak_since is not None:
-                        log.warning("lease renewal failed (%r); retrying every second", exc)
-                    _streak_since = None
+                if _renewed_at is not None:
+                    log.warning("lease renewal failed (%r); retrying every second", exc)
+                _renewed(False)
                 client = None
                 delay = 1.0
             _wake.wait(delay)

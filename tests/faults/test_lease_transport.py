@@ -87,7 +87,7 @@ def test_a_delivery_restored_after_its_lease_counts_its_second_delivery(
     (first,) = _drain(conn, queue_name, 1)
     client = own_redis.client()
     client.zadd("unacked_index", {first.delivery_tag: time.time() - 60})  # its holder stopped renewing
-    lease._streak_since = time.monotonic() - 60  # this worker has renewed for a whole lease
+    lease._streak_since, lease._renewed_at = time.monotonic() - 60, time.monotonic()  # renewing for a whole lease
     conn.default_channel.qos.restore_visible(interval=1)
     assert client.hlen(LEASE_KEY) == 0 and client.llen(queue_name) == 1  # back on its queue, lease cleared
     (second,) = _drain(conn, queue_name, 1)
@@ -103,11 +103,15 @@ def test_the_sweep_waits_a_whole_lease_of_renewals_and_skips_renewed_leases(
     (message,) = _drain(conn, queue_name, 1)
     client = own_redis.client()
     client.zadd("unacked_index", {message.delivery_tag: time.time() - 60})
-    lease._streak_since = time.monotonic()  # renewing since just now: e.g. Redis just came back
+    now = time.monotonic()
+    lease._streak_since, lease._renewed_at = now, now  # renewing since just now: e.g. Redis just came back
     conn.default_channel.qos.restore_visible(interval=1)
     assert client.hlen("unacked") == 1 and client.llen(queue_name) == 0
-    lease.renew_once(client)  # renewed: no longer expired
-    lease._streak_since = time.monotonic() - 60
+    lease._streak_since, lease._renewed_at = now - 60, now - 20  # its last renewal long ago: it was frozen
+    conn.default_channel.qos.restore_visible(interval=1)
+    assert client.hlen("unacked") == 1 and client.llen(queue_name) == 0
+    lease.renew_once(client)  # what it does first once thawed: renewed, no longer expired
+    lease._renewed_at = time.monotonic()
     conn.default_channel.qos.restore_visible(interval=1)
     assert client.hlen("unacked") == 1 and client.llen(queue_name) == 0
 
