@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, LEASE_KEY
+from pipeline.observability import metrics
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +158,7 @@ def drop(tags: Iterable[str]) -> None:
         _dropped.update(tags)
     if tags:
         _wake.set()
+        metrics.leases.labels(outcome="released").inc(len(tags))
         log.warning(
             "released %d prefetched job(s) dropped with a lost connection: back on their queues soon", len(tags)
         )
@@ -241,6 +243,7 @@ def _renew(client: Any, now: float | None) -> set[str]:
             for x in client.eval(RENEW, 2, UNACKED_INDEX_KEY, LEASE_KEY, owner(), stamp, *batch)
         )
     if lost:
+        metrics.leases.labels(outcome="lost").inc(len(lost))
         with _lock:
             _held.difference_update(lost)
             _lost.update(lost)

@@ -53,6 +53,7 @@ from kombu.utils.encoding import bytes_to_str
 
 from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
 from pipeline.dlq import transport as dead_lettering
+from pipeline.observability import metrics
 from pipeline.runtime import lease
 
 log = logging.getLogger(__name__)
@@ -180,6 +181,7 @@ class QoS(kombu_redis.QoS):
             except kombu_redis.MutexHeld:
                 return None
         if restored:
+            metrics.leases.labels(outcome="restored").inc(restored)
             log.warning("restored %d job(s) whose lease expired (their worker stopped renewing)", restored)
         return None
 
