@@ -18,7 +18,12 @@ An acknowledgement that cannot reach Redis (the connection dropped as the job fi
 applied, fenced, by the renewal thread once Redis answers again; the delivery is renewed meanwhile.
 
 After an outage every index score looks expired. `sweep_allowed` lets this worker sweep only once its
-renewals have succeeded for a whole lease without a failure, so every live worker has renewed by then.
+renewals have succeeded for a whole lease without a failure (or a gap longer than the lease), so every live
+worker has renewed by then, and only while its last renewal is recent (a worker thawed after a freeze renews,
+and finds what it lost, before it sweeps).
+
+Celery forgets the requests it had prefetched or scheduled when the consumer's connection drops
+(`Consumer.on_close`); `drop` gives their leases up (`RELEASE`), so a sweep puts them back on their queues.
 """
 
 from __future__ import annotations
