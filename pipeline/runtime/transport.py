@@ -61,6 +61,10 @@ log = logging.getLogger(__name__)
 #: Bounds of the wait on one key when a worker consumes several queues (seconds).
 WAIT_MIN_S = 0.05
 WAIT_MAX_S = 0.1
+#: A delivery in `unacked` with no lease was fetched by a worker of a release without leases (kombu's BRPOP); the
+#: sweep leaves it for that release's visibility timeout, so a rolling upgrade does not restore its running jobs.
+#: A delivery this release gives up (`lease.RELEASE`) has no lease either, but is scored 0: restored at once.
+LEGACY_TIMEOUT_S = 11400
 #: Deliveries kept in a message's history, and how long the history outlives its last delivery (seconds).
 DELIVERY_LOG_MAX = 20
 DELIVERY_LOG_TTL_S = 7 * 86400
@@ -212,6 +216,8 @@ class QoS(kombu_redis.QoS):
                 return
             if ceil is not None and score is not None and score > ceil:
                 return  # renewed since the sweep read the index
+            if ceil is not None and holder is None and score is not None and score > time.time() - LEGACY_TIMEOUT_S:
+                return  # fetched by a worker without leases (a rolling upgrade): its old visibility timeout applies
             pipe.zrem(self.unacked_index_key, tag).hdel(self.unacked_key, tag).hdel(LEASE_KEY, tag)
             if raw:
                 _restore_record(self.channel, raw, pipe, leftmost)

@@ -116,6 +116,24 @@ def test_the_sweep_waits_a_whole_lease_of_renewals_and_skips_renewed_leases(
     assert client.hlen("unacked") == 1 and client.llen(queue_name) == 0
 
 
+def test_the_sweep_leaves_a_delivery_of_a_worker_without_leases_for_its_old_timeout(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    """A rolling upgrade: a worker of the previous release fetched with BRPOP and records no lease."""
+    with Connection(own_redis.url) as legacy:  # kombu's own transport
+        _publish(legacy, queue_name, {"n": "legacy"})
+        (old,) = _drain(legacy, queue_name, 1)
+        client = own_redis.client()
+        assert client.hlen("unacked") == 1 and client.hlen(LEASE_KEY) == 0
+        client.zadd("unacked_index", {old.delivery_tag: time.time() - 600})  # running for ten minutes
+        lease._streak_since, lease._renewed_at = time.monotonic() - 60, time.monotonic()
+        conn.default_channel.qos.restore_visible(interval=1)
+        assert client.hlen("unacked") == 1 and client.llen(queue_name) == 0
+        client.zadd("unacked_index", {old.delivery_tag: time.time() - transport.LEGACY_TIMEOUT_S - 1})
+        conn.default_channel.qos.restore_visible(interval=1)
+        assert client.hlen("unacked") == 0 and client.llen(queue_name) == 1
+
+
 def test_an_ack_after_the_lease_moved_to_a_peer_is_fenced(
     own_redis: RedisServer, conn: Connection, queue_name: str
 ) -> None:
