@@ -30,13 +30,9 @@ def queue_name() -> str:
 
 
 @pytest.fixture
-def conn(own_redis: RedisServer) -> Iterator[Connection]:
+def conn(own_redis: RedisServer, own_leases: None) -> Iterator[Connection]:
     with Connection(own_redis.url, transport=transport.Transport, transport_options={"visibility_timeout": 6}) as c:
         yield c
-    with lease._lock:
-        lease._held.clear()
-        lease._lost.clear()
-        lease._pending_acks.clear()
 
 
 def _publish(conn: Connection, name: str, body: Any) -> None:
@@ -204,7 +200,7 @@ def test_an_idle_single_queue_starts_a_job_at_once(own_redis: RedisServer, conn:
     """One queue: the wait is a blocking BLMOVE on the queue's key, woken by the job's LPUSH."""
     latencies = _start_latencies(own_redis, conn, [queue_name], 6)
     print(f"start latency, 1 queue (s): median {latencies[3]:.4f}, max {latencies[-1]:.4f}")
-    assert latencies[-1] < 0.05, latencies
+    assert latencies[3] < 0.03, latencies  # the median: a loaded CI box may delay any single one
 
 
 def test_an_idle_consumer_of_several_queues_starts_a_job_within_one_short_wait(
@@ -214,4 +210,4 @@ def test_an_idle_consumer_of_several_queues_starts_a_job_within_one_short_wait(
     on the key being waited on starts at once, on another within one wait."""
     latencies = _start_latencies(own_redis, conn, [f"{queue_name}-{n}" for n in range(5)], 10)
     print(f"start latency, 5 queues (s): median {latencies[5]:.3f}, max {latencies[-1]:.3f}")
-    assert latencies[-1] < transport.WAIT_MAX_S + 0.15, latencies
+    assert latencies[5] < transport.WAIT_MAX_S + 0.15, latencies  # the median, with room for a loaded CI box

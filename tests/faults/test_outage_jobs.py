@@ -90,6 +90,7 @@ def test_jobs_running_through_an_outage_complete_once(
         producer.close()
 
 
+@pytest.mark.usefixtures("own_leases")
 def test_an_acknowledgement_made_while_redis_is_down_is_applied_on_reconnect(own_redis: RedisServer) -> None:
     """A job that finished as the connection dropped is acknowledged once Redis is back, not delivered again;
     the job beside it, still running, stays leased to this worker (renewed), not restored."""
