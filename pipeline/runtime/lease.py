@@ -128,6 +128,17 @@ def hold(tag: str) -> None:
         _lost.discard(tag)
 
 
+def rehold(tag: str) -> bool:
+    """True (and `tag` held again, no longer lost) when this worker already holds a delivery of `tag`, or one
+    awaiting its fence: fetched anew after its lease expired (this worker was frozen and the sweep put it back)."""
+    with _lock:
+        if tag not in _held and tag not in _lost:
+            return False
+        _held.add(tag)
+        _lost.discard(tag)
+        return True
+
+
 def release(tag: str) -> None:
     with _lock:
         _held.discard(tag)

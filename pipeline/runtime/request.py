@@ -4,7 +4,7 @@
 for longer than a lease and the job was restored for another worker). Celery's per-task request class
 (`celery/worker/request.py: create_request_cls`) replaces `execute_using_pool` but still asks `revoked()`
 first, so `revoked()` is where a lost delivery is refused: it is dropped without running (its in-memory
-prefetch slot freed through a fenced acknowledgement, a no-op in Redis), and `TaskRevokedError` tells the
+prefetch slot freed, nothing acknowledged in Redis), and `TaskRevokedError` tells the
 worker nothing ran (`celery/worker/worker.py: WorkController._process_task`). Unlike a revoke, no REVOKED
 state is stored: the peer's result must stand.
 
@@ -15,11 +15,13 @@ passes `emit_retry=False` for late-acknowledged jobs, "since broker will handle 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
 from celery.worker.request import Request as CeleryRequest
 from celery.worker.state import task_ready
+from kombu.transport import virtual as kombu_virtual
 
 from pipeline.runtime import lease
 
@@ -36,10 +38,15 @@ def delivery_tag(request: Any) -> str | None:
 
 
 def drop_lost(request: Any) -> None:
-    """Forget a request whose lease was lost: not run, nothing stored, the acknowledgement fenced."""
+    """Forget a request whose lease was lost: not run, nothing stored, nothing acknowledged in Redis (the delivery
+    is a peer's, or this worker's again if it fetched it anew); only kombu's in-memory prefetch slot is freed."""
     request._lease_lost = True
     task_ready(request)
-    request.acknowledge()  # fenced: removes nothing in Redis (the lease is a peer's), frees the prefetch slot
+    message = getattr(request, "_message", None)
+    if not request.acknowledged and message is not None:
+        request.acknowledged = True
+        with contextlib.suppress(Exception):  # a channel already closed holds no slot
+            kombu_virtual.QoS.ack(message.channel.qos, message.delivery_tag)
     tag = delivery_tag(request)
     if tag is not None:
         lease.forget_lost([tag])

@@ -331,6 +331,10 @@ class _Leased:
             with self.conn_or_acquire() as client:
                 lease.ack(client, tag)
             return
+        if lease.rehold(tag):
+            # Its earlier delivery is still here (running or waiting): that copy goes on, under this fetch's lease.
+            log.warning("delivery %s fetched again while this worker still holds it: the held copy goes on", tag)
+            return
         headers = payload.get("headers")
         if isinstance(headers, dict):
             headers[HEADER_DELIVERY_COUNT] = int(count)

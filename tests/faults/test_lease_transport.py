@@ -83,6 +83,7 @@ def test_a_delivery_restored_after_its_lease_counts_its_second_delivery(
     (first,) = _drain(conn, queue_name, 1)
     client = own_redis.client()
     client.zadd("unacked_index", {first.delivery_tag: time.time() - 60})  # its holder stopped renewing
+    lease.release(first.delivery_tag)  # and it was another worker: this one holds nothing of it
     lease._streak_since, lease._renewed_at = time.monotonic() - 60, time.monotonic()  # renewing for a whole lease
     conn.default_channel.qos.restore_visible(interval=1)
     assert client.hlen(LEASE_KEY) == 0 and client.llen(queue_name) == 1  # back on its queue, lease cleared
@@ -90,6 +91,25 @@ def test_a_delivery_restored_after_its_lease_counts_its_second_delivery(
     assert second.delivery_tag == first.delivery_tag
     assert second.headers[HEADER_DELIVERY_COUNT] == 2
     assert client.llen(DELIVERY_LOG_KEY.format(tag=second.delivery_tag)) == 2
+
+
+def test_a_job_fetched_again_while_this_worker_still_holds_it_is_not_delivered_twice(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    """A worker frozen past its lease can fetch its own job back after a sweep restored it: the copy it holds goes
+    on (under the new lease); the new delivery is not handed to Celery a second time."""
+    _publish(conn, queue_name, {"n": 8})
+    (held,) = _drain(conn, queue_name, 1)
+    client = own_redis.client()
+    client.zadd("unacked_index", {held.delivery_tag: time.time() - 60})
+    lease._streak_since, lease._renewed_at = time.monotonic() - 60, time.monotonic()
+    conn.default_channel.qos.restore_visible(interval=1)  # the lease expired: back on its queue
+    assert client.llen(queue_name) == 1
+    assert _drain(conn, queue_name, 1, timeout=2) == []  # fetched (the queue is empty) but not delivered again
+    assert client.llen(queue_name) == 0 and client.hget(LEASE_KEY, held.delivery_tag).decode() == lease.owner()
+    assert held.delivery_tag in lease.held() and lease.renew_once(client) == set()
+    held.ack()
+    assert client.hlen("unacked") == 0
 
 
 def test_the_sweep_waits_a_whole_lease_of_renewals_and_skips_renewed_leases(
