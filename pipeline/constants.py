@@ -80,3 +80,12 @@ PRIORITY_SEPARATOR: Final = "\x06\x16"
 PRIORITY_STEPS: Final = (0, 3, 6, 9)
 #: kombu's Redis key holding delivered-but-unacknowledged messages.
 UNACKED_KEY: Final = "unacked"
+
+#: Leases (`pipeline.runtime.lease`): HASH delivery tag → the worker incarnation that holds the delivery.
+LEASE_KEY: Final = KEY_PREFIX + "lease"
+#: HASH delivery tag → how many times it was delivered (the `x-delivery-count` header a worker sees).
+DELIVERIES_KEY: Final = KEY_PREFIX + "deliveries"
+#: LIST of the last deliveries of one delivery tag, JSON {"at": epoch s, "worker": hostname}, newest last.
+DELIVERY_LOG_KEY: Final = KEY_PREFIX + "deliveries:{tag}"
+#: Message header: how many times this message was delivered, 1 the first time (as RabbitMQ quorum queues set).
+HEADER_DELIVERY_COUNT: Final = "x-delivery-count"

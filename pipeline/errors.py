@@ -27,8 +27,8 @@ class TransientError(PipelineError):
     """A failure that may pass: connection refused, timeout, 5xx, SMTP 4xx. The job is retried.
 
     `retry_after` (seconds) sets the earliest next attempt, e.g. from an HTTP Retry-After header: the
-    retry waits the longer of it and the policy's backoff (a wait longer than a worker may hold a message
-    is parked like a delayed job, so it is safe past the visibility timeout).
+    retry waits the longer of it and the policy's backoff (a wait longer than a worker holds a message,
+    RETRY_MAX_DELAY, is parked like a delayed job).
     """
 
     def __init__(self, *args: Any, retry_after: float | None = None) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pipeline.errors import PermanentError, TransientError
 
-#: The ceiling on any single wait. Kept well below the broker's visibility timeout.
+#: The ceiling on any single wait.
 MAX_DELAY_CEILING = 3600.0
 
 

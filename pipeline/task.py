@@ -165,7 +165,7 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
         # A retry asks the rate limiter again: drop the slot a deferred job carried.
         headers = {k: v for k, v in (self.request.headers or {}).items() if k != HEADER_RATE_SLOT}
         if countdown <= get_settings().worker_hold_limit or retries >= self.policy.max_retries:
-            # Celery's own retry: a worker holds it, and it runs and ends within the visibility timeout.
+            # Celery's own retry: a worker holds it (under its lease) until it is due.
             # Past max_retries it re-raises `exc`: the job fails with its real error and is dead-lettered.
             return self.retry(exc=exc, countdown=countdown, max_retries=self.policy.max_retries, headers=headers)
         # Longer than a worker may hold a message: the next attempt is parked until it is due.
@@ -269,7 +269,7 @@ class TypedTask(Generic[P, R]):
         are written in one Redis round trip (`pipeline.producer`). With an `idempotency_key`, a second enqueue
         with the same key (within ENQUEUE_IDEMPOTENCY_TTL) returns the first job's id. A `countdown` or `eta`
         further ahead than DELAYED_RELEASE_AHEAD parks the job in Redis until it is due (`pipeline.publish`),
-        so any delay is safe beyond the visibility timeout.
+        so no worker holds a long delay in memory.
         """
         _, data, text = self._checked(payload)
         due = due_time(countdown, eta)

@@ -2,7 +2,7 @@
 
 The body parameter is exactly the kind's payload model (so the same JSON works for the API, the CLI and
 `send_task`). Delay and ETA are query parameters, at most `MAX_DELAY_S` ahead (a product limit: delayed
-jobs are parked in Redis, so the visibility timeout does not bound them); the
+jobs are parked in Redis, so no worker holds them meanwhile); the
 `Idempotency-Key` header makes a repeated request return the first job's id. The function returns only
 after `enqueue()` did, i.e. after the publish to Redis returned; broker errors propagate to the 503
 handler in `pipeline.api.errors`. The batch route takes a JSON array of such payloads (at most MAX_BATCH)

@@ -28,6 +28,18 @@ def worker_broker_transport(broker_url: str) -> str:
     return f"pipeline.runtime.transport:{'SentinelTransport' if sentinel else 'Transport'}"
 
 
+#: What a worker adds to `celery_conf` (`pipeline.runtime.worker`): a job that finishes while Redis is down keeps
+#: its lease and stores its result once Redis is back, retried every ~1 s (full jitter up to 2 s) for about ten
+#: minutes, then dead-lettered with BackendStoreError. Producers keep 10 quick retries, so an API request fails
+#: fast (503) instead.
+WORKER_RESULT_RETRIES: dict[str, Any] = {
+    "result_backend_max_retries": 600,
+    "result_backend_base_sleep_between_retries_ms": 100,
+    "result_backend_max_sleep_between_retries_ms": 2000,
+}
+#: Deliveries one sweep restores at most (a dead worker's prefetch is far below this).
+UNACKED_RESTORE_LIMIT = 1000
+
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 
 
@@ -40,11 +52,13 @@ def _ssl_options(settings: Settings) -> dict[str, Any]:
 
 def _transport_options(settings: Settings) -> dict[str, Any]:
     options: dict[str, Any] = {
-        # Unacked messages come back after this long; must exceed any task's hard time limit.
-        "visibility_timeout": settings.visibility_timeout,
-        # kombu 5.7: how often an idle worker sweeps for expired unacked messages (throttle 1 = every interval).
+        # The lease (`pipeline.runtime.lease`): a delivery not renewed for this long is restored by the sweep.
+        "visibility_timeout": settings.lease_seconds,
+        # kombu 5.7: how often a worker sweeps for expired leases (throttle 1 = every interval), and how many
+        # it restores per sweep: a dead worker's whole prefetch at once.
         "unacked_restore_interval": settings.unacked_restore_interval,
         "unacked_restore_throttle": 1,
+        "unacked_restore_limit": UNACKED_RESTORE_LIMIT,
         # A dead connection is noticed within seconds instead of hanging the consumer.
         "health_check_interval": 10,
         "socket_timeout": 30,
@@ -70,7 +84,7 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
         "result_backend": settings.result_url,
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
-        "visibility_timeout": settings.visibility_timeout,
+        "visibility_timeout": settings.lease_seconds,
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
         "broker_channel_error_retry": True,
@@ -96,6 +110,7 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
         "result_expires": settings.result_expires,
         "result_extended": True,
         "result_backend_always_retry": True,
+        # Producers (API, CLI) give up quickly; workers wait much longer (`WORKER_RESULT_RETRIES`).
         "result_backend_max_retries": 10,
         "task_default_queue": WORK_QUEUES[0],
         "task_queues": [Queue(name, routing_key=name) for name in WORK_QUEUES],
@@ -106,7 +121,9 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
         "worker_soft_shutdown_timeout": settings.worker_soft_shutdown_timeout,
         # Idle workers stop at once; `pipeline.runtime.worker` still waits for jobs held with an ETA.
         "worker_enable_soft_shutdown_on_idle": False,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # Leases keep a running job ours through an outage: it goes on and is acknowledged once Redis is back.
+        # (Cancelling it lost jobs: celery/celery#7185, celery/celery#8541.)
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "worker_consumer": "pipeline.dlq.consumer:DeadLetteringConsumer",
         "worker_hijack_root_logger": False,
     }

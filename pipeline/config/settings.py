@@ -62,9 +62,11 @@ class Settings(BaseSettings):
     redis_sentinel_password: SecretStr | None = None
     redis_tls_cert_reqs: Literal["required", "optional", "none"] = "required"
     redis_tls_ca_file: Path | None = None
-    #: Must exceed the longest hard time limit (TRANSCODE_TIME_LIMIT by default): see README, "The tasks".
-    visibility_timeout: int = Field(default=11400, ge=2)
-    unacked_restore_interval: int = Field(default=10, ge=1)
+    #: A worker's lease on each job it holds, renewed every third of it while the worker lives; a dead
+    #: worker's jobs go back to their queues within a lease plus UNACKED_RESTORE_INTERVAL (docs/leases.md).
+    lease_seconds: int = Field(default=30, ge=5, le=3600)
+    #: Seconds between a worker's sweeps for deliveries whose lease expired.
+    unacked_restore_interval: int = Field(default=10, ge=1, le=600)
 
     # --- Tasks ------------------------------------------------------------------------------
     task_soft_time_limit: int = Field(default=270, ge=1)
@@ -221,11 +223,6 @@ class Settings(BaseSettings):
             raise ValueError("TASK_SOFT_TIME_LIMIT must be below TASK_TIME_LIMIT, so tasks can clean up")
         if self.transcode_soft_time_limit >= self.transcode_time_limit:
             raise ValueError("TRANSCODE_SOFT_TIME_LIMIT must be below TRANSCODE_TIME_LIMIT, so ffmpeg can be stopped")
-        if self.visibility_timeout <= max(self.task_time_limit, self.transcode_time_limit):
-            raise ValueError(
-                "VISIBILITY_TIMEOUT must exceed TASK_TIME_LIMIT and TRANSCODE_TIME_LIMIT, or Redis redelivers "
-                "running tasks to a second worker"
-            )
         self._check_scheduling()
         if self.retry_max_delay < self.retry_base_delay:
             raise ValueError("RETRY_MAX_DELAY must be at least RETRY_BASE_DELAY")
@@ -255,20 +252,18 @@ class Settings(BaseSettings):
             check_allowed_host(entry)
 
     @property
-    def _slack(self) -> float:
-        """Seconds of the visibility timeout a message does not need for running: a worker may hold it that long."""
-        return max(0.0, self.visibility_timeout - max(self.task_time_limit, self.transcode_time_limit))
-
-    @property
     def release_ahead(self) -> float:
-        """DELAYED_RELEASE_AHEAD, capped at half the slack so a released job always runs within the timeout."""
-        return min(self.delayed_release_ahead, self._slack / 2)
+        """DELAYED_RELEASE_AHEAD: how early a parked job is released to its queue (a worker holds it meanwhile,
+        its lease renewed like a running job's)."""
+        return self.delayed_release_ahead
 
     @property
     def worker_hold_limit(self) -> float:
-        """The longest wait a worker may hold a message for (a retry's countdown) before running it: the
-        visibility timeout minus the longest time limit and the release-ahead window. Longer waits are parked."""
-        return max(0.0, self._slack - self.release_ahead)
+        """The longest wait a worker holds a message for (a retry's countdown) before running it. A live worker
+        renews the lease of every message it holds, so no timeout bounds this any more; what a held wait costs
+        is memory and a message that sits in one worker: waits up to RETRY_MAX_DELAY (every backoff the retry
+        policy computes) are held, longer ones (a Retry-After) are parked in Redis."""
+        return max(self.retry_max_delay, self.release_ahead)
 
     @property
     def broker_url(self) -> str:

@@ -30,7 +30,7 @@ from vine import promise
 
 from pipeline.broker import broker_redis
 from pipeline.config import get_settings
-from pipeline.constants import DEAD_LETTER_QUEUE
+from pipeline.constants import DEAD_LETTER_QUEUE, HEADER_DELIVERY_COUNT
 from pipeline.dlq import poison
 from pipeline.dlq.capture import from_message
 from pipeline.dlq.envelope import Reason
@@ -113,8 +113,11 @@ class DeadLetteringConsumer(Consumer):
         the dead-letter index points at, and push it to the other end of the list.
         """
         log.error("refusing to consume the dead-letter queue %r: its envelopes are left in place", DEAD_LETTER_QUEUE)
+        raw = dict(message._raw)
+        if isinstance(raw.get("headers"), dict):  # the worker transport added it after the fetch: not stored
+            raw["headers"] = {k: v for k, v in raw["headers"].items() if k != HEADER_DELIVERY_COUNT}
         with broker_redis() as client:
-            client.rpush(DEAD_LETTER_QUEUE, dumps(message._raw))
+            client.rpush(DEAD_LETTER_QUEUE, dumps(raw))
         message.ack()
         task_consumer = getattr(self, "task_consumer", None)
         if task_consumer is not None and task_consumer.consuming_from(DEAD_LETTER_QUEUE):

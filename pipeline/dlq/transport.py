@@ -47,7 +47,7 @@ class _Checked:
             if not isinstance(delivery, dict) or "exchange" not in delivery or "routing_key" not in delivery:
                 raise UndecodableMessage("the envelope has no delivery info")
         except (ValueError, TypeError, KeyError, AttributeError) as exc:  # base64, JSON, a missing or mistyped field
-            _dead_letter(item, queue, exc)
+            dead_letter(item, queue, exc)
             return None
         return payload
 
@@ -87,7 +87,7 @@ class _Checked:
             raise Empty()
 
 
-def _dead_letter(item: bytes, queue: str, exc: Exception) -> None:
+def dead_letter(item: bytes, queue: str, exc: Exception) -> None:
     raw = item if isinstance(item, bytes) else str(item).encode("utf-8", "replace")
     try:
         entry_id = from_raw(raw, queue, exc)

@@ -59,9 +59,23 @@ rate_limit_throttled = Counter(
     "Attempts the cluster-wide rate limiter made wait (the task was deferred, not failed).",
     ["task"],
 )
+leases = Counter(
+    "pipeline_leases",
+    "Lease events of a worker: lost (a peer took the job; not run or acknowledged here), restored (a sweep put a"
+    " job whose lease expired back on its queue), released (a prefetched job dropped with a lost connection).",
+    ["outcome"],
+)
 
 #: Every per-process family above (each has labels, so none holds a value before `.labels()`).
-FAMILIES: Final = (tasks, task_runtime, task_queue_wait, signal_handler_errors, workers_up, rate_limit_throttled)
+FAMILIES: Final = (
+    tasks,
+    task_runtime,
+    task_queue_wait,
+    signal_handler_errors,
+    workers_up,
+    rate_limit_throttled,
+    leases,
+)
 
 #: name → (help, labels) of the gauges `pipeline exporter` serves; read from Redis on every scrape.
 QUEUE_FAMILIES: Final[dict[str, tuple[str, tuple[str, ...]]]] = {

@@ -4,8 +4,8 @@
 `pipeline.celery_app` plus, once per process, the signal handlers (`signals`: dead-letter capture,
 metrics and their endpoint, logs, Sentry, the delayed-job releaser), the admission check of cluster-wide
 rate limits, Flower's authentication (`flower_auth`), the worker process class (`worker`), the job
-request class (`request`: a job cancelled by a lost connection goes back to its queue) and the stall
-watchdog (`stall`), and task events that follow Flower's requests (`events`). The
+request class and the lease step (`request`, `fencing`, `lease`: a job whose lease was lost is not run
+here), the stall watchdog (`stall`), and task events that follow Flower's requests (`events`). The
 housekeeping tasks (`housekeeping`, `probe`) are task modules the worker imports by name; the worker class
 selects the worker's Redis transport (`transport`). Producers (CLI, API) never install any of this.
 """
@@ -17,6 +17,7 @@ from celery import Celery
 from pipeline.celery_app import get_app
 from pipeline.runtime import events, flower_auth, signals
 from pipeline.runtime.events import EventsLease
+from pipeline.runtime.fencing import LeaseStep
 from pipeline.runtime.request import REQUEST_CLASS
 from pipeline.runtime.stall import StallWatchdog
 from pipeline.runtime.worker import PromptShutdown, Worker
@@ -46,9 +47,11 @@ def worker_app() -> Celery:
     # `celery worker` instantiates `app.Worker`: ours shuts down at once when idle (`worker.Worker`).
     app.Worker = app.subclass_with_self(Worker)  # type: ignore[misc]  # a cached property, settable
     app.steps["worker"].add(PromptShutdown)
-    # A job cancelled by a lost broker connection goes back to its queue, never acknowledged (`request`).
+    # Leases on every delivery, renewed by a thread of this process; a job whose lease a peer took is
+    # neither run nor acknowledged here (`lease`, `fencing`, `request`).
     PipelineTask.Request = REQUEST_CLASS
     app.Task.Request = REQUEST_CLASS
+    app.steps["worker"].add(LeaseStep)
     # A heartbeat file the liveness probe reads: stale when the event loop stops, stalled when queued jobs
     # wait and this worker fetches none (`stall`, `pipeline worker-health`).
     app.steps["worker"].add(StallWatchdog)

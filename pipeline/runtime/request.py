@@ -1,34 +1,53 @@
-"""The worker's job request: a job cancelled because the broker connection dropped goes back to its queue.
+"""The worker's job request: leases, cancels, time limits a message cannot raise, and a delivery limit.
 
-With `worker_cancel_long_running_tasks_on_connection_loss` (set in `pipeline.config.celery`), Celery's
-`Consumer.on_connection_error_after_connected` (`celery/worker/consumer/consumer.py`) terminates every running
-late-acknowledged job with `request.cancel(self.pool)`, leaving its message unacknowledged so that it is
-delivered again (`pipeline.runtime.transport` puts it back on its queue when the worker reconnects).
-
-`Request.cancel` (`celery/worker/request.py`) then calls `_announce_cancelled`, which by default
-(`emit_retry=True`) first stores a RETRY state through the result backend and only then marks the request
-cancelled. With the broker's Redis also the result backend, that write happens while Redis is down:
-`result_backend_always_retry` retries it for seconds, the worker's main loop is blocked meanwhile (the other
-running jobs are not terminated yet and may finish into a dead connection, to be delivered and run again),
-and once the retries give up the request is never marked cancelled, so the terminated child's failure is
-taken for a revoke: `_announce_revoked` acknowledges the message and the job is lost.
-
-`Consumer.cancel_active_requests` (the shutdown path, same file) already passes `emit_retry=False` for
-late-acknowledged jobs, "since broker will handle redelivery"; this request does the same for every cancel of a
-late-acknowledged job, and never acknowledges or dead-letters a job it cancelled: its message stays in the
-broker's unacknowledged set and is put back on its queue. In a solo worker (the I/O profile), where a
-cold shutdown's `cancel` runs inside the running job, the job is unwound with `WorkerTerminate` instead of
-a kill the pool cannot do.
+* **Lost leases.** `pipeline.runtime.lease` records the delivery tags whose lease a peer took (this worker was
+  frozen or cut off for longer than a lease and the job was restored for another worker). Celery's per-task
+  request class (`celery/worker/request.py: create_request_cls`) replaces `execute_using_pool` but still asks
+  `revoked()` first, so `revoked()` is where a lost delivery is refused: it is dropped without running (its
+  in-memory prefetch slot freed, nothing acknowledged in Redis), and `TaskRevokedError` tells the worker
+  nothing ran (`celery/worker/worker.py: WorkController._process_task`). Unlike a revoke, no REVOKED state is
+  stored: the peer's result must stand. A running job found lost is terminated by `pipeline.runtime.fencing`;
+  its child's death is then not a failure here (`on_failure` returns).
+* **Cancels.** `Consumer.cancel_active_requests` (shutdown) passes `emit_retry=False` for late-acknowledged
+  jobs, "since broker will handle redelivery"; this request does the same for every cancel of one, and never
+  acknowledges or dead-letters a job it cancelled: its message is put back on its queue. In a solo worker (the
+  I/O profile), where a cold shutdown's `cancel` runs inside the running job, the job is unwound with
+  `WorkerTerminate` instead of a kill the pool cannot do.
+* **Time limits.** Celery runs a job with the limits its message carries (`timelimit` header, `[hard, soft]`),
+  unbounded: a foreign client's `send_task(..., time_limit=86400)` would hold a pool process a day. Here each
+  is capped by the task's own limit (TASK_TIME_LIMIT / TASK_SOFT_TIME_LIMIT, TRANSCODE_* for transcodes: what
+  the worker allows for that queue); a message asking for more is clamped and logged. Shorter limits stand.
+* **Delivery limit.** The worker's transport counts every delivery of a message, redeliveries after a dead
+  worker included (which Celery's `retries` does not see), in the `x-delivery-count` header. A message
+  delivered more than MAX_DELIVERIES times is not run: it is stored as FAILURE (`DeliveryLimitExceeded`),
+  dead-lettered with reason `delivery_limit` and its delivery history (when, which worker), and acknowledged.
+  A job that takes its whole worker down (out of memory, a native crash) would otherwise come back once per
+  lease, forever. Checked in `revoked()` too, right before the request goes to the pool.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import threading
+from datetime import UTC, datetime
 from typing import Any
 
 from celery.exceptions import WorkerTerminate
 from celery.platforms import EX_OK
 from celery.worker.request import Request as CeleryRequest
+from celery.worker.state import task_ready
+from kombu.transport import virtual as kombu_virtual
+
+from pipeline.broker import broker_redis
+from pipeline.config import get_settings
+from pipeline.constants import DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT
+from pipeline.dlq import capture
+from pipeline.errors import DeliveryLimitExceeded
+from pipeline.runtime import lease
+
+log = logging.getLogger(__name__)
 
 #: What `Task.Request` names: the worker's strategy resolves it per task (`celery/worker/strategy.py`).
 REQUEST_CLASS = "pipeline.runtime.request:Request"
@@ -39,7 +58,128 @@ def _runs_jobs_in_this_thread(pool: Any) -> bool:
     return type(pool).__module__ == "celery.concurrency.solo"
 
 
+def _cap(value: Any, cap: float | None) -> Any:
+    if value is None or cap is None:
+        return value
+    return min(value, cap)
+
+
+def delivery_tag(request: Any) -> str | None:
+    message = getattr(request, "_message", None)
+    tag = getattr(message, "delivery_tag", None)
+    return None if tag is None else str(tag)
+
+
+def delivery_count(headers: dict[str, Any]) -> int | None:
+    """The message's delivery count (1 on the first delivery), or None when it carries none."""
+    raw = headers.get(HEADER_DELIVERY_COUNT)
+    try:
+        return int(raw) if raw is not None and not isinstance(raw, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def delivery_history(tag: str) -> list[dict[str, Any]]:
+    """The recorded deliveries of delivery tag `tag`, oldest first: {"at": ISO time, "worker": name}."""
+    try:
+        with broker_redis() as client:
+            raw = client.lrange(DELIVERY_LOG_KEY.format(tag=tag), 0, -1)
+    except Exception:  # the history is an aid; the entry is written without it
+        log.warning("could not read the delivery history of %s", tag, exc_info=True)
+        return []
+    history = []
+    for item in raw:
+        try:
+            entry = json.loads(item)
+            at = datetime.fromtimestamp(float(entry["at"]), UTC).isoformat()
+            history.append({"at": at, "worker": str(entry.get("worker", ""))[:200]})
+        except (ValueError, TypeError, KeyError):
+            continue
+    return history
+
+
+def drop_lost(request: Any) -> None:
+    """Forget a request whose lease was lost: not run, nothing stored, nothing acknowledged in Redis (the delivery
+    is a peer's, or this worker's again if it fetched it anew); only kombu's in-memory prefetch slot is freed."""
+    request._lease_lost = True
+    task_ready(request)
+    message = getattr(request, "_message", None)
+    if not request.acknowledged and message is not None:
+        request.acknowledged = True
+        with contextlib.suppress(Exception):  # a channel already closed holds no slot
+            kombu_virtual.QoS.ack(message.channel.qos, message.delivery_tag)
+    tag = delivery_tag(request)
+    if tag is not None:
+        lease.forget_lost([tag])
+    log.warning("job %s[%s]: lease lost to another worker; not run here", request.name, request.id)
+
+
 class Request(CeleryRequest):
+    _lease_lost = False
+    _delivery_limited = False
+
+    def __init__(self, message: Any, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self._clamp_time_limits()
+
+    def _clamp_time_limits(self) -> None:
+        asked = self.time_limits  # the message's [hard, soft]; (None, None) when it carried none
+        if not asked or len(asked) != 2:
+            return
+        hard, soft = asked
+        allowed = (_cap(hard, self.task.time_limit), _cap(soft, self.task.soft_time_limit))
+        if allowed != (hard, soft):
+            log.warning(
+                "job %s (%s) asked for time limits hard=%s soft=%s; clamped to hard=%s soft=%s, the most this worker"
+                " allows for the task",
+                self.id,
+                self.name,
+                hard,
+                soft,
+                *allowed,
+            )
+            self.time_limits = allowed
+
+    def revoked(self) -> bool:
+        if lease.is_lost(delivery_tag(self)):
+            drop_lost(self)
+            return True
+        return self._over_delivery_limit() or bool(super().revoked())
+
+    def _over_delivery_limit(self) -> bool:
+        if self._delivery_limited:
+            return True
+        count = delivery_count(self.request_dict)
+        limit = get_settings().max_deliveries
+        if count is None or count <= limit:
+            return False
+        self._delivery_limited = True
+        exc = DeliveryLimitExceeded(
+            f"delivered {count} times, more than MAX_DELIVERIES={limit}; no earlier delivery ended with an outcome"
+            " (the worker holding it stopped each time)"
+        )
+        try:
+            context = self._context  # type: ignore[attr-defined]  # Celery's cached_property, untyped
+            self.task.backend.mark_as_failure(self.id, exc, request=context, store_result=True)
+            capture.from_delivery_limit(
+                self.message, self.type, self.id, exc, count, delivery_history(str(self.message.delivery_tag))
+            )
+        except Exception:  # not dead-lettered: put it back, to be tried again on its next delivery
+            log.exception("could not dead-letter job %s over its delivery limit; it goes back to its queue", self.id)
+            task_ready(self)
+            self.reject(requeue=True)
+            return True
+        task_ready(self)
+        self.send_event("task-failed", exception=repr(exc), traceback="")
+        self.acknowledge()
+        return True
+
+    def _announce_revoked(self, reason: Any, terminated: Any, signum: Any, expired: Any) -> None:
+        if self._lease_lost:  # terminated by the fence: no REVOKED state over the peer's result
+            task_ready(self)
+            return
+        super()._announce_revoked(reason, terminated, signum, expired)  # type: ignore[misc]  # untyped in celery-types
+
     def cancel(self, pool: Any, signal: Any = None, emit_retry: bool = True) -> None:
         if self.task.acks_late:
             emit_retry = False  # no backend write while the broker is away; its message comes back instead
@@ -50,15 +190,14 @@ class Request(CeleryRequest):
         ):
             # Celery would ask the pool to kill the job, which the solo pool cannot (NotImplementedError, raised
             # in the job: a failure, dead-lettered). The job is running below this very call: unwind it without
-            # a failure, as a killed child would be; its unacknowledged message is put back when the worker
-            # closes its connection.
+            # a failure, as a killed child would be; its message is put back when the worker closes its connection.
             self._announce_cancelled(emit_retry=False)  # type: ignore[attr-defined]  # Celery's own; not in celery-types
             raise WorkerTerminate(EX_OK)
         super().cancel(pool, signal, emit_retry=emit_retry)
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
-        if getattr(self, "_already_cancelled", False) and self.task.acks_late:
-            # The child died of our cancel (Terminated, SystemExit or a lost worker alike): not a failure, not a
-            # revoke. Leave the message unacknowledged; it is delivered again.
+        if self._lease_lost or (getattr(self, "_already_cancelled", False) and self.task.acks_late):
+            # The child died of our terminate (lease lost) or of a cancel at shutdown: not a failure, not a
+            # revoke. Nothing stored, nothing dead-lettered: the job is a peer's, or goes back to its queue.
             return
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)

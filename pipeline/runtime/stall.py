@@ -82,7 +82,7 @@ class _DepthReader(threading.Thread):
         super().__init__(name="pipeline-stall-reader", daemon=True)
         self.interval = interval
         self.on_unreadable = on_unreadable
-        self.client = _direct_client()
+        self.client = direct_client()
         self.queues: tuple[str, ...] = ()
         #: Ready jobs per queue at `read_at` (monotonic); None while Redis cannot be read.
         self.depths: dict[str, int] | None = None
@@ -114,7 +114,7 @@ class _DepthReader(threading.Thread):
         """Called after every read (the watchdog's `keepalive`)."""
 
 
-def _direct_client() -> redis.Redis | None:
+def direct_client() -> redis.Redis | None:
     """A client of its own on the broker with short timeouts, so a read fails fast while Redis is down.
 
     The app's pool (`pipeline.broker.broker_redis`) connects through kombu's `Connection.default_channel`,

@@ -1,156 +1,373 @@
-"""The worker's Redis transport: `pipeline.dlq.transport` (non-messages dead-lettered), made to survive a Redis
-restart under load. Workers select it (`pipeline.runtime.worker` sets `broker_transport` to the class path
-`pipeline.config.celery.worker_broker_transport` gives); producers, beat and Flower keep kombu's own.
+"""The worker's Redis transport: an atomic fetch-and-track, leases, fenced acknowledgements and restores.
 
-What goes wrong in kombu 5.7 (`kombu/transport/redis.py`, `kombu/transport/virtual/base.py`,
-`kombu/connection.py`) when Redis restarts while a worker holds unacknowledged jobs:
+Workers select it (`pipeline.runtime.worker` sets `broker_transport` to the class path
+`pipeline.config.celery.worker_broker_transport` gives); producers, beat and Flower keep kombu's own. It builds
+on `pipeline.dlq.transport` (elements that are not messages are dead-lettered).
 
-1. The consumer's connection is closed: `Connection._do_close_self` → `Transport.close_connection`
-   closes each channel; `Channel.close` drops its pools (`_disconnect_pools`) and then, in the virtual
-   `Channel.close`, `QoS.restore_unacked_once` puts the jobs the channel delivered back on their queues.
-   With Redis still down that restore raises `ConnectionError`; `close_connection` gives up on the
-   remaining channels (`kombu/connection.py` swallows the error), and the jobs the failed restore held are
-   marked restored all the same: they stay in the `unacked` hash until `visibility_timeout` (hours).
-2. `Connection._do_close_transport` then sets `transport.client = None`. A channel closed after that
-   (one `close_connection` skipped, closed by the consumer's restart or by its `Finalize` at collection)
-   restores through a new pool, and `Channel._connparams` reads `self.connection.client.hostname`:
-   `AttributeError: 'NoneType' object has no attribute 'hostname'`. It is not a connection error, so it
-   escapes Celery's consumer restart loop and the worker stops with "Unrecoverable error".
+kombu 5.7 (`kombu/transport/redis.py`) fetches with BRPOP and records the delivery in a second round trip
+(`QoS.append`: HSET `unacked`, ZADD `unacked_index`). A worker killed, or a Redis stopping, between the two loses
+the message: it left the list and is recorded nowhere (issue 10; celery/kombu#305, celery/celery#1789). Here
+`_brpop_start` sends one Lua script (EVALSHA, through kombu's own poll cycle) that RPOPs the first element over the
+consumed keys in kombu's order and, in the same script, records it exactly as `QoS.append` would (the element's
+bytes untouched), plus the lease owner (`pipeline:lease`), a delivery count (`pipeline:deliveries`, which survives
+kombu's restore: the tag is in the message) and a bounded delivery history (`pipeline:deliveries:<tag>`).
+`QoS.append` then keeps only kombu's in-memory bookkeeping. The count reaches the worker as the message header
+`x-delivery-count` (1 on the first delivery).
 
-The fix, in a `QoS`/`Channel` subclass:
+A script cannot block, so when every key is empty the channel waits with a command that does not consume:
+`BLMOVE k k RIGHT RIGHT <timeout>` moves a list's last element onto itself (no change) and wakes as soon as
+`k` has one. One queue: it waits on the queue's key for `brpop_timeout` (priority sub-queues are fetched
+after each wait). Several queues: it waits on each queue's key in turn for WAIT_MIN_S, doubling up to
+WAIT_MAX_S while nothing comes (an element on the key being waited on starts at once; on another key within
+one wait). `_brpop_sent_at` is set for every command sent, so kombu's reply health check still applies.
 
-- `Channel._connparams` on a closed connection raises a connection error instead (recoverable; Celery
-  reconnects), and
-- a restore that fails on a connection error keeps the delivery tags of the jobs it could not put back;
-  the next channel's periodic sweep (`restore_visible`, every `unacked_restore_interval`) restores them
-  with kombu's own `restore_by_tag` (a WATCHed transaction on the `unacked` hash: a job that was acked,
-  or restored by another worker's sweep, meanwhile is left alone). So nothing waits out the visibility
-  timeout and nothing is restored twice.
+kombu's visibility timeout had to outlast the longest job, so a dead worker's jobs waited that long
+(celery/celery#5935, celery/celery#2599); leases (`pipeline.runtime.lease`) replace it. Acknowledgements are fenced
+(`pipeline.runtime.lease.ACK`: removed only while this worker owns the lease); one that cannot reach Redis is
+remembered and applied by the renewal thread. kombu's sweep (`restore_visible`) restores deliveries whose lease
+expired, only once this worker has been renewing for a whole lease (after an outage every lease looks expired), and
+clears the lease owner in the same transaction. A closed connection no longer restores what the channel delivered
+(running jobs go on and are acknowledged on reconnect); only a real worker shutdown does (kombu's
+`restore_at_shutdown`), and only the deliveries this worker still owns. `Channel._connparams` on a connection kombu
+already closed raises a connection error (kombu's AttributeError there stopped the worker: issue 10).
 
-3. An acknowledgement made while Redis is away (a job that finished as the connection dropped) fails in
-   `QoS.ack` → `_remove_from_indices` before kombu forgets the delivery (`virtual.QoS.ack`), so the job
-   stays in `unacked`, is restored on reconnect and runs again. The fix remembers such an acknowledgement
-   (the job is done: it is not restored) and applies it on the next channel's sweep, before any restore.
-
-It relies on `worker_cancel_long_running_tasks_on_connection_loss` (set in `pipeline.config.celery`): a
-job still running when its connection dropped is terminated, so the restored copy never runs beside it.
+Requires Redis >= 6.2 (BLMOVE with a fractional timeout). Not supported: kombu's `global_keyprefix`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
-import threading
+import socket
+import time
+import uuid
+from queue import Empty
 from typing import Any
 
 import redis
+from celery.worker import state as worker_state
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
+from kombu.utils.encoding import bytes_to_str
 
+from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
 from pipeline.dlq import transport as dead_lettering
+from pipeline.observability import metrics
+from pipeline.runtime import lease
 
 log = logging.getLogger(__name__)
 
-#: Delivery tags whose restore failed because Redis was away: restored by the next channel's sweep.
-_pending: set[str] = set()
-_pending_lock = threading.Lock()
-#: Delivery tags acknowledged while Redis was away: removed from `unacked` by the next channel's sweep.
-_acked: set[str] = set()
+#: Bounds of the wait on one key when a worker consumes several queues (seconds).
+WAIT_MIN_S = 0.05
+WAIT_MAX_S = 0.1
+#: A delivery in `unacked` with no lease was fetched by a worker of a release without leases (kombu's BRPOP); the
+#: sweep leaves it for that release's visibility timeout, so a rolling upgrade does not restore its running jobs.
+#: A delivery this release gives up (`lease.RELEASE`) has no lease either, but is scored 0: restored at once.
+LEGACY_TIMEOUT_S = 11400
+#: Deliveries kept in a message's history, and how long the history outlives its last delivery (seconds).
+DELIVERY_LOG_MAX = 20
+DELIVERY_LOG_TTL_S = 7 * 86400
+
+#: KEYS: unacked, unacked_index, lease, deliveries, then the queue keys in order. ARGV: now, owner, hostname,
+#: a fresh tag for an element that is not an envelope, the history's prefix, its length, its TTL.
+#: Returns nil, or {key, tag, delivery count, element, 1 when the element is not an envelope}.
+FETCH = """
+for i = 5, #KEYS do
+  local item = redis.call('RPOP', KEYS[i])
+  if item then
+    local tag, record
+    local ok, msg = pcall(cjson.decode, item)
+    if ok and type(msg) == 'table' and type(msg.properties) == 'table' then
+      local p = msg.properties
+      local di = p.delivery_info
+      if type(p.delivery_tag) == 'string' and type(di) == 'table'
+          and di.exchange ~= nil and di.routing_key ~= nil then
+        tag = p.delivery_tag
+        record = '[' .. item .. ',' .. cjson.encode(di.exchange) .. ',' .. cjson.encode(di.routing_key) .. ']'
+      end
+    end
+    local poison = 0
+    if not tag then
+      poison = 1
+      tag = ARGV[4]
+      record = '[' .. cjson.encode(item) .. ',"",' .. cjson.encode(KEYS[i]) .. ']'
+    end
+    redis.call('HSET', KEYS[1], tag, record)
+    redis.call('ZADD', KEYS[2], ARGV[1], tag)
+    redis.call('HSET', KEYS[3], tag, ARGV[2])
+    local n = redis.call('HINCRBY', KEYS[4], tag, 1)
+    local history = ARGV[5] .. tag
+    redis.call('RPUSH', history, '{"at":' .. ARGV[1] .. ',"worker":' .. cjson.encode(ARGV[3]) .. '}')
+    redis.call('LTRIM', history, -tonumber(ARGV[6]), -1)
+    redis.call('EXPIRE', history, tonumber(ARGV[7]))
+    return {KEYS[i], tag, n, item, poison}
+  end
+end
+return nil
+"""
+FETCH_SHA = hashlib.sha1(FETCH.encode(), usedforsecurity=False).hexdigest()  # Redis names scripts by SHA-1
+_HISTORY_PREFIX = DELIVERY_LOG_KEY.format(tag="")
 
 
-def pending_restores() -> int:
-    with _pending_lock:
-        return len(_pending)
-
-
-def pending_acks() -> int:
-    with _pending_lock:
-        return len(_acked)
+def _shutting_down() -> bool:
+    return worker_state.should_stop not in (None, False) or worker_state.should_terminate not in (None, False)
 
 
 class QoS(kombu_redis.QoS):
-    def restore_unacked(self, client: Any = None) -> Any:
-        try:
-            return super().restore_unacked(client)
-        except self._channel().connection_errors as exc:
-            delivered = self._delivered
-            with _pending_lock:
-                tags = [tag for tag in delivered or () if tag not in _acked]
-                _pending.update(tags)
-            if delivered is not None:
-                delivered.clear()
-            log.warning(
-                "could not restore %d unacknowledged job(s) now (%r); restoring them on reconnect", len(tags), exc
-            )
-            return None
+    _sweeps = 0
 
     def _channel(self) -> Any:
         return self.channel
 
-    def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> Any:
-        self._apply_acks()  # first: a job acknowledged while Redis was away is done, never restored
-        self._restore_pending()
-        return super().restore_visible(start, num, interval)
+    def append(self, message: Any, delivery_tag: str) -> None:
+        # The fetch script recorded it in Redis already: only kombu's in-memory bookkeeping.
+        kombu_virtual.QoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
-        try:
-            super().ack(delivery_tag)
-        except self._channel().connection_errors as exc:
-            self._remember_ack(delivery_tag, exc)
+        self._fenced_ack(delivery_tag)
+        kombu_virtual.QoS.ack(self, delivery_tag)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
-        if not requeue:
-            self.ack(delivery_tag)  # kombu's reject without requeue is the same removal as ack
-            return
-        super().reject(delivery_tag, requeue=True)  # a failed requeue leaves it unacknowledged: restored later
+        if requeue:
+            try:
+                self.restore_tag(delivery_tag, leftmost=True, owner=lease.owner())
+                lease.release(delivery_tag)
+            except self._channel().connection_errors:
+                pass  # still leased: renewed, and acknowledged or restored later
+        else:
+            self._fenced_ack(delivery_tag)
+        kombu_virtual.QoS.ack(self, delivery_tag)
 
-    def _remember_ack(self, delivery_tag: str, exc: BaseException) -> None:
-        with _pending_lock:
-            _acked.add(delivery_tag)
-            _pending.discard(delivery_tag)
-        kombu_virtual.QoS.ack(self, delivery_tag)  # forgotten here, so this channel's restore skips it
+    def _fenced_ack(self, delivery_tag: str) -> None:
+        try:
+            if self._channel().closed or self._channel().connection is None:
+                raise redis.exceptions.ConnectionError("the channel is closed")
+            with self._channel().conn_or_acquire() as client:
+                lease.ack(client, delivery_tag)
+        except self._channel().connection_errors as exc:
+            lease.remember_ack(delivery_tag, exc)
+
+    def restore_unacked_once(self, stderr: Any = None) -> Any:
+        if _shutting_down():
+            return super().restore_unacked_once(stderr)
+        # A lost connection, not a shutdown: the jobs go on; their leases are renewed, their acks applied later.
+        self._on_collect.cancel()  # type: ignore[attr-defined]  # kombu virtual.QoS
+        self._flush()  # type: ignore[attr-defined]
+        return None
+
+    def restore_unacked(self, client: Any = None) -> Any:
+        """At shutdown: put back the deliveries this worker still owns (kombu's restore_at_shutdown)."""
+        me = lease.owner()
+        with self._channel().conn_or_acquire(client) as conn:
+            for tag in list(self._delivered or ()):
+                self.restore_tag(tag, conn, owner=me)
+                lease.release(tag)
         if self._delivered is not None:
-            self._flush()  # type: ignore[attr-defined]  # kombu virtual.QoS: drop acked tags from _delivered
-        log.warning("could not acknowledge a job now (%r); acknowledging it on reconnect", exc)
+            self._delivered.clear()
 
-    def _apply_acks(self) -> None:
-        with _pending_lock:
-            tags = list(_acked)
-        if not tags:
-            return
+    def restore_visible(self, start: int = 0, num: int | None = None, interval: int = 1) -> Any:
+        if not lease.sweep_allowed():
+            return None  # not renewing for a whole lease yet: a live peer may not have renewed since Redis came back
+        self._sweeps += 1
+        if (self._sweeps - 1) % (interval or 1):
+            return None
+        restored = 0
         with self._channel().conn_or_acquire() as client:
-            for tag in tags:
-                remove = self._remove_from_indices  # type: ignore[attr-defined]  # kombu_redis.QoS, untyped
-                remove(tag, client.pipeline()).execute()  # a connection error leaves the rest for the next sweep
-                with _pending_lock:
-                    _acked.discard(tag)
-        log.info("applied %d acknowledgement(s) made while the broker was unreachable", len(tags))
+            ceil = time.time() - self.visibility_timeout
+            try:
+                with kombu_redis.Mutex(client, self.unacked_mutex_key, self.unacked_mutex_expire):
+                    visible = client.zrange(
+                        self.unacked_index_key, ceil, 0, desc=True, byscore=True, offset=num and start, num=num
+                    )
+                    for tag in visible or []:
+                        restored += self.restore_tag(bytes_to_str(tag), client, ceil=ceil)
+            except kombu_redis.MutexHeld:
+                return None
+        if restored:
+            metrics.leases.labels(outcome="restored").inc(restored)
+            log.warning("restored %d job(s) whose lease expired (their worker stopped renewing)", restored)
+        return None
 
-    def _restore_pending(self) -> None:
-        with _pending_lock:
-            tags = [tag for tag in _pending if tag not in _acked]
-        if not tags:
-            return
-        with self._channel().conn_or_acquire() as client:
-            for tag in tags:
-                self.restore_by_tag(tag, client)  # a connection error leaves the rest for the next sweep
-                with _pending_lock:
-                    _pending.discard(tag)
-        log.info(
-            "restored %d delivery tag(s) a lost connection left unacknowledged (acknowledged ones are skipped)",
-            len(tags),
-        )
+    def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
+        self.restore_tag(tag, client, leftmost, owner=lease.owner())  # kombu's callers: only what I own
+
+    def restore_tag(
+        self,
+        tag: str,
+        client: Any = None,
+        leftmost: bool = False,
+        owner: str | None = None,
+        ceil: float | None = None,
+    ) -> int:
+        """Put `tag` back on its queue and clear its lease, in one WATCHed transaction; 1 if restored.
+
+        `owner`: only if that worker holds the lease. `ceil`: only if its lease is still older than that."""
+        done = 0
+
+        def restore_transaction(pipe: Any) -> None:
+            nonlocal done
+            done = 0
+            raw = pipe.hget(self.unacked_key, tag)
+            holder = pipe.hget(LEASE_KEY, tag)
+            score = pipe.zscore(self.unacked_index_key, tag)
+            pipe.multi()
+            if owner is not None and bytes_to_str(holder or b"") != owner:
+                return
+            if ceil is not None and score is not None and score > ceil:
+                return  # renewed since the sweep read the index
+            if ceil is not None and holder is None and score is not None and score > time.time() - LEGACY_TIMEOUT_S:
+                return  # fetched by a worker without leases (a rolling upgrade): its old visibility timeout applies
+            pipe.zrem(self.unacked_index_key, tag).hdel(self.unacked_key, tag).hdel(LEASE_KEY, tag)
+            if raw:
+                _restore_record(self.channel, raw, pipe, leftmost)
+                done = 1
+
+        with self._channel().conn_or_acquire(client) as conn:
+            conn.transaction(restore_transaction, self.unacked_key, LEASE_KEY, self.unacked_index_key)
+        return done
 
 
-class _Guarded:
+def _restore_record(channel: Any, raw: bytes, pipe: Any, leftmost: bool) -> None:
+    try:
+        message, exchange, routing_key = json.loads(raw.decode("utf-8", "surrogateescape"))
+    except ValueError as exc:  # not what the fetch wrote: dead-letter it rather than fail every sweep
+        dead_lettering.dead_letter(raw, "unacked", exc)
+        return
+    if isinstance(message, str):  # an element that was not a message: back where it was, byte for byte
+        key = routing_key
+        (pipe.lpush if leftmost else pipe.rpush)(key, message.encode("utf-8", "surrogateescape"))
+        return
+    channel._do_restore_message(message, exchange, routing_key, pipe, leftmost)
+
+
+class _Leased:
+    """The fetch and the guarded connection parameters, shared by the plain and the Sentinel channel."""
+
     connection: Any
+    _wait_s = WAIT_MIN_S
+    _waiting = False  # the command in flight is a wait, not a fetch
+    _empty = False  # the last fetch found nothing: wait before the next one
+    _wait_turn = 0
 
     def _connparams(self, asynchronous: bool = False) -> Any:
         if self.connection is None or self.connection.client is None:  # closed: kombu cleared it
             raise redis.exceptions.ConnectionError("the broker connection is closed")
         return super()._connparams(asynchronous=asynchronous)  # type: ignore[misc]
 
+    def _fetch_args(self: Any, queues: list[str]) -> list[Any]:
+        keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
+        return [
+            4 + len(keys),
+            self.unacked_key,
+            self.unacked_index_key,
+            LEASE_KEY,
+            DELIVERIES_KEY,
+            *keys,
+            repr(time.time()),
+            lease.owner(),
+            _hostname(),
+            uuid.uuid4().hex,
+            _HISTORY_PREFIX,
+            DELIVERY_LOG_MAX,
+            DELIVERY_LOG_TTL_S,
+        ]
 
-class Channel(_Guarded, dead_lettering.Channel):
+    def _brpop_start(self: Any, timeout: float | None = None) -> None:
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues:
+            return
+        if self._empty:
+            if len(queues) == 1:
+                key, wait = queues[0], float(timeout or self.brpop_timeout or 1)
+            else:
+                self._wait_turn = (self._wait_turn + 1) % len(queues)
+                key, wait = queues[self._wait_turn], self._wait_s
+                self._wait_s = min(WAIT_MAX_S, self._wait_s * 2)
+            command: list[Any] = ["BLMOVE", key, key, "RIGHT", "RIGHT", f"{wait:.3f}"]
+            self._waiting = True
+        else:
+            command = ["EVALSHA", FETCH_SHA, *self._fetch_args(queues)]
+            self._waiting = False
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = time.monotonic()
+        self.client.connection.send_command(*command)
+
+    def _brpop_read(self: Any, **options: Any) -> bool:
+        try:
+            try:
+                reply = self.client.parse_response(self.client.connection, "EVALSHA", **options)
+            except redis.exceptions.NoScriptError:
+                self.client.script_load(FETCH)  # Redis restarted (empty script cache): loaded for the next fetch
+                raise Empty() from None
+            except self.connection_errors:
+                self.client.connection.disconnect()
+                raise
+            if self._waiting:
+                self._empty = False  # woken (or timed out): fetch next
+                raise Empty()
+            if not reply:
+                self._empty = True
+                raise Empty()
+            self._empty = False
+            self._wait_s = WAIT_MIN_S
+            self._deliver_fetched(reply)
+            return True
+        finally:
+            self._in_poll = None
+            self._flush_brpop_reauth()
+
+    def _deliver_fetched(self: Any, reply: list[Any]) -> None:
+        key, tag, count, item, poison = reply
+        dest = bytes_to_str(key).rsplit(self.sep, 1)[0]
+        tag = bytes_to_str(tag)
+        self._queue_cycle.rotate(dest)
+        payload = None
+        if int(poison):
+            dead_lettering.dead_letter(item, dest, dead_lettering.UndecodableMessage("not a message envelope"))
+        else:
+            payload = self._decode_element(item, dest)
+        if payload is None:  # dead-lettered: take it out of `unacked` (it was tracked by the fetch)
+            with self.conn_or_acquire() as client:
+                lease.ack(client, tag)
+            return
+        if lease.rehold(tag):
+            # Its earlier delivery is still here (running or waiting): that copy goes on, under this fetch's lease.
+            log.warning("delivery %s fetched again while this worker still holds it: the held copy goes on", tag)
+            return
+        headers = payload.get("headers")
+        if isinstance(headers, dict):
+            headers[HEADER_DELIVERY_COUNT] = int(count)
+        lease.hold(tag)
+        self.connection._deliver(payload, dest)
+
+    # The synchronous path (`basic_get`, `drain_events` without a hub): the same script, one queue.
+    def _get(self: Any, queue: str, timeout: float | None = None) -> Any:
+        with self.conn_or_acquire() as client:
+            reply = client.eval(FETCH, *self._fetch_args([queue]))
+            self._maybe_update_queues_expire(client, queue)
+        if not reply:
+            raise Empty()
+        _key, tag, count, item, poison = reply
+        tag = bytes_to_str(tag)
+        payload = None if int(poison) else self._decode_element(item, queue)
+        if int(poison):
+            dead_lettering.dead_letter(item, queue, dead_lettering.UndecodableMessage("not a message envelope"))
+        if payload is None:
+            with self.conn_or_acquire() as client:
+                lease.ack(client, tag)
+            raise Empty()
+        if isinstance(payload.get("headers"), dict):
+            payload["headers"][HEADER_DELIVERY_COUNT] = int(count)
+        lease.hold(tag)
+        return payload
+
+
+def _hostname() -> str:
+    return socket.gethostname()
+
+
+class Channel(_Leased, dead_lettering.Channel):
     QoS = QoS
 
 
@@ -158,7 +375,7 @@ class Transport(dead_lettering.Transport):
     Channel = Channel
 
 
-class SentinelChannel(_Guarded, dead_lettering.SentinelChannel):
+class SentinelChannel(_Leased, dead_lettering.SentinelChannel):
     QoS = QoS
 
 

@@ -18,8 +18,8 @@
   that handles the shutdown signal, so a soft shutdown could only pause it: it skips the wait, and the
   running job goes back to its queue at once (and runs again: jobs are idempotent).
 * The worker consumes through `pipeline.runtime.transport` (set in `on_before_init`, before any connection):
-  queue elements that are not messages are dead-lettered instead of stopping it, and jobs a lost
-  connection left unacknowledged are put back when it reconnects.
+  queue elements that are not messages are dead-lettered instead of stopping it, each delivery is fetched and
+  leased in one step, and jobs running when the connection drops go on and are acknowledged once it is back.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from celery.apps.worker import Worker as CeleryWorker
 from celery.worker import state
 
 from pipeline.config import get_settings
-from pipeline.config.celery import prefetch_multiplier, worker_broker_transport, worker_profile
+from pipeline.config.celery import WORKER_RESULT_RETRIES, prefetch_multiplier, worker_broker_transport, worker_profile
 from pipeline.constants import DEAD_LETTER_QUEUE
 from pipeline.runtime import timelimits
 from pipeline.runtime.stall import mark_stopping, running_job
@@ -68,6 +68,8 @@ class Worker(CeleryWorker):
     def on_before_init(self, quiet: bool = False, **kwargs: Any) -> None:
         # Before the worker opens any connection: it consumes through `pipeline.runtime.transport`.
         self.app.conf.broker_transport = worker_broker_transport(get_settings().broker_url)
+        # Results of jobs that finish during an outage are stored once Redis is back (they keep their lease).
+        self.app.conf.update(WORKER_RESULT_RETRIES)
         super().on_before_init(quiet=quiet, **kwargs)
 
     def setup_queues(self, include: Any, exclude: Any = None) -> None:

@@ -5,8 +5,8 @@ does) and deletes it, atomically: an entry is released exactly once even when ma
 crash cannot lose or duplicate one. Every worker main process and every beat runs a releaser thread
 (`Releaser`) polling each DELAYED_POLL_INTERVAL seconds, so there is no single point of failure and no
 leader to elect. Released jobs keep their ETA, so the worker's timer starts them at the due time; a worker
-holds a job at most DELAYED_RELEASE_AHEAD seconds (capped at half of what the visibility timeout leaves
-after the longest time limit, `Settings.release_ahead`).
+holds a released job at most DELAYED_RELEASE_AHEAD seconds before it is due (`Settings.release_ahead`),
+renewing its lease meanwhile.
 """
 
 from __future__ import annotations

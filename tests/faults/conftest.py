@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,3 +33,31 @@ def ledger_redis(work_dir: Path) -> Iterator[RedisServer]:
     server = RedisServer(work_dir / f"ledger-redis-{uuid.uuid4().hex[:6]}").start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def own_leases(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """For tests that drive the worker transport themselves. The lease registry (`pipeline.runtime.lease`) is one
+    per process, and an embedded worker (tests/support/inproc.py) runs the lease step's renewal thread in the
+    test process, against the session's Redis: it would find this test's deliveries "lost" there. It skips its
+    turns meanwhile (it holds nothing: the embedded worker consumes through kombu's own transport), and the
+    registry starts and ends empty."""
+    from pipeline.runtime import lease
+
+    renew = lease.renew_once
+
+    def renew_from_the_test_only(client: object, now: float | None = None) -> set[str]:
+        if threading.current_thread().name == "pipeline-lease-renewer":
+            return set()
+        return renew(client, now)
+
+    monkeypatch.setattr(lease, "renew_once", renew_from_the_test_only)
+    _clear(lease)
+    yield
+    _clear(lease)
+
+
+def _clear(lease: Any) -> None:
+    with lease._lock:
+        for registry in (lease._held, lease._lost, lease._pending_acks, lease._dropped):
+            registry.clear()

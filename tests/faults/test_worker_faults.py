@@ -18,10 +18,8 @@ from tests.support.worker_app import attempts, ledger, ledger_client
 
 pytestmark = pytest.mark.faults
 QUEUE = "faults"
-#: A short visibility timeout so a killed worker's job comes back within the test; the time limits must
-#: stay below it (the settings validator insists).
+#: Short time limits (a killed worker's jobs and the lease: tests/faults/test_leases.py).
 FAST_REDELIVERY = {
-    "VISIBILITY_TIMEOUT": "8",
     "TASK_SOFT_TIME_LIMIT": "5",
     "TASK_TIME_LIMIT": "6",
     "TRANSCODE_SOFT_TIME_LIMIT": "5",
@@ -44,23 +42,6 @@ def started(key: str, n: int = 1, timeout: float = 30) -> None:
     wait_for(lambda: len(attempts(key)) >= n, timeout, 0.05, what=f"{n} start(s) of {key}")
 
 
-def test_sigkilled_worker_task_runs_again_on_a_new_worker(make_worker: Any) -> None:
-    """acks_late: the job stays unacknowledged in Redis and is redelivered after VISIBILITY_TIMEOUT (8 s here)."""
-    key = "sigkill"
-    w1 = make_worker("kill1", env=FAST_REDELIVERY, queues=QUEUE, concurrency=1)
-    send(key=key, sleep_s=4, sleep_once=True)
-    started(key)
-    w1.kill_group(signal.SIGKILL)
-    w1.wait(10)
-    assert done(key) == []
-    make_worker("kill2", env=FAST_REDELIVERY, queues=QUEUE, concurrency=1)
-    wait_for(lambda: done(key), 45, 0.1, what="the redelivered job to finish")
-    runs = attempts(key)
-    assert len(runs) == 2 and len(done(key)) == 1
-    redelivered_after = runs[1]["t"] - runs[0]["t"]
-    assert 8 <= redelivered_after <= 8 + 20, redelivered_after
-
-
 def test_sigterm_requeues_a_long_task_within_the_soft_shutdown_bound(make_worker: Any) -> None:
     key = "sigterm-requeue"
     env = {**FAST_REDELIVERY, "WORKER_SOFT_SHUTDOWN_TIMEOUT": "2"}
@@ -73,7 +54,7 @@ def test_sigterm_requeues_a_long_task_within_the_soft_shutdown_bound(make_worker
     stopped_after = time.monotonic() - begun
     assert stopped_after < 2 + 10, stopped_after  # soft-shutdown bound plus process teardown
     assert done(key) == []
-    assert ledger_client().llen(QUEUE) == 1  # requeued at once, not left for the visibility timeout
+    assert ledger_client().llen(QUEUE) == 1  # requeued at once, not left for the lease to expire
     make_worker("term2", env=env, queues=QUEUE, concurrency=1)
     assert ledger.result(task_id, timeout=30).key == key
     assert len(attempts(key)) == 2 and len(done(key)) == 1

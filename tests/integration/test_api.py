@@ -147,8 +147,8 @@ def test_unknown_queued_and_scheduled_are_told_apart(idle: ApiServer) -> None:
         assert both.status_code == 422
 
 
-def test_delays_beyond_the_visibility_timeout_are_parked_and_a_year_is_the_limit(idle: ApiServer) -> None:
-    beyond = get_settings().visibility_timeout * 3  # parked in Redis: no worker holds it, none redelivers it
+def test_long_delays_are_parked_and_a_year_is_the_limit(idle: ApiServer) -> None:
+    beyond = get_settings().lease_seconds * 3  # parked in Redis: no worker holds it meanwhile
     with idle.client() as client:
         before = depth(client)
         accepted = client.post("/jobs/probe", params={"delay_seconds": beyond}, json={})

@@ -18,9 +18,12 @@ def test_defaults_give_reliable_celery_conf() -> None:
     assert conf["broker_url"] == conf["result_backend"] == "redis://localhost:6379/1"
     assert conf["accept_content"] == ["json"] and conf["task_serializer"] == "json"
     assert conf["task_acks_late"] and conf["task_reject_on_worker_lost"]
-    assert conf["task_soft_time_limit"] < conf["task_time_limit"] < conf["visibility_timeout"]
-    assert conf["broker_transport_options"]["visibility_timeout"] == conf["visibility_timeout"]
-    assert conf["result_backend_transport_options"]["visibility_timeout"] == conf["visibility_timeout"]
+    assert conf["task_soft_time_limit"] < conf["task_time_limit"]
+    # The lease is the transport's visibility timeout: a delivery not renewed for LEASE_SECONDS is restored.
+    assert conf["visibility_timeout"] == conf["broker_transport_options"]["visibility_timeout"] == 30
+    assert conf["broker_transport_options"]["unacked_restore_interval"] == load_settings().unacked_restore_interval
+    assert conf["broker_transport_options"]["unacked_restore_limit"] >= 1000
+    assert conf["worker_cancel_long_running_tasks_on_connection_loss"] is False
     assert conf["worker_soft_shutdown_timeout"] > 0 and conf["broker_connection_retry_on_startup"]
     assert conf["result_expires"] > 0
     assert {q.name for q in conf["task_queues"]} == {"default", "email", "pdf", "transcode", "webhooks"}
@@ -60,7 +63,7 @@ def test_sentinel_needs_master_name() -> None:
     [
         ({"redis_url": "amqp://guest@localhost//"}, "REDIS_URL must start with redis://"),
         ({"task_soft_time_limit": 300, "task_time_limit": 300}, "TASK_SOFT_TIME_LIMIT"),
-        ({"visibility_timeout": 200, "task_time_limit": 300}, "VISIBILITY_TIMEOUT"),
+        ({"lease_seconds": 2}, "LEASE_SECONDS"),
         ({"retry_jitter": 1.5}, "RETRY_JITTER"),
     ],
 )

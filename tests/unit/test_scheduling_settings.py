@@ -1,4 +1,4 @@
-"""Settings that keep delays, retries and time limits inside the visibility timeout."""
+"""Settings for delays, retries and leases."""
 
 from __future__ import annotations
 
@@ -8,35 +8,21 @@ from pipeline.config import load_settings
 from pipeline.errors import ConfigError
 
 
-def test_worker_hold_limit_leaves_room_for_the_longest_run() -> None:
-    settings = load_settings(
-        visibility_timeout=1000,
-        task_time_limit=300,
-        task_soft_time_limit=200,
-        transcode_time_limit=600,
-        transcode_soft_time_limit=500,
-        delayed_release_ahead=2,
-    )
+def test_a_worker_holds_every_backoff_the_retry_policy_computes() -> None:
+    """A live worker renews the lease of every message it holds, so only RETRY_MAX_DELAY bounds a held wait;
+    a longer one (a Retry-After) is parked rather than held (see PipelineTask)."""
+    settings = load_settings(retry_max_delay=600, delayed_release_ahead=2, transcode_time_limit=10800)
     assert settings.release_ahead == 2
-    assert settings.worker_hold_limit == 1000 - 600 - 2
-    # A retry that waits longer than this is parked rather than held by a worker (see PipelineTask).
+    assert settings.worker_hold_limit == 600
+    assert load_settings(retry_max_delay=1, retry_base_delay=0.5, delayed_release_ahead=3).worker_hold_limit == 3
 
 
-SHORT = {
-    "visibility_timeout": 4,
-    "task_time_limit": 2,
-    "task_soft_time_limit": 1,
-    "transcode_time_limit": 2,
-    "transcode_soft_time_limit": 1,
-    "retry_max_delay": 0.5,
-}
-
-
-def test_release_ahead_is_capped_to_fit_the_visibility_timeout() -> None:
-    assert load_settings(**SHORT, delayed_release_ahead=2).release_ahead == 1  # (4 - 2) / 2
-    assert load_settings(**SHORT, delayed_release_ahead=0.5).release_ahead == 0.5
-    settings = load_settings(**SHORT, delayed_release_ahead=1)
-    assert settings.worker_hold_limit == 4 - 2 - 1
+def test_lease_seconds_is_validated() -> None:
+    assert load_settings().lease_seconds == 30
+    with pytest.raises(ConfigError, match="LEASE_SECONDS"):
+        load_settings(lease_seconds=4)
+    # Time limits no longer bound the lease: a three-hour transcode runs under a 30 s lease, renewed.
+    assert load_settings(lease_seconds=5, transcode_soft_time_limit=10000, transcode_time_limit=10800)
 
 
 def test_webhook_settings() -> None:

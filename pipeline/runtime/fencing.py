@@ -1,0 +1,142 @@
+"""The lease bootstep: starts the renewal thread and fences, from the event loop, the jobs whose lease was lost.
+
+`LeaseStep.start` configures `pipeline.runtime.lease` (LEASE_SECONDS) and starts its renewal thread with a
+Redis client of its own (short timeouts; the app's pool for Sentinel). Every FENCE_INTERVAL_S the event loop
+(or the worker's timer, for pools without one) looks at the tags the thread found lost: a reserved request
+(waiting for a pool process) is dropped without running, a running one is terminated (SIGKILL of its pool
+process: the job is a peer's now, nothing of it may go on), each with a fenced acknowledgement (a no-op in
+Redis). A lost request still waiting for its ETA is refused when it comes due (`Request.revoked`). The solo
+and threads pools cannot terminate a running job: it finishes, and its acknowledgement is fenced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+from celery import bootsteps
+from celery.worker import state
+
+from pipeline.broker import broker_redis
+from pipeline.config import get_settings
+from pipeline.runtime import lease
+from pipeline.runtime.request import delivery_tag, drop_lost
+from pipeline.runtime.stall import direct_client
+
+log = logging.getLogger(__name__)
+
+FENCE_INTERVAL_S = 0.5
+
+
+class _PoolClient:
+    """Sentinel: renew through the app's broker pool (it follows failovers)."""
+
+    def eval(self, *args: Any) -> Any:
+        with broker_redis() as client:
+            return client.eval(*args)
+
+
+def _client() -> Any:
+    return direct_client() or _PoolClient()
+
+
+def fence(requests: Any, pool: Any, lost: set[str]) -> set[str]:
+    """Drop or terminate the requests among `requests` whose delivery tag is in `lost`; return the tags handled."""
+    handled: set[str] = set()
+    for request in list(requests):
+        tag = delivery_tag(request)
+        if tag not in lost or getattr(request, "_lease_lost", False):
+            continue
+        request._lease_lost = True
+        if request.time_start:
+            log.error("job %s[%s]: lease lost to another worker; terminating it here", request.name, request.id)
+            try:
+                request.cancel(pool, signal=signal.SIGKILL, emit_retry=False)
+            except NotImplementedError:  # solo, threads: a running job cannot be stopped; its ack is fenced
+                log.error(
+                    "job %s[%s]: this pool cannot terminate it; it finishes unacknowledged", request.name, request.id
+                )
+        else:
+            _unqueue(request, pool)
+        drop_lost(request)
+        handled.add(tag)
+    return handled
+
+
+def _unqueue(request: Any, pool: Any) -> None:
+    """A request handed to the pool but not started: take it out of the prefork pool's outbound buffer, as
+    Celery does for a revoked job it finds there (`celery/concurrency/asynpool.py`: `_put_back`), so no process
+    ever starts it; one already written to a process is killed as that process accepts it (`on_accepted` runs
+    `_terminate_on_ack`)."""
+    request._terminate_on_ack = (pool, signal.SIGKILL)
+    result = request._apply_result() if request._apply_result is not None else None
+    outbound = getattr(getattr(pool, "_pool", None), "outbound_buffer", None)
+    if result is None or outbound is None or result not in outbound:
+        return
+    outbound.remove(result)
+    result._ack(None, time.time(), os.getpid(), None)
+    result._set_terminated(signal.SIGKILL)  # its error callback is Request.on_failure: nothing stored
+
+
+def _kept_on_close(pool: Any) -> set[str]:
+    """Tags of the requests that survive Celery's `Consumer.on_close`: running, or written to a pool process."""
+    outbound = getattr(getattr(pool, "_pool", None), "outbound_buffer", None) or ()
+    kept = {delivery_tag(request) for request in state.active_requests}
+    for request in state.reserved_requests:
+        result = request._apply_result() if request._apply_result is not None else None
+        if result is not None and result not in outbound and not result.ready():
+            kept.add(delivery_tag(request))
+    return {tag for tag in kept if tag is not None}
+
+
+def _release_what_on_close_drops(consumer: Any, pool: Any) -> None:
+    """After a lost connection Celery's `Consumer.on_close` (`celery/worker/consumer/consumer.py`) forgets the
+    requests it reserved or scheduled and flushes the pool's outbound buffer: "the broker may redeliver these
+    tasks". With leases it would not (this worker renews them), so their leases are given up instead."""
+    close = consumer.on_close
+
+    def on_close() -> None:
+        kept = _kept_on_close(pool)
+        close()
+        lease.drop(lease.held() - kept)
+
+    consumer.on_close = on_close
+
+
+class LeaseStep(bootsteps.StartStopStep):
+    requires = ("celery.worker.components:Pool",)
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        lease.configure(get_settings().lease_seconds)
+        self.renewer: lease.Renewer | None = None
+
+    def start(self, parent: Any) -> None:
+        self.worker = parent
+        self.renewer = lease.Renewer(_client).start()
+        _release_what_on_close_drops(parent.consumer, parent.pool)
+        timer = parent.hub if getattr(parent, "use_eventloop", False) else parent.timer
+        timer.call_repeatedly(FENCE_INTERVAL_S, self.tick)
+        log.info(
+            "leases: %s s, renewed every %.1f s by %s", lease.lease_seconds(), lease.lease_seconds() / 3, lease.owner()
+        )
+
+    def stop(self, parent: Any) -> None:
+        # Last: acknowledgements of jobs that finished while Redis was away (the soft shutdown lets them end),
+        # so they are not delivered again after the lease.
+        if lease.pending_acks():
+            try:
+                lease.renew_once(_client())
+            except Exception:  # noqa: BLE001  # Redis still away: the jobs come back after the lease
+                log.warning("could not apply %d acknowledgement(s) before exiting", lease.pending_acks())
+
+    def terminate(self, parent: Any) -> None:
+        self.stop(parent)
+
+    def tick(self) -> None:
+        lost = lease.take_lost()
+        if lost:
+            fence(set(state.reserved_requests) | set(state.active_requests), self.worker.pool, lost)

@@ -1,0 +1,233 @@
+"""The worker transport's atomic fetch, its lease records and fenced acknowledgements, on a real redis-server.
+
+No worker here: a kombu `Connection` on `pipeline.runtime.transport` consumes the way a worker's consumer does
+(`drain_events` through kombu's poll cycle: the fetch script, then the non-consuming wait).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+
+from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
+from pipeline.runtime import lease, transport
+from tests.support.procs import RedisServer
+
+pytestmark = pytest.mark.faults
+
+
+@pytest.fixture
+def queue_name() -> str:
+    return f"lease-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def conn(own_redis: RedisServer, own_leases: None) -> Iterator[Connection]:
+    with Connection(own_redis.url, transport=transport.Transport, transport_options={"visibility_timeout": 6}) as c:
+        yield c
+
+
+def _publish(conn: Connection, name: str, body: Any) -> None:
+    queue = Queue(name, Exchange(name, "direct"), name)
+    Producer(conn.channel()).publish(body, exchange=queue.exchange, routing_key=name, declare=[queue])
+
+
+def _drain(conn: Connection, name: str, n: int, timeout: float = 5) -> list[Any]:
+    got: list[Any] = []
+    queue = Queue(name, Exchange(name, "direct"), name)
+    with Consumer(conn.channel(), [queue], callbacks=[lambda body, message: got.append(message)]):
+        deadline = time.monotonic() + timeout
+        while len(got) < n and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                conn.drain_events(timeout=0.5)
+    return got
+
+
+def test_a_fetch_records_the_delivery_lease_count_and_history_in_one_step(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    _publish(conn, queue_name, {"n": 1})
+    raw = own_redis.client().lindex(queue_name, 0)
+    (message,) = _drain(conn, queue_name, 1)
+    client = own_redis.client()
+    tag = message.delivery_tag
+    record = json.loads(client.hget("unacked", tag))
+    assert record[0] == json.loads(raw) and record[1:] == [queue_name, queue_name]  # the element untouched
+    assert client.hget(LEASE_KEY, tag).decode() == lease.owner()
+    assert client.zscore("unacked_index", tag) is not None
+    assert int(client.hget(DELIVERIES_KEY, tag)) == 1
+    history = [json.loads(x) for x in client.lrange(DELIVERY_LOG_KEY.format(tag=tag), 0, -1)]
+    assert len(history) == 1 and history[0]["worker"] and abs(history[0]["at"] - time.time()) < 10
+    assert message.headers[HEADER_DELIVERY_COUNT] == 1
+    assert tag in lease.held()
+
+    message.ack()
+    assert client.hlen("unacked") == 0 and client.zcard("unacked_index") == 0
+    assert client.hlen(LEASE_KEY) == 0 and client.hlen(DELIVERIES_KEY) == 0
+    assert not client.exists(DELIVERY_LOG_KEY.format(tag=tag))
+    assert tag not in lease.held()
+
+
+def test_a_delivery_restored_after_its_lease_counts_its_second_delivery(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    _publish(conn, queue_name, {"n": 2})
+    (first,) = _drain(conn, queue_name, 1)
+    client = own_redis.client()
+    client.zadd("unacked_index", {first.delivery_tag: time.time() - 60})  # its holder stopped renewing
+    lease.release(first.delivery_tag)  # and it was another worker: this one holds nothing of it
+    lease._streak_since, lease._renewed_at = time.monotonic() - 60, time.monotonic()  # renewing for a whole lease
+    conn.default_channel.qos.restore_visible(interval=1)
+    assert client.hlen(LEASE_KEY) == 0 and client.llen(queue_name) == 1  # back on its queue, lease cleared
+    (second,) = _drain(conn, queue_name, 1)
+    assert second.delivery_tag == first.delivery_tag
+    assert second.headers[HEADER_DELIVERY_COUNT] == 2
+    assert client.llen(DELIVERY_LOG_KEY.format(tag=second.delivery_tag)) == 2
+
+
+def test_a_job_fetched_again_while_this_worker_still_holds_it_is_not_delivered_twice(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    """A worker frozen past its lease can fetch its own job back after a sweep restored it: the copy it holds goes
+    on (under the new lease); the new delivery is not handed to Celery a second time."""
+    _publish(conn, queue_name, {"n": 8})
+    (held,) = _drain(conn, queue_name, 1)
+    client = own_redis.client()
+    client.zadd("unacked_index", {held.delivery_tag: time.time() - 60})
+    lease._streak_since, lease._renewed_at = time.monotonic() - 60, time.monotonic()
+    conn.default_channel.qos.restore_visible(interval=1)  # the lease expired: back on its queue
+    assert client.llen(queue_name) == 1
+    assert _drain(conn, queue_name, 1, timeout=2) == []  # fetched (the queue is empty) but not delivered again
+    assert client.llen(queue_name) == 0 and client.hget(LEASE_KEY, held.delivery_tag).decode() == lease.owner()
+    assert held.delivery_tag in lease.held() and lease.renew_once(client) == set()
+    held.ack()
+    assert client.hlen("unacked") == 0
+
+
+def test_the_sweep_waits_a_whole_lease_of_renewals_and_skips_renewed_leases(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    _publish(conn, queue_name, {"n": 3})
+    (message,) = _drain(conn, queue_name, 1)
+    client = own_redis.client()
+    client.zadd("unacked_index", {message.delivery_tag: time.time() - 60})
+    now = time.monotonic()
+    lease._streak_since, lease._renewed_at = now, now  # renewing since just now: e.g. Redis just came back
+    conn.default_channel.qos.restore_visible(interval=1)
+    assert client.hlen("unacked") == 1 and client.llen(queue_name) == 0
+    lease._streak_since, lease._renewed_at = now - 60, now - 20  # its last renewal long ago: it was frozen
+    conn.default_channel.qos.restore_visible(interval=1)
+    assert client.hlen("unacked") == 1 and client.llen(queue_name) == 0
+    lease.renew_once(client)  # what it does first once thawed: renewed, no longer expired
+    lease._renewed_at = time.monotonic()
+    conn.default_channel.qos.restore_visible(interval=1)
+    assert client.hlen("unacked") == 1 and client.llen(queue_name) == 0
+
+
+def test_the_sweep_leaves_a_delivery_of_a_worker_without_leases_for_its_old_timeout(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    """A rolling upgrade: a worker of the previous release fetched with BRPOP and records no lease."""
+    with Connection(own_redis.url) as legacy:  # kombu's own transport
+        _publish(legacy, queue_name, {"n": "legacy"})
+        (old,) = _drain(legacy, queue_name, 1)
+        client = own_redis.client()
+        assert client.hlen("unacked") == 1 and client.hlen(LEASE_KEY) == 0
+        client.zadd("unacked_index", {old.delivery_tag: time.time() - 600})  # running for ten minutes
+        lease._streak_since, lease._renewed_at = time.monotonic() - 60, time.monotonic()
+        conn.default_channel.qos.restore_visible(interval=1)
+        assert client.hlen("unacked") == 1 and client.llen(queue_name) == 0
+        client.zadd("unacked_index", {old.delivery_tag: time.time() - transport.LEGACY_TIMEOUT_S - 1})
+        conn.default_channel.qos.restore_visible(interval=1)
+        assert client.hlen("unacked") == 0 and client.llen(queue_name) == 1
+
+
+def test_an_ack_after_the_lease_moved_to_a_peer_is_fenced(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    _publish(conn, queue_name, {"n": 4})
+    (message,) = _drain(conn, queue_name, 1)
+    client = own_redis.client()
+    client.hset(LEASE_KEY, message.delivery_tag, "peer:1:abc")  # a peer fetched it after a restore
+    assert lease.renew_once(client) == {message.delivery_tag}
+    assert lease.is_lost(message.delivery_tag)
+    message.ack()
+    assert client.hget(LEASE_KEY, message.delivery_tag) == b"peer:1:abc"  # the peer's delivery is untouched
+    assert client.hlen("unacked") == 1
+
+
+def test_an_ack_made_while_redis_is_down_is_applied_by_the_renewal(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    _publish(conn, queue_name, {"n": 5})
+    (message,) = _drain(conn, queue_name, 1)
+    own_redis.stop()
+    message.ack()  # no error: remembered
+    assert lease.pending_acks() == 1
+    own_redis.start()
+    lease.renew_once(own_redis.client())
+    assert lease.pending_acks() == 0
+    assert own_redis.client().hlen("unacked") == 0
+
+
+def test_a_non_message_is_dead_lettered_and_untracked(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    _publish(conn, queue_name, {"n": 6})
+    client = own_redis.client()
+    client.rpush(queue_name, b"\xff not json")  # RPUSH: the next element popped
+    (message,) = _drain(conn, queue_name, 1)
+    assert message.payload == {"n": 6}
+    # Dead-lettered (to the app's broker: tests/faults/test_poison.py follows it there) and no longer tracked.
+    assert client.hlen("unacked") == 1 and client.hlen(LEASE_KEY) == 1 and client.llen(queue_name) == 0
+
+
+def _start_latencies(own_redis: RedisServer, conn: Connection, names: list[str], jobs: int) -> list[float]:
+    """Seconds from publish to delivery, each job published by another client while the consumer is idle and
+    draining (waiting in Redis), after a pause long enough for the waits to back off to their longest."""
+    queues = [Queue(name, Exchange(name, "direct"), name) for name in names]
+    got: list[float] = []
+    sent: list[float] = []
+    other = Connection(own_redis.url)
+
+    def publish_later() -> None:
+        for n in range(jobs):
+            time.sleep(0.7 + 0.13 * (n % 3))
+            sent.append(time.monotonic())
+            _publish(other, names[n % len(names)], {"n": n})
+
+    with Consumer(conn.channel(), queues, callbacks=[lambda body, message: got.append(time.monotonic())]):
+        thread = threading.Thread(target=publish_later, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + jobs * 2 + 5
+        while len(got) < jobs and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                conn.drain_events(timeout=0.5)
+        thread.join(5)
+    other.release()
+    return sorted(g - s for g, s in zip(got, sent, strict=True))
+
+
+def test_an_idle_single_queue_starts_a_job_at_once(own_redis: RedisServer, conn: Connection, queue_name: str) -> None:
+    """One queue: the wait is a blocking BLMOVE on the queue's key, woken by the job's LPUSH."""
+    latencies = _start_latencies(own_redis, conn, [queue_name], 6)
+    print(f"start latency, 1 queue (s): median {latencies[3]:.4f}, max {latencies[-1]:.4f}")
+    assert latencies[3] < 0.03, latencies  # the median: a loaded CI box may delay any single one
+
+
+def test_an_idle_consumer_of_several_queues_starts_a_job_within_one_short_wait(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    """Five queues: the channel waits on each queue's key in turn, 0.05 s doubling to 0.1 s while idle, so a job
+    on the key being waited on starts at once, on another within one wait."""
+    latencies = _start_latencies(own_redis, conn, [f"{queue_name}-{n}" for n in range(5)], 10)
+    print(f"start latency, 5 queues (s): median {latencies[5]:.3f}, max {latencies[-1]:.3f}")
+    assert latencies[5] < transport.WAIT_MAX_S + 0.15, latencies  # the median, with room for a loaded CI box
