@@ -72,6 +72,15 @@ HEADER_THROTTLED: Final = "pipeline_throttled"
 #: GCRA state of a cluster-wide limit: the theoretical arrival time (ms), per task and optional key.
 RATE_LIMIT_KEY: Final = KEY_PREFIX + "ratelimit:{task}"
 
+#: Leases (`pipeline.runtime`): the worker incarnation holding each delivery tag, the number of deliveries of each
+#: tag, and each tag's delivery history (JSON {"at": epoch s, "worker": hostname}, newest last, bounded).
+LEASE_KEY: Final = KEY_PREFIX + "lease"
+DELIVERIES_KEY: Final = KEY_PREFIX + "deliveries"
+DELIVERY_LOG_KEY: Final = KEY_PREFIX + "deliveries:{tag}"
+#: Header the worker's transport sets on every message it delivers: deliveries of this message so far, this one
+#: included (1 on the first). Celery's `retries` counts retries only, not redeliveries after a dead worker.
+HEADER_DELIVERY_COUNT: Final = "x-delivery-count"
+
 #: kombu's separator and steps for priority sub-queues on Redis: `<queue>\x06\x16<priority>`.
 PRIORITY_SEPARATOR: Final = "\x06\x16"
 PRIORITY_STEPS: Final = (0, 3, 6, 9)

@@ -1,35 +1,130 @@
-"""The worker's job request: a job cancelled because the broker connection dropped goes back to its queue.
+"""The worker's job request: time limits a message cannot raise, and a delivery limit.
 
-With `worker_cancel_long_running_tasks_on_connection_loss` (set in `pipeline.config.celery`), Celery's
-`Consumer.on_connection_error_after_connected` (`celery/worker/consumer/consumer.py`) terminates every running
-late-acknowledged job with `request.cancel(self.pool)`, leaving its message unacknowledged so that it is
-delivered again (`pipeline.runtime.transport` puts it back on its queue when the worker reconnects).
-
-`Request.cancel` (`celery/worker/request.py`) then calls `_announce_cancelled`, which by default
-(`emit_retry=True`) first stores a RETRY state through the result backend and only then marks the request
-cancelled. With the broker's Redis also the result backend, that write happens while Redis is down:
-`result_backend_always_retry` retries it for seconds, the worker's main loop is blocked meanwhile (the other
-running jobs are not terminated yet and may finish into a dead connection, to be delivered and run again),
-and once the retries give up the request is never marked cancelled, so the terminated child's failure is
-taken for a revoke: `_announce_revoked` acknowledges the message and the job is lost.
-
-`Consumer.cancel_active_requests` (the shutdown path, same file) already passes `emit_retry=False` for
-late-acknowledged jobs, "since broker will handle redelivery"; this request does the same for every cancel of a
-late-acknowledged job, and never acknowledges or dead-letters a job it cancelled: its message stays in the
-broker's unacknowledged set and is put back on its queue.
+* **Time limits.** Celery runs a job with the limits its message carries (`timelimit` header, `[hard, soft]`),
+  unbounded: a foreign client's `send_task(..., time_limit=86400)` would hold a pool process a day. Here each
+  is capped by the task's own limit (TASK_TIME_LIMIT / TASK_SOFT_TIME_LIMIT, TRANSCODE_* for transcodes: what
+  the worker allows for that queue); a message asking for more is clamped and logged. Shorter limits stand.
+* **Delivery limit.** The worker's transport counts every delivery of a message, redeliveries after a dead
+  worker included (which Celery's `retries` does not see), in the `x-delivery-count` header. A message
+  delivered more than MAX_DELIVERIES times is not run: it is stored as FAILURE (`DeliveryLimitExceeded`),
+  dead-lettered with reason `delivery_limit` and its delivery history (when, which worker), and acknowledged.
+  A job that takes its whole worker down (out of memory, a native crash) would otherwise come back once per
+  lease, forever. The check sits in `revoked()`, which Celery calls right before a request goes to the pool
+  (`execute_using_pool`, also in the per-task subclass `celery/worker/request.py: create_request_cls` builds),
+  so a job dead-lettered here ends like a revoked one: `TaskRevokedError` is handled by the worker.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+from datetime import UTC, datetime
 from typing import Any
 
 from celery.worker.request import Request as CeleryRequest
+from celery.worker.state import task_ready
+
+from pipeline.broker import broker_redis
+from pipeline.config import get_settings
+from pipeline.constants import DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT
+from pipeline.dlq import capture
+from pipeline.errors import DeliveryLimitExceeded
+
+log = logging.getLogger(__name__)
 
 #: What `Task.Request` names: the worker's strategy resolves it per task (`celery/worker/strategy.py`).
 REQUEST_CLASS = "pipeline.runtime.request:Request"
 
 
+def _cap(value: Any, cap: float | None) -> Any:
+    if value is None or cap is None:
+        return value
+    return min(value, cap)
+
+
+def delivery_count(headers: dict[str, Any]) -> int | None:
+    """The message's delivery count (1 on the first delivery), or None when it carries none."""
+    raw = headers.get(HEADER_DELIVERY_COUNT)
+    try:
+        return int(raw) if raw is not None and not isinstance(raw, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def delivery_history(tag: str) -> list[dict[str, Any]]:
+    """The recorded deliveries of delivery tag `tag`, oldest first: {"at": ISO time, "worker": name}."""
+    try:
+        with broker_redis() as client:
+            raw = client.lrange(DELIVERY_LOG_KEY.format(tag=tag), 0, -1)
+    except Exception:  # the history is an aid; the entry is written without it
+        log.warning("could not read the delivery history of %s", tag, exc_info=True)
+        return []
+    history = []
+    for item in raw:
+        try:
+            entry = json.loads(item)
+            at = datetime.fromtimestamp(float(entry["at"]), UTC).isoformat()
+            history.append({"at": at, "worker": str(entry.get("worker", ""))[:200]})
+        except (ValueError, TypeError, KeyError):
+            continue
+    return history
+
+
 class Request(CeleryRequest):
+    def __init__(self, message: Any, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self._delivery_limited = False
+        self._clamp_time_limits()
+
+    def _clamp_time_limits(self) -> None:
+        asked = self.time_limits  # the message's [hard, soft]; (None, None) when it carried none
+        if not asked or len(asked) != 2:
+            return
+        hard, soft = asked
+        allowed = (_cap(hard, self.task.time_limit), _cap(soft, self.task.soft_time_limit))
+        if allowed != (hard, soft):
+            log.warning(
+                "job %s (%s) asked for time limits hard=%s soft=%s; clamped to hard=%s soft=%s, the most this worker"
+                " allows for the task",
+                self.id,
+                self.name,
+                hard,
+                soft,
+                *allowed,
+            )
+            self.time_limits = allowed
+
+    def revoked(self) -> bool:
+        return self._over_delivery_limit() or bool(super().revoked())
+
+    def _over_delivery_limit(self) -> bool:
+        if self._delivery_limited:
+            return True
+        count = delivery_count(self.request_dict)
+        limit = get_settings().max_deliveries
+        if count is None or count <= limit:
+            return False
+        self._delivery_limited = True
+        exc = DeliveryLimitExceeded(
+            f"delivered {count} times, more than MAX_DELIVERIES={limit}; no earlier delivery ended with an outcome"
+            " (the worker holding it stopped each time)"
+        )
+        try:
+            context = self._context  # type: ignore[attr-defined]  # Celery's cached_property, untyped
+            self.task.backend.mark_as_failure(self.id, exc, request=context, store_result=True)
+            capture.from_delivery_limit(
+                self.message, self.type, self.id, exc, count, delivery_history(str(self.message.delivery_tag))
+            )
+        except Exception:  # not dead-lettered: put it back, to be tried again on its next delivery
+            log.exception("could not dead-letter job %s over its delivery limit; it goes back to its queue", self.id)
+            task_ready(self)
+            self.reject(requeue=True)
+            return True
+        task_ready(self)
+        self.send_event("task-failed", exception=repr(exc), traceback="")
+        self.acknowledge()
+        return True
+
     def cancel(self, pool: Any, signal: Any = None, emit_retry: bool = True) -> None:
         if self.task.acks_late:
             emit_retry = False  # no backend write while the broker is away; its message comes back instead
