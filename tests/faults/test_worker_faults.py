@@ -119,7 +119,9 @@ def test_hard_time_limit_kill_is_dead_lettered(make_worker: Any) -> None:
 def test_time_limits_a_message_asks_for_are_capped_by_the_worker(make_worker: Any) -> None:
     """A foreign client's `send_task(..., time_limit=120)` runs under the worker's own limits (1 s soft here)."""
     key = "clamped"
-    worker = make_worker("clamp", env={"TASK_SOFT_TIME_LIMIT": "1", "TASK_TIME_LIMIT": "3"}, queues=QUEUE, concurrency=1)
+    worker = make_worker(
+        "clamp", env={"TASK_SOFT_TIME_LIMIT": "1", "TASK_TIME_LIMIT": "3"}, queues=QUEUE, concurrency=1
+    )
     entry = dead_letter(send((60, 120), key=key, sleep_s=10))
     assert entry.exception_type == "billiard.exceptions.SoftTimeLimitExceeded"
     assert "asked for time limits hard=120 soft=60; clamped to hard=3 soft=1" in worker.log()
