@@ -5,7 +5,8 @@
     PipelineError
     ├── TransientError        retried with exponential backoff and jitter (see pipeline.retry)
     └── PermanentError        never retried: the job goes straight to the dead-letter queue
-        └── PayloadInvalid    the payload failed validation (at enqueue, or on the worker for foreign clients)
+        ├── PayloadInvalid    the payload failed validation (at enqueue, or on the worker for foreign clients)
+        └── DeliveryLimitExceeded  delivered more than MAX_DELIVERIES times without an outcome (a worker-killing job)
 
     ConfigError               the process's settings are invalid; it stops at start with one clear message
 
@@ -51,6 +52,11 @@ class PayloadInvalid(PermanentError):
     def __str__(self) -> str:
         parts = [f"{'.'.join(str(p) for p in e.get('loc', ())) or '<payload>'}: {e.get('msg')}" for e in self.errors]
         return f"invalid payload for {self.task}: " + "; ".join(parts)
+
+
+class DeliveryLimitExceeded(PermanentError):
+    """The message was delivered more than MAX_DELIVERIES times and no delivery ended with an outcome: each time,
+    the worker holding it stopped (out of memory, a native crash, kill -9). It is dead-lettered, not run again."""
 
 
 class ConfigError(SystemExit):

@@ -123,6 +123,9 @@ class Settings(BaseSettings):
     events_idle_timeout: float = Field(default=60.0, ge=10, le=86400)
     worker_soft_shutdown_timeout: float = Field(default=25.0, ge=0)
     worker_max_memory_per_child: int | None = Field(default=None, ge=1024)
+    #: Deliveries of one message before it is dead-lettered (reason `delivery_limit`) instead of run again: a job
+    #: whose run takes its whole worker down comes back once per lease, and would otherwise do so forever.
+    max_deliveries: int = Field(default=5, ge=1, le=1000)
     #: Read by Celery itself before any app code runs; recorded here so the worker can warn when it is missing.
     remap_sigterm: str | None = None
     #: A worker whose queues hold ready jobs it has room for, and that fetched none for this long, is stalled

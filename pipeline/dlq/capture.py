@@ -10,7 +10,7 @@ from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.constants import HEADER_IDEMPOTENCY_KEY
 from pipeline.dlq import poison
-from pipeline.dlq.envelope import DeadLetter, Reason, exception_name, flush_spool, publish
+from pipeline.dlq.envelope import DELIVERIES_LIMIT, DeadLetter, Reason, exception_name, flush_spool, publish
 from pipeline.observability import payloads
 from pipeline.task import request_header
 
@@ -110,6 +110,29 @@ def from_message(
             exception_type=exc_type,
             exception_message=exc_message,
             content_type=message.content_type,
+            **_body_fields(message),
+        )
+    )
+
+
+def from_delivery_limit(
+    message: Any, task_name: str, task_id: str, exc: BaseException, count: int, deliveries: list[dict[str, Any]]
+) -> str:
+    """A message delivered more than MAX_DELIVERIES times: dead-lettered with its delivery history, not run."""
+    headers = message.headers if isinstance(message.headers, dict) else {}
+    kept = {HEADER_IDEMPOTENCY_KEY: headers[HEADER_IDEMPOTENCY_KEY]} if headers.get(HEADER_IDEMPOTENCY_KEY) else {}
+    return publish(
+        DeadLetter(
+            reason="delivery_limit",
+            task_name=task_name,
+            task_id=task_id,
+            queue=_queue_for(task_name, message.delivery_info),
+            attempts=count,
+            exception_type=exception_name(exc),
+            exception_message=str(exc),
+            content_type=message.content_type,
+            headers=kept,
+            deliveries=deliveries[-DELIVERIES_LIMIT:],
             **_body_fields(message),
         )
     )

@@ -49,7 +49,9 @@ DLQ = Queue(
 TRACEBACK_LIMIT = 20_000
 #: Fields a foreign message fills (names, ids, error text) are cut to this many characters.
 TEXT_LIMIT = 2_000
-Reason = Literal["failed", "rejected", "unknown_task", "undecodable"]
+Reason = Literal["failed", "rejected", "unknown_task", "undecodable", "delivery_limit"]
+#: Delivery history entries an envelope keeps (the newest).
+DELIVERIES_LIMIT = 20
 #: Pauses between attempts to write an envelope before it is spooled (a broker blip is not an outage).
 RETRY_PAUSES_S = (0.2, 0.7, 1.2)
 
@@ -92,6 +94,8 @@ class DeadLetter(BaseModel):
     body_size: int | None = None
     body_sha256: str | None = None
     headers: dict[str, Any] = Field(default_factory=dict)
+    #: For reason `delivery_limit`: each delivery of the message, oldest first ({"at": ISO time, "worker": name}).
+    deliveries: list[dict[str, Any]] = Field(default_factory=list, max_length=DELIVERIES_LIMIT)
 
     @property
     def payload(self) -> Any:

@@ -111,7 +111,7 @@ class LeaseStep(bootsteps.StartStopStep):
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
-        lease.configure(get_settings().lease_seconds)
+        lease.configure(get_settings().lease_seconds, getattr(parent, "hostname", None))
         self.renewer: lease.Renewer | None = None
 
     def start(self, parent: Any) -> None:

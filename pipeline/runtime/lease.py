@@ -98,6 +98,7 @@ _pending_acks: set[str] = set()
 #: renewal thread, so a sweep puts them back on their queues.
 _dropped: set[str] = set()
 _lease_seconds = 30.0
+_node: str | None = None
 _streak_since: float | None = None  # monotonic time of the first renewal of the current unbroken run
 _renewed_at: float | None = None  # monotonic time of the last successful renewal
 _wake = threading.Event()
@@ -113,9 +114,17 @@ def owner() -> str:
         return _owner
 
 
-def configure(lease_seconds: float) -> None:
-    global _lease_seconds
+def configure(lease_seconds: float, node: str | None = None) -> None:
+    """The lease length, and this worker's node name (`name@host`) for the delivery history."""
+    global _lease_seconds, _node
     _lease_seconds = float(lease_seconds)
+    if node:
+        _node = node
+
+
+def node() -> str:
+    """The worker's node name as Celery reports it (`name@host`), or the host name before the worker set it."""
+    return _node or socket.gethostname()
 
 
 def lease_seconds() -> float:

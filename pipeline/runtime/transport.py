@@ -39,7 +39,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import socket
 import time
 import uuid
 from queue import Empty
@@ -364,7 +363,7 @@ class _Leased:
 
 
 def _hostname() -> str:
-    return socket.gethostname()
+    return lease.node()
 
 
 class Channel(_Leased, dead_lettering.Channel):

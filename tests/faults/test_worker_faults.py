@@ -95,3 +95,15 @@ def test_hard_time_limit_kill_is_dead_lettered(make_worker: Any) -> None:
     entry = dead_letter(send((1, 2), key=key, fail="hang"))
     assert entry.exception_type == "billiard.exceptions.TimeLimitExceeded"
     assert entry.payload["key"] == key and entry.task_name == "test.ledger"
+
+
+def test_time_limits_a_message_asks_for_are_capped_by_the_worker(make_worker: Any) -> None:
+    """A foreign client's `send_task(..., time_limit=120)` runs under the worker's own limits (1 s soft here)."""
+    key = "clamped"
+    worker = make_worker(
+        "clamp", env={"TASK_SOFT_TIME_LIMIT": "1", "TASK_TIME_LIMIT": "3"}, queues=QUEUE, concurrency=1
+    )
+    entry = dead_letter(send((60, 120), key=key, sleep_s=10))
+    assert entry.exception_type == "billiard.exceptions.SoftTimeLimitExceeded"
+    assert "asked for time limits hard=120 soft=60; clamped to hard=3 soft=1" in worker.log()
+    assert done(key) == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Literal
 
@@ -27,8 +28,9 @@ __all__ = ["app"]
 
 class LedgerJob(BaseModel):
     key: str
-    #: "flag" fails permanently while the Redis key test:flag:<key> exists; "hang" ignores the soft time limit.
-    fail: Literal["none", "transient", "permanent", "crash", "flag", "hang"] = "none"
+    #: "flag" fails permanently while the Redis key test:flag:<key> exists; "hang" ignores the soft time limit;
+    #: "kill_worker" kills the whole worker (its main process, then the pool child), as an OOM kill would.
+    fail: Literal["none", "transient", "permanent", "crash", "flag", "hang", "kill_worker"] = "none"
     fail_times: int = Field(default=0, ge=0)
     sleep_s: float = 0.0
     #: With fail="transient": the error asks for at least this long before the next attempt.
@@ -76,6 +78,9 @@ def ledger(job: LedgerJob, ctx: JobContext) -> LedgerResult:
         raise TransientError(f"transient failure on attempt {ctx.attempt}", retry_after=job.retry_after)
     if job.fail == "permanent":
         raise PermanentError("permanent failure")
+    if job.fail == "kill_worker":
+        os.kill(os.getppid(), signal.SIGKILL)
+        os._exit(1)
     if job.fail == "crash" and failing:
         os._exit(1)  # the pool child dies mid-task
     ledger_client().rpush(f"test:done:{job.key}", ctx.task_id)
