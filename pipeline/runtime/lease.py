@@ -4,9 +4,9 @@ Every delivery this worker fetches (`pipeline.runtime.transport`: one Lua script
 it in kombu's `unacked`/`unacked_index`, plus `pipeline:lease` tag → this worker's incarnation id) is held
 here until it is acknowledged, requeued, or found lost. A daemon thread of the worker's main process, with
 its own Redis client (so a busy event loop, a blocked pool child or the solo/threads pools never stop it),
-renews every held delivery each LEASE_SECONDS/3 with one Lua call: `ZADD XX unacked_index now tag` where
+renews every held delivery each LEASE_SECONDS/3 with one Lua call: `ZADD XX unacked_index <now + LEASE_SECONDS> tag` where
 `pipeline:lease` still names this worker, returning the tags it no longer owns. kombu's sweep
-(`restore_visible`) restores a tag whose index score is older than the lease: the holder died or was cut off.
+(`restore_visible`) restores a tag whose index score (its lease's expiry) has passed: the holder died or was cut off.
 
 Fencing: a tag whose lease is gone was (or will be) delivered to a peer. The worker must neither run nor
 acknowledge it: `fence_lost` (run from the event loop by `LeaseStep`) drops a reserved request without
@@ -46,7 +46,7 @@ UNACKED_INDEX_KEY = "unacked_index"
 #: Tags renewed per Lua call (a worker holds its prefetch, so one call in practice).
 RENEW_BATCH = 500
 
-#: KEYS: unacked_index, lease. ARGV: owner, now, tags... Returns the tags this owner no longer holds.
+#: KEYS: unacked_index, lease. ARGV: owner, the new expiry, tags... Returns the tags this owner no longer holds.
 RENEW = """
 local lost = {}
 for i = 3, #ARGV do
@@ -259,7 +259,7 @@ def _renew(client: Any, now: float | None) -> set[str]:
         with _lock:
             _dropped.difference_update(dropped)
     tags = sorted(held())
-    stamp = repr(time.time() if now is None else now)
+    stamp = repr((time.time() if now is None else now) + _lease_seconds)  # the index holds when each lease expires
     lost: set[str] = set()
     for start in range(0, len(tags), RENEW_BATCH):
         batch = tags[start : start + RENEW_BATCH]

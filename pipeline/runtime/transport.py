@@ -69,7 +69,8 @@ DELIVERY_LOG_MAX = 20
 DELIVERY_LOG_TTL_S = 7 * 86400
 
 #: KEYS: unacked, unacked_index, lease, deliveries, then the queue keys in order. ARGV: now, owner, hostname,
-#: a fresh tag for an element that is not an envelope, the history's prefix, its length, its TTL.
+#: a fresh tag for an element that is not an envelope, the history's prefix, its length, its TTL, and when the
+#: lease expires (now + this worker's LEASE_SECONDS: the index score, so a sweep never judges a lease by its own).
 #: Returns nil, or {key, tag, delivery count, element, 1 when the element is not an envelope}.
 FETCH = """
 for i = 5, #KEYS do
@@ -93,7 +94,7 @@ for i = 5, #KEYS do
       record = '[' .. cjson.encode(item) .. ',"",' .. cjson.encode(KEYS[i]) .. ']'
     end
     redis.call('HSET', KEYS[1], tag, record)
-    redis.call('ZADD', KEYS[2], ARGV[1], tag)
+    redis.call('ZADD', KEYS[2], ARGV[8], tag)
     redis.call('HSET', KEYS[3], tag, ARGV[2])
     local n = redis.call('HINCRBY', KEYS[4], tag, 1)
     local history = ARGV[5] .. tag
@@ -173,7 +174,7 @@ class QoS(kombu_redis.QoS):
             return None
         restored = 0
         with self._channel().conn_or_acquire() as client:
-            ceil = time.time() - self.visibility_timeout
+            ceil = time.time()  # index scores are lease expiries, set by each holder from its own LEASE_SECONDS
             try:
                 with kombu_redis.Mutex(client, self.unacked_mutex_key, self.unacked_mutex_expire):
                     visible = client.zrange(
@@ -201,7 +202,7 @@ class QoS(kombu_redis.QoS):
     ) -> int:
         """Put `tag` back on its queue and clear its lease, in one WATCHed transaction; 1 if restored.
 
-        `owner`: only if that worker holds the lease. `ceil`: only if its lease is still older than that."""
+        `owner`: only if that worker holds the lease. `ceil`: only if its lease expired before that."""
         done = 0
 
         def restore_transaction(pipe: Any) -> None:
@@ -263,13 +264,14 @@ class _Leased:
             LEASE_KEY,
             DELIVERIES_KEY,
             *keys,
-            repr(time.time()),
+            repr(now := time.time()),
             lease.owner(),
             _hostname(),
             uuid.uuid4().hex,
             _HISTORY_PREFIX,
             DELIVERY_LOG_MAX,
             DELIVERY_LOG_TTL_S,
+            repr(now + lease.lease_seconds()),
         ]
 
     def _brpop_start(self: Any, timeout: float | None = None) -> None:

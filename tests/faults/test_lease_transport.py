@@ -231,3 +231,28 @@ def test_an_idle_consumer_of_several_queues_starts_a_job_within_one_short_wait(
     latencies = _start_latencies(own_redis, conn, [f"{queue_name}-{n}" for n in range(5)], 10)
     print(f"start latency, 5 queues (s): median {latencies[5]:.3f}, max {latencies[-1]:.3f}")
     assert latencies[5] < transport.WAIT_MAX_S + 0.15, latencies  # the median, with room for a loaded CI box
+
+
+def test_a_sweeper_with_a_short_lease_leaves_a_longer_lease_alone(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    """The index holds each lease's expiry, written by its holder: a sweep never judges a peer's lease by its own
+    LEASE_SECONDS (a transcode worker may hold a longer lease than the sweeping email worker)."""
+    _publish(conn, queue_name, {"n": 9})
+    lease.configure(120)  # this holder's lease: two minutes
+    try:
+        (message,) = _drain(conn, queue_name, 1)
+    finally:
+        lease.configure(30)
+    client = own_redis.client()
+    expiry = client.zscore("unacked_index", message.delivery_tag)
+    assert expiry is not None and expiry > time.time() + 100  # two minutes from the fetch
+    lease.release(message.delivery_tag)  # a peer's delivery: this process only sweeps
+    client.hset(LEASE_KEY, message.delivery_tag, "peer-with-a-long-lease")
+    client.zadd("unacked_index", {message.delivery_tag: time.time() + 50})  # renewed 70 s ago; a 30 s sweeper runs
+    lease._streak_since, lease._renewed_at = time.monotonic() - 60, time.monotonic()
+    conn.default_channel.qos.restore_visible(interval=1)
+    assert client.hlen("unacked") == 1 and client.llen(queue_name) == 0  # not restored: its lease has 50 s left
+    client.zadd("unacked_index", {message.delivery_tag: time.time() - 1})  # the long lease lapsed
+    conn.default_channel.qos.restore_visible(interval=1)
+    assert client.hlen("unacked") == 0 and client.llen(queue_name) == 1
