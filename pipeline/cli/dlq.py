@@ -61,6 +61,10 @@ def show(
         typer.echo(f"{'body:':12} {entry.body_preview[:500]}")
     if entry.body_size is not None:
         typer.echo(f"{'body size:':12} {entry.body_size} bytes, sha256 {entry.body_sha256}")
+    if entry.deliveries:
+        typer.echo("deliveries:")
+        for n, delivery in enumerate(entry.deliveries, 1):
+            typer.echo(f"  {n:>2}. {delivery.get('at')}  {delivery.get('worker')}")
     if entry.traceback:
         typer.echo("traceback:\n" + entry.traceback)
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from pipeline.status import JobState, job_status
+from tests.support.cli import run_cli
 from tests.support.dlq import dead_letter
 from tests.support.procs import Worker, wait_for
 from tests.support.worker_app import attempts, ledger
@@ -51,3 +52,5 @@ def test_a_worker_killing_job_is_dead_lettered_after_max_deliveries(make_worker:
     assert [w.split("@")[0] for w in workers] == [f"victim{n}" for n in range(1, MAX_DELIVERIES + 1)] + ["survivor"]
     assert len(attempts(key)) == MAX_DELIVERIES  # the last delivery did not run
     assert job_status(task_id).state is JobState.DEAD_LETTERED
+    shown = run_cli("dlq", "show", task_id).stdout
+    assert "delivery_limit" in shown and all(f"{n}. " in shown and f"victim{n}@" in shown for n in (1, 2, 3))
