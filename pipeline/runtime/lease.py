@@ -4,9 +4,10 @@ Every delivery this worker fetches (`pipeline.runtime.transport`: one Lua script
 it in kombu's `unacked`/`unacked_index`, plus `pipeline:lease` tag → this worker's incarnation id) is held
 here until it is acknowledged, requeued, or found lost. A daemon thread of the worker's main process, with
 its own Redis client (so a busy event loop, a blocked pool child or the solo/threads pools never stop it),
-renews every held delivery each LEASE_SECONDS/3 with one Lua call: `ZADD XX unacked_index <now + LEASE_SECONDS> tag` where
-`pipeline:lease` still names this worker, returning the tags it no longer owns. kombu's sweep
-(`restore_visible`) restores a tag whose index score (its lease's expiry) has passed: the holder died or was cut off.
+renews every held delivery each LEASE_SECONDS/3 with one Lua call: `ZADD XX unacked_index <expiry> tag`
+(expiry = now + LEASE_SECONDS) where `pipeline:lease` still names this worker, returning the tags it no longer
+owns. kombu's sweep (`restore_visible`) restores a tag whose index score (its lease's expiry) has passed: the
+holder died or was cut off.
 
 Fencing: a tag whose lease is gone was (or will be) delivered to a peer. The worker must neither run nor
 acknowledge it: `fence_lost` (run from the event loop by `LeaseStep`) drops a reserved request without
