@@ -11,7 +11,6 @@ import base64
 import contextlib
 import json
 import threading
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,22 +19,16 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.asynchronous import Hub, set_event_loop
 
 from pipeline.constants import DELIVERIES_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
-from pipeline.runtime import fetch, lease, transport
+from pipeline.runtime import fetch, lease
 from tests.support.procs import RedisServer
 
 pytestmark = pytest.mark.faults
 
 
 @pytest.fixture
-def name() -> str:
-    return f"batch-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def conn(own_redis: RedisServer, own_leases: None) -> Iterator[Connection]:
-    with Connection(own_redis.url, transport=transport.Transport) as c:
-        own_redis.client().script_load(fetch.FETCH)  # so the first poll fetches (no NOSCRIPT round)
-        yield c
+def name(queue_name: str, own_redis: RedisServer) -> str:
+    own_redis.client().script_load(fetch.FETCH)  # so the first poll fetches (no NOSCRIPT round)
+    return queue_name
 
 
 @pytest.fixture
