@@ -2,18 +2,19 @@
 
 A job's acknowledgement (late, after the job) is one fenced Lua call (`pipeline.runtime.lease.ACK`) and, made
 synchronously, one blocking round trip of the worker's main process per job. `DeferredAcks` (mixed into the
-transport's QoS) instead frees kombu's prefetch slot at once and keeps the tag; then, in the same loop
-iteration (kombu's hub runs its tick callbacks right after the ready callbacks that acknowledge prefork jobs):
+transport's QoS) instead frees kombu's prefetch slot at once and keeps the tag:
 
-- if the channel is about to fetch (kombu's `on_poll_start`, a tick callback too), the fetch script
-  acknowledges them first, in the same call (`pipeline.runtime.fetch.FETCH`): no round trip of their own;
-- otherwise (the channel waits on an empty queue, or a command is in flight) `flush_acks` writes them all with
-  one `lease.ACK_MANY` call before the loop polls again.
+- while the channel fetches (a fetch is in flight, or kombu's `on_poll_start`, a tick callback, is about to send
+  one), the next fetch script acknowledges them first, in the same call (`pipeline.runtime.fetch.FETCH`): no
+  round trip of their own. A fetch in flight is answered within a fraction of a millisecond, and its reply wakes
+  the loop, which sends the next fetch at once;
+- otherwise (the channel waits on an empty queue, or the prefetch is full) `flush_acks`, a tick callback of
+  kombu's hub, writes them all with one `lease.ACK_MANY` call before the loop polls again.
 
 A solo worker runs each job inside the delivery (`pipeline.runtime.fetch.deliver`), which writes the deferred
-acknowledgements before it hands over the next job. So an acknowledgement reaches Redis within the loop
-iteration its job ended in: a worker killed in that window (well under a millisecond of work) runs the job
-again after its lease, as a worker killed just before a synchronous acknowledgement would. The delivery stays
+acknowledgements before it hands over the next job. So an acknowledgement reaches Redis within a loop
+iteration or two of its job's end: a worker killed in that window (about a millisecond) runs the job again
+after its lease, as a worker killed just before a synchronous acknowledgement would. The delivery stays
 leased (held and renewed) until then. Acknowledgements made off the loop thread (no hub, or a pool thread) stay
 synchronous. One that cannot reach Redis is remembered (`lease.remember_ack`) and applied, fenced, by the
 renewal thread; so is one a fetch carried when its reply was lost (it may have been applied: a second fenced
@@ -47,7 +48,6 @@ class DeferredAcks:
     _ack_client: Any = None
     #: Acknowledgements deferred so far (the delivery loop compares it to see a job end inside a delivery).
     acks_deferred = 0
-    _left_for_fetch = False
 
     def _fenced_ack(self, delivery_tag: str) -> None:
         raise NotImplementedError
@@ -66,15 +66,13 @@ class DeferredAcks:
     def take_acks(self) -> list[str]:
         """The deferred acknowledgements, for a fetch to carry."""
         tags, self._deferred_acks = self._deferred_acks or [], None
-        self._left_for_fetch = False
         return tags
 
     def flush_acks(self, carry: bool = True) -> None:
-        """Write the deferred acknowledgements in one fenced call, unless (`carry`) the fetch about to be sent in
-        this loop iteration can carry them (once: if it did not, they are written at the next tick)."""
-        tags = self._deferred_acks
-        if tags and carry and not self._left_for_fetch and self.channel._fetch_due():
-            self._left_for_fetch = True
+        """Write the deferred acknowledgements in one fenced call, unless (`carry`) a fetch can carry them: one
+        about to be sent in this loop iteration, or the next one after the fetch in flight (its reply wakes the
+        loop). Left for a fetch, they are looked at again at each tick until one took them."""
+        if self._deferred_acks and carry and self.channel._fetch_soon():
             return
         hub: Any = get_event_loop()
         if hub is not None:

@@ -211,11 +211,13 @@ class _Leased:
     _wait_turn = 0
     _carried: list[str] | None = None  # acknowledgements the fetch in flight carries
 
-    def _fetch_due(self: Any) -> bool:
-        """True when kombu's next poll start sends a fetch (not a wait) on this channel."""
-        return bool(
-            not self._in_poll and not self._empty and not self.closed and self.active_queues and self.qos.can_consume()
-        )
+    def _fetch_soon(self: Any) -> bool:
+        """True when a fetch is in flight, or kombu's next poll start sends one (not a wait) on this channel."""
+        if self.closed or not self.active_queues:
+            return False
+        if self._in_poll:
+            return not self._waiting
+        return not self._empty and bool(self.qos.can_consume())
 
     def _settle_carried(self, exc: BaseException) -> None:
         """The fetch carrying acknowledgements got no reply: they may not have been applied."""
