@@ -1,6 +1,6 @@
 """Worker profiles against stock Celery: drain rate and start latency of one queue, per worker command line.
 
-    .venv/bin/python -m bench.worker_profiles [--jobs 5000] [--reps 3] [--only NAME,...]
+    .venv/bin/python -m bench.worker_profiles [--jobs 5000] [--reps 3] [--only NAME,...] [--baseline CHECKOUT]
 
 Method (../shared/reference/performance.md): a throwaway redis-server (no persistence); the job is a no-op
 that makes one pipelined Redis round trip at start (SETNX first-start, INCR done, SET last-done, RPUSH
@@ -15,7 +15,8 @@ delivery tag, the payload re-encoded), so the producer's speed is out of the fig
 interleaved rep by rep; medians of the reps; ratios against stock Celery (default settings, prefork c=2,
 in its own process). Worker log level WARNING everywhere. The pipeline's workers run with everything on
 (DLQ capture, metrics in multiprocess mode with an endpoint, job records on the producer side, stall
-watchdog, delayed-job releaser).
+watchdog, delayed-job releaser). `--baseline /path/to/another/checkout` also runs each chosen pipeline system
+from that checkout (its code and `.venv`), interleaved with the rest: before and after in one run.
 
 `celery -A bench.worker_profiles:stock` is stock Celery (broker and result backend on the same Redis,
 nothing else set); `celery -A bench.worker_profiles:app` is the pipeline's app (what `celery -A pipeline`
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,8 @@ class System:
     env: dict[str, str] = field(default_factory=dict)
     #: N: `pipeline worker --processes N` (solo workers under the supervisor) instead of `procs`.
     supervised: int = 0
+    #: Another checkout to run the workers from (its code and its `.venv`); None: this one.
+    root: Path | None = None
 
 
 def systems(queue: str) -> list[System]:
@@ -167,7 +170,8 @@ class Workers:
 
     def start(self) -> None:
         system = self.system
-        supervisor = [sys.executable, "-m", "pipeline", "worker", "--processes", str(system.supervised)]
+        python = str(system.root / ".venv" / "bin" / "python") if system.root else sys.executable
+        supervisor = [python, "-m", "pipeline", "worker", "--processes", str(system.supervised)]
         supervisor += ["--app", f"bench.worker_profiles:{system.app}", "-Q", system.queue, "-l", "WARNING"]
         for index, extra in enumerate([supervisor] if system.supervised else system.procs):
             log = Path(tempfile.mkstemp(prefix="bench-wp-", suffix=".log")[1])
@@ -183,12 +187,12 @@ class Workers:
                 "WORKER_HEALTH_DIR": metrics,
                 **self.system.env,
             }
-            argv = [sys.executable, "-m", "celery", "-A", f"bench.worker_profiles:{system.app}", "worker"]
+            argv = [python, "-m", "celery", "-A", f"bench.worker_profiles:{system.app}", "worker"]
             argv += [*extra, "-Q", system.queue, "-n", f"bench{index}@%h", "-l", "WARNING"]
             argv = extra if system.supervised else argv
             with log.open("wb") as out:
                 proc = subprocess.Popen(
-                    argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                    argv, cwd=system.root or ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
                 )
             self.procs.append(proc)
             self.logs.append(log)
@@ -289,10 +293,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--queue", default="email")
     parser.add_argument("--only", default="", help="comma-separated substrings of system names")
+    parser.add_argument("--baseline", default="", help="also run the chosen pipeline systems from this checkout")
     parser.add_argument("--json", dest="json_out", default="", help="also write the medians to this file")
     opts = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the workers and Redis on the way out
     chosen = [s for s in systems(opts.queue) if not opts.only or any(o in s.name for o in opts.only.split(","))]
+    if opts.baseline:
+        root = Path(opts.baseline).resolve()
+        chosen += [replace(s, name=f"{s.name} [{root.name}]", root=root) for s in chosen if s.app == "app"]
     results: dict[str, list[dict[str, float]]] = {s.name: [] for s in chosen}
     with redis_server() as url:
         os.environ["REDIS_URL"] = url

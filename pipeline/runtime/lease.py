@@ -1,7 +1,7 @@
 """Leases on the deliveries a worker holds: renewal, fencing, and acknowledgements that wait out an outage.
 
-Every delivery this worker fetches (`pipeline.runtime.transport`: one Lua script pops the message and records
-it in kombu's `unacked`/`unacked_index`, plus `pipeline:lease` tag → this worker's incarnation id) is held
+Every delivery this worker fetches (`pipeline.runtime.fetch`: one Lua script pops the messages and records
+them in kombu's `unacked`/`unacked_index`, plus `pipeline:lease` tag → this worker's incarnation id) is held
 here until it is acknowledged, requeued, or found lost. A daemon thread of the worker's main process, with
 its own Redis client (so a busy event loop, a blocked pool child or the solo/threads pools never stop it),
 renews every held delivery each LEASE_SECONDS/3 with one Lua call: `ZADD XX unacked_index <expiry> tag`
@@ -73,6 +73,31 @@ redis.call('HDEL', KEYS[4], ARGV[2])
 redis.call('DEL', KEYS[5])
 return 1
 """
+
+
+def ack_lua(first_tag: int, owner: int, prefix: int) -> str:
+    """Lua acknowledging ARGV[first_tag..] as `ACK` does (KEYS: unacked, unacked_index, lease, deliveries; ARGV[owner]
+    the owner, ARGV[prefix] the delivery log's key prefix), leaving the fenced tags in the table `fenced`."""
+    return f"""
+local fenced = {{}}
+for i = {first_tag}, #ARGV do
+  local tag = ARGV[i]
+  if redis.call('HGET', KEYS[3], tag) == ARGV[{owner}] then
+    redis.call('ZREM', KEYS[2], tag)
+    redis.call('HDEL', KEYS[1], tag)
+    redis.call('HDEL', KEYS[3], tag)
+    redis.call('HDEL', KEYS[4], tag)
+    redis.call('DEL', ARGV[{prefix}] .. tag)
+  else
+    fenced[#fenced + 1] = tag
+  end
+end
+"""
+
+
+#: `ACK` for several tags in one call. KEYS: unacked, unacked_index, lease, deliveries. ARGV: owner, the delivery
+#: log's key prefix, tags... Returns the tags it left alone (fenced: this owner no longer holds them).
+ACK_MANY = ack_lua(3, 1, 2) + "return fenced\n"
 
 #: KEYS: unacked_index, lease. ARGV: owner, tags... Gives up this owner's lease on each tag and marks it expired,
 #: so the next sweep puts it back on its queue (a delivery the worker dropped without running it).
@@ -238,6 +263,20 @@ def ack(client: Any, tag: str) -> bool:
     if not removed:
         log.warning("delivery %s: lease lost to another worker; acknowledgement ignored (fenced)", tag)
     return removed
+
+
+def ack_many(client: Any, tags: list[str]) -> set[str]:
+    """`ack` for several tags in one call; returns the fenced ones (each logged)."""
+    prefix = DELIVERY_LOG_KEY.format(tag="")
+    keys = ["unacked", UNACKED_INDEX_KEY, LEASE_KEY, DELIVERIES_KEY]
+    fenced = {
+        x.decode() if isinstance(x, bytes) else str(x) for x in client.eval(ACK_MANY, 4, *keys, owner(), prefix, *tags)
+    }
+    for tag in tags:
+        release(tag)
+    for tag in sorted(fenced):
+        log.warning("delivery %s: lease lost to another worker; acknowledgement ignored (fenced)", tag)
+    return fenced
 
 
 def renew_once(client: Any, now: float | None = None) -> set[str]:

@@ -7,12 +7,13 @@ on `pipeline.dlq.transport` (elements that are not messages are dead-lettered).
 kombu 5.7 (`kombu/transport/redis.py`) fetches with BRPOP and records the delivery in a second round trip
 (`QoS.append`: HSET `unacked`, ZADD `unacked_index`). A worker killed, or a Redis stopping, between the two loses
 the message: it left the list and is recorded nowhere (issue 10; celery/kombu#305, celery/celery#1789). Here
-`_brpop_start` sends one Lua script (EVALSHA, through kombu's own poll cycle) that RPOPs the first element over the
-consumed keys in kombu's order and, in the same script, records it exactly as `QoS.append` would (the element's
-bytes untouched), plus the lease owner (`pipeline:lease`), a delivery count (`pipeline:deliveries`, which survives
-kombu's restore: the tag is in the message) and a bounded delivery history (`pipeline:deliveries:<tag>`).
-`QoS.append` then keeps only kombu's in-memory bookkeeping. The count reaches the worker as the message header
-`x-delivery-count` (1 on the first delivery).
+`_brpop_start` sends one Lua script (EVALSHA, through kombu's own poll cycle: `pipeline.runtime.fetch`) that pops
+up to as many elements as the channel's prefetch still allows over the consumed keys in kombu's order and, in the
+same script, records each exactly as `QoS.append` would (the element's bytes untouched), plus the lease owner
+(`pipeline:lease`), a delivery count (`pipeline:deliveries`, which survives kombu's restore: the tag is in the
+message) and a bounded delivery history (`pipeline:deliveries:<tag>`). `QoS.append` then keeps only kombu's
+in-memory bookkeeping. The count reaches the worker as the message header `x-delivery-count` (1 on the first
+delivery). The same script first applies the acknowledgements the event loop deferred (`pipeline.runtime.acks`).
 
 A script cannot block, so when every key is empty the channel waits with a command that does not consume:
 `BLMOVE k k RIGHT RIGHT <timeout>` moves a list's last element onto itself (no change) and wakes as soon as
@@ -23,8 +24,9 @@ one wait). `_brpop_sent_at` is set for every command sent, so kombu's reply heal
 
 kombu's visibility timeout had to outlast the longest job, so a dead worker's jobs waited that long
 (celery/celery#5935, celery/celery#2599); leases (`pipeline.runtime.lease`) replace it. Acknowledgements are fenced
-(`pipeline.runtime.lease.ACK`: removed only while this worker owns the lease); one that cannot reach Redis is
-remembered and applied by the renewal thread. kombu's sweep (`restore_visible`) restores deliveries whose lease
+(`pipeline.runtime.lease.ACK`: removed only while this worker owns the lease) and, on the event loop, written
+together within the loop iteration (`pipeline.runtime.acks`); one that cannot reach Redis is remembered and
+applied by the renewal thread. kombu's sweep (`restore_visible`) restores deliveries whose lease
 expired, only once this worker has been renewing for a whole lease (after an outage every lease looks expired), and
 clears the lease owner in the same transaction. A closed connection no longer restores what the channel delivered
 (running jobs go on and are acknowledged on reconnect); only a real worker shutdown does (kombu's
@@ -36,11 +38,9 @@ Requires Redis >= 6.2 (BLMOVE with a fractional timeout). Not supported: kombu's
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
-import uuid
 from queue import Empty
 from typing import Any
 
@@ -50,10 +50,10 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
 from kombu.utils.encoding import bytes_to_str
 
-from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
+from pipeline.constants import LEASE_KEY
 from pipeline.dlq import transport as dead_lettering
 from pipeline.observability import metrics
-from pipeline.runtime import lease
+from pipeline.runtime import acks, fetch, lease
 
 log = logging.getLogger(__name__)
 
@@ -64,57 +64,15 @@ WAIT_MAX_S = 0.1
 #: sweep leaves it for that release's visibility timeout, so a rolling upgrade does not restore its running jobs.
 #: A delivery this release gives up (`lease.RELEASE`) has no lease either, but is scored 0: restored at once.
 LEGACY_TIMEOUT_S = 11400
-#: Deliveries kept in a message's history, and how long the history outlives its last delivery (seconds).
-DELIVERY_LOG_MAX = 20
-DELIVERY_LOG_TTL_S = 7 * 86400
-
-#: KEYS: unacked, unacked_index, lease, deliveries, then the queue keys in order. ARGV: now, owner, hostname,
-#: a fresh tag for an element that is not an envelope, the history's prefix, its length, its TTL, and when the
-#: lease expires (now + this worker's LEASE_SECONDS: the index score, so a sweep never judges a lease by its own).
-#: Returns nil, or {key, tag, delivery count, element, 1 when the element is not an envelope}.
-FETCH = """
-for i = 5, #KEYS do
-  local item = redis.call('RPOP', KEYS[i])
-  if item then
-    local tag, record
-    local ok, msg = pcall(cjson.decode, item)
-    if ok and type(msg) == 'table' and type(msg.properties) == 'table' then
-      local p = msg.properties
-      local di = p.delivery_info
-      if type(p.delivery_tag) == 'string' and type(di) == 'table'
-          and di.exchange ~= nil and di.routing_key ~= nil then
-        tag = p.delivery_tag
-        record = '[' .. item .. ',' .. cjson.encode(di.exchange) .. ',' .. cjson.encode(di.routing_key) .. ']'
-      end
-    end
-    local poison = 0
-    if not tag then
-      poison = 1
-      tag = ARGV[4]
-      record = '[' .. cjson.encode(item) .. ',"",' .. cjson.encode(KEYS[i]) .. ']'
-    end
-    redis.call('HSET', KEYS[1], tag, record)
-    redis.call('ZADD', KEYS[2], ARGV[8], tag)
-    redis.call('HSET', KEYS[3], tag, ARGV[2])
-    local n = redis.call('HINCRBY', KEYS[4], tag, 1)
-    local history = ARGV[5] .. tag
-    redis.call('RPUSH', history, '{"at":' .. ARGV[1] .. ',"worker":' .. cjson.encode(ARGV[3]) .. '}')
-    redis.call('LTRIM', history, -tonumber(ARGV[6]), -1)
-    redis.call('EXPIRE', history, tonumber(ARGV[7]))
-    return {KEYS[i], tag, n, item, poison}
-  end
-end
-return nil
-"""
-FETCH_SHA = hashlib.sha1(FETCH.encode(), usedforsecurity=False).hexdigest()  # Redis names scripts by SHA-1
-_HISTORY_PREFIX = DELIVERY_LOG_KEY.format(tag="")
+#: Re-exported for the tests: the fetch lives in `pipeline.runtime.fetch`.
+FETCH, FETCH_SHA = fetch.FETCH, fetch.FETCH_SHA
 
 
 def _shutting_down() -> bool:
     return worker_state.should_stop not in (None, False) or worker_state.should_terminate not in (None, False)
 
 
-class QoS(kombu_redis.QoS):
+class QoS(acks.DeferredAcks, kombu_redis.QoS):
     _sweeps = 0
 
     def _channel(self) -> Any:
@@ -125,7 +83,7 @@ class QoS(kombu_redis.QoS):
         kombu_virtual.QoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
-        self._fenced_ack(delivery_tag)
+        self.ack_now_or_defer(delivery_tag)  # on the event loop: written with this iteration's others
         kombu_virtual.QoS.ack(self, delivery_tag)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
@@ -149,6 +107,8 @@ class QoS(kombu_redis.QoS):
             lease.remember_ack(delivery_tag, exc)
 
     def restore_unacked_once(self, stderr: Any = None) -> Any:
+        self.flush_acks(carry=False)
+        self._channel()._settle_carried(redis.exceptions.ConnectionError("the channel closed"))
         if _shutting_down():
             return super().restore_unacked_once(stderr)
         # A lost connection, not a shutdown: the jobs go on; their leases are renewed, their acks applied later.
@@ -249,30 +209,26 @@ class _Leased:
     _waiting = False  # the command in flight is a wait, not a fetch
     _empty = False  # the last fetch found nothing: wait before the next one
     _wait_turn = 0
+    _carried: list[str] | None = None  # acknowledgements the fetch in flight carries
+
+    def _fetch_soon(self: Any) -> bool:
+        """True when a fetch is in flight, or kombu's next poll start sends one (not a wait) on this channel."""
+        if self.closed or not self.active_queues:
+            return False
+        if self._in_poll:
+            return not self._waiting
+        return not self._empty and bool(self.qos.can_consume())
+
+    def _settle_carried(self, exc: BaseException) -> None:
+        """The fetch carrying acknowledgements got no reply: they may not have been applied."""
+        carried, self._carried = self._carried, None
+        if carried:
+            acks.remember(carried, exc)
 
     def _connparams(self, asynchronous: bool = False) -> Any:
         if self.connection is None or self.connection.client is None:  # closed: kombu cleared it
             raise redis.exceptions.ConnectionError("the broker connection is closed")
         return super()._connparams(asynchronous=asynchronous)  # type: ignore[misc]
-
-    def _fetch_args(self: Any, queues: list[str]) -> list[Any]:
-        keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
-        return [
-            4 + len(keys),
-            self.unacked_key,
-            self.unacked_index_key,
-            LEASE_KEY,
-            DELIVERIES_KEY,
-            *keys,
-            repr(now := time.time()),
-            lease.owner(),
-            _hostname(),
-            uuid.uuid4().hex,
-            _HISTORY_PREFIX,
-            DELIVERY_LOG_MAX,
-            DELIVERY_LOG_TTL_S,
-            repr(now + lease.lease_seconds()),
-        ]
 
     def _brpop_start(self: Any, timeout: float | None = None) -> None:
         queues = self._queue_cycle.consume(len(self.active_queues))
@@ -288,7 +244,9 @@ class _Leased:
             command: list[Any] = ["BLMOVE", key, key, "RIGHT", "RIGHT", f"{wait:.3f}"]
             self._waiting = True
         else:
-            command = ["EVALSHA", FETCH_SHA, *self._fetch_args(queues)]
+            self._settle_carried(redis.exceptions.ConnectionError("no reply to the last fetch"))
+            self._carried = self.qos.take_acks()
+            command = ["EVALSHA", fetch.FETCH_SHA, *fetch.args(self, queues, fetch.batch_size(self), self._carried)]
             self._waiting = False
         self._in_poll = self.client.connection
         self._brpop_sent_at = time.monotonic()
@@ -298,74 +256,42 @@ class _Leased:
         try:
             try:
                 reply = self.client.parse_response(self.client.connection, "EVALSHA", **options)
-            except redis.exceptions.NoScriptError:
-                self.client.script_load(FETCH)  # Redis restarted (empty script cache): loaded for the next fetch
+            except redis.exceptions.NoScriptError as exc:
+                self._settle_carried(exc)  # the script did not run: the renewal thread applies them
+                self.client.script_load(fetch.FETCH)  # Redis restarted (empty script cache): loaded for the next fetch
                 raise Empty() from None
-            except self.connection_errors:
+            except self.connection_errors as exc:
+                self._settle_carried(exc)
                 self.client.connection.disconnect()
                 raise
             if self._waiting:
                 self._empty = False  # woken (or timed out): fetch next
                 raise Empty()
-            if not reply:
+            carried, self._carried = self._carried, None
+            fetch.acknowledged(reply, carried or [])
+            if len(reply) <= 1:
                 self._empty = True
                 raise Empty()
             self._empty = False
             self._wait_s = WAIT_MIN_S
-            self._deliver_fetched(reply)
+            fetch.deliver(self, reply)
             return True
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()
 
-    def _deliver_fetched(self: Any, reply: list[Any]) -> None:
-        key, tag, count, item, poison = reply
-        dest = bytes_to_str(key).rsplit(self.sep, 1)[0]
-        tag = bytes_to_str(tag)
-        self._queue_cycle.rotate(dest)
-        payload = None
-        if int(poison):
-            dead_lettering.dead_letter(item, dest, dead_lettering.UndecodableMessage("not a message envelope"))
-        else:
-            payload = self._decode_element(item, dest)
-        if payload is None:  # dead-lettered: take it out of `unacked` (it was tracked by the fetch)
-            with self.conn_or_acquire() as client:
-                lease.ack(client, tag)
-            return
-        if lease.rehold(tag):
-            # Its earlier delivery is still here (running or waiting): that copy goes on, under this fetch's lease.
-            log.warning("delivery %s fetched again while this worker still holds it: the held copy goes on", tag)
-            return
-        headers = payload.get("headers")
-        if isinstance(headers, dict):
-            headers[HEADER_DELIVERY_COUNT] = int(count)
-        lease.hold(tag)
-        self.connection._deliver(payload, dest)
-
     # The synchronous path (`basic_get`, `drain_events` without a hub): the same script, one queue.
     def _get(self: Any, queue: str, timeout: float | None = None) -> Any:
         with self.conn_or_acquire() as client:
-            reply = client.eval(FETCH, *self._fetch_args([queue]))
+            reply = client.eval(fetch.FETCH, *fetch.args(self, [queue], 1))
             self._maybe_update_queues_expire(client, queue)
-        if not reply:
+        if len(reply) <= 1:
             raise Empty()
-        _key, tag, count, item, poison = reply
-        tag = bytes_to_str(tag)
-        payload = None if int(poison) else self._decode_element(item, queue)
-        if int(poison):
-            dead_lettering.dead_letter(item, queue, dead_lettering.UndecodableMessage("not a message envelope"))
+        ((key, tag, count, item, poison),) = fetch.elements(reply)
+        payload = fetch.accept(self, key, tag, count, item, poison, queue)
         if payload is None:
-            with self.conn_or_acquire() as client:
-                lease.ack(client, tag)
             raise Empty()
-        if isinstance(payload.get("headers"), dict):
-            payload["headers"][HEADER_DELIVERY_COUNT] = int(count)
-        lease.hold(tag)
         return payload
-
-
-def _hostname() -> str:
-    return lease.node()
 
 
 class Channel(_Leased, dead_lettering.Channel):

@@ -57,6 +57,22 @@ def own_leases(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     _clear(lease)
 
 
+@pytest.fixture
+def queue_name() -> str:
+    return f"lease-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def conn(own_redis: RedisServer, own_leases: None) -> Iterator[Any]:
+    """A kombu connection on the worker transport (`pipeline.runtime.transport`), to this test's own Redis."""
+    from kombu import Connection
+
+    from pipeline.runtime import transport
+
+    with Connection(own_redis.url, transport=transport.Transport, transport_options={"visibility_timeout": 6}) as c:
+        yield c
+
+
 def _clear(lease: Any) -> None:
     with lease._lock:
         for registry in (lease._held, lease._lost, lease._pending_acks, lease._dropped):

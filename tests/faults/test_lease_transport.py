@@ -10,8 +10,6 @@ import contextlib
 import json
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,17 +20,6 @@ from pipeline.runtime import lease, transport
 from tests.support.procs import RedisServer
 
 pytestmark = pytest.mark.faults
-
-
-@pytest.fixture
-def queue_name() -> str:
-    return f"lease-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def conn(own_redis: RedisServer, own_leases: None) -> Iterator[Connection]:
-    with Connection(own_redis.url, transport=transport.Transport, transport_options={"visibility_timeout": 6}) as c:
-        yield c
 
 
 def _publish(conn: Connection, name: str, body: Any) -> None:

@@ -1,0 +1,202 @@
+"""The worker's fetch: up to k messages popped and recorded as held by one Lua script, then delivered in order.
+
+`pipeline.runtime.transport` sends `FETCH` through kombu's poll cycle (`_brpop_start`) and hands the reply to
+`deliver`. k is how many more deliveries the channel's QoS allows (kombu's `can_consume_max_estimate`:
+prefetch count minus what the channel holds unacknowledged), so a batch never takes the worker past its
+prefetch; without a prefetch limit, at most FETCH_MAX.
+
+The script pops from the consumed keys in kombu's order (priority steps, then queues), the oldest element of a
+key first (`RPOP key count`), and records each one as kombu's `QoS.append` would (`unacked`, `unacked_index`),
+plus the lease owner, the delivery count and the delivery history: nothing can happen between the pop and the
+record. Every delivered tag is held (`lease.hold`, so the renewal thread renews it) before the first is handed
+to kombu: a solo worker runs each job inside `_deliver`, and the batch's later jobs wait meanwhile. Before each
+further delivery, acknowledgements deferred by the jobs that ran inside the deliveries before it are written
+(`pipeline.runtime.acks`): a solo worker killed mid-batch re-runs nothing it finished. If a delivery raises
+(a solo worker's SIGTERM runs through the job), the deliveries not handed over yet go back to the head of
+their queue, or, when Redis cannot be reached, are given up for a sweep to restore (`lease.drop`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from typing import Any
+
+from kombu.utils.encoding import bytes_to_str
+
+from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
+from pipeline.dlq import transport as dead_lettering
+from pipeline.runtime import lease
+
+log = logging.getLogger(__name__)
+
+#: Deliveries kept in a message's history, and how long the history outlives its last delivery (seconds).
+DELIVERY_LOG_MAX = 20
+DELIVERY_LOG_TTL_S = 7 * 86400
+#: Messages one fetch takes at most when the channel has no prefetch limit.
+FETCH_MAX = 32
+#: Fields per fetched element in the script's reply.
+FIELDS = 5
+
+#: KEYS: unacked, unacked_index, lease, deliveries, then the queue keys in order. ARGV: now, owner, hostname,
+#: a fresh tag prefix for elements that are not envelopes, the history's prefix, its length, its TTL, when the
+#: lease expires (now + this worker's LEASE_SECONDS: the index score, so a sweep never judges a lease by its own),
+#: how many elements to take at most, then the tags to acknowledge first (`lease.ACK_MANY`, fenced the same way).
+#: Returns {the tags whose acknowledgement was fenced}, then FIELDS per element, oldest first: key, tag, delivery
+#: count, element, 1 when the element is not an envelope.
+FETCH = (
+    lease.ack_lua(10, 2, 5)
+    + """
+local out = {fenced}
+local want = tonumber(ARGV[9])
+local taken = 0
+for i = 5, #KEYS do
+  if taken >= want then break end
+  local items = redis.call('RPOP', KEYS[i], want - taken)
+  if items then
+    for _, item in ipairs(items) do
+      taken = taken + 1
+      local tag, record
+      local ok, msg = pcall(cjson.decode, item)
+      if ok and type(msg) == 'table' and type(msg.properties) == 'table' then
+        local p = msg.properties
+        local di = p.delivery_info
+        if type(p.delivery_tag) == 'string' and type(di) == 'table'
+            and di.exchange ~= nil and di.routing_key ~= nil then
+          tag = p.delivery_tag
+          record = '[' .. item .. ',' .. cjson.encode(di.exchange) .. ',' .. cjson.encode(di.routing_key) .. ']'
+        end
+      end
+      local poison = 0
+      if not tag then
+        poison = 1
+        tag = ARGV[4] .. taken
+        record = '[' .. cjson.encode(item) .. ',"",' .. cjson.encode(KEYS[i]) .. ']'
+      end
+      redis.call('HSET', KEYS[1], tag, record)
+      redis.call('ZADD', KEYS[2], ARGV[8], tag)
+      redis.call('HSET', KEYS[3], tag, ARGV[2])
+      local n = redis.call('HINCRBY', KEYS[4], tag, 1)
+      local history = ARGV[5] .. tag
+      redis.call('RPUSH', history, '{"at":' .. ARGV[1] .. ',"worker":' .. cjson.encode(ARGV[3]) .. '}')
+      redis.call('LTRIM', history, -tonumber(ARGV[6]), -1)
+      redis.call('EXPIRE', history, tonumber(ARGV[7]))
+      out[#out + 1] = KEYS[i]
+      out[#out + 1] = tag
+      out[#out + 1] = n
+      out[#out + 1] = item
+      out[#out + 1] = poison
+    end
+  end
+end
+return out
+"""
+)
+FETCH_SHA = hashlib.sha1(FETCH.encode(), usedforsecurity=False).hexdigest()  # Redis names scripts by SHA-1
+_HISTORY_PREFIX = DELIVERY_LOG_KEY.format(tag="")
+
+
+def batch_size(channel: Any) -> int:
+    """How many messages the channel may take now: what its QoS allows, at least 1 (kombu only polls a channel
+    that can consume), at most FETCH_MAX."""
+    room = channel.qos.can_consume_max_estimate()
+    return FETCH_MAX if room is None else max(1, min(int(room), FETCH_MAX))
+
+
+def args(channel: Any, queues: list[str], count: int, acks: list[str] | None = None) -> list[Any]:
+    """numkeys, KEYS and ARGV of `FETCH` for `queues` (kombu's key order), taking at most `count` messages after
+    acknowledging `acks`."""
+    keys = [channel._q_for_pri(queue, pri) for pri in channel.priority_steps for queue in queues]
+    return [
+        4 + len(keys),
+        channel.unacked_key,
+        channel.unacked_index_key,
+        LEASE_KEY,
+        DELIVERIES_KEY,
+        *keys,
+        repr(now := time.time()),
+        lease.owner(),
+        lease.node(),
+        f"{uuid.uuid4().hex}:",
+        _HISTORY_PREFIX,
+        DELIVERY_LOG_MAX,
+        DELIVERY_LOG_TTL_S,
+        repr(now + lease.lease_seconds()),
+        count,
+        *(acks or ()),
+    ]
+
+
+def elements(reply: list[Any]) -> list[tuple[str, str, int, bytes, bool]]:
+    """The script's fetched elements as (key, tag, delivery count, element, not an envelope), oldest first."""
+    return [
+        (bytes_to_str(reply[i]), bytes_to_str(reply[i + 1]), int(reply[i + 2]), reply[i + 3], bool(int(reply[i + 4])))
+        for i in range(1, len(reply), FIELDS)
+    ]
+
+
+def acknowledged(reply: list[Any], acks: list[str]) -> None:
+    """Forget the acknowledgements the fetch carried; log those it fenced (as `lease.ack_many` does)."""
+    fenced = {bytes_to_str(tag) for tag in reply[0]} if reply else set()
+    for tag in acks:
+        lease.release(tag)
+    for tag in sorted(fenced):
+        log.warning("delivery %s: lease lost to another worker; acknowledgement ignored (fenced)", tag)
+
+
+def accept(channel: Any, key: str, tag: str, count: int, item: bytes, poison: bool, queue: str) -> Any:
+    """The envelope to deliver for one fetched element, held under this worker's lease; None when there is none
+    (dead-lettered, or a copy this worker still holds goes on instead)."""
+    payload = None
+    if poison:
+        dead_lettering.dead_letter(item, queue, dead_lettering.UndecodableMessage("not a message envelope"))
+    else:
+        payload = channel._decode_element(item, queue)
+    if payload is None:  # dead-lettered: take it out of `unacked` (it was tracked by the fetch)
+        with channel.conn_or_acquire() as client:
+            lease.ack(client, tag)
+        return None
+    if lease.rehold(tag):
+        # Its earlier delivery is still here (running or waiting): that copy goes on, under this fetch's lease.
+        log.warning("delivery %s fetched again while this worker still holds it: the held copy goes on", tag)
+        return None
+    headers = payload.get("headers")
+    if isinstance(headers, dict):
+        headers[HEADER_DELIVERY_COUNT] = count
+    lease.hold(tag)
+    return payload
+
+
+def deliver(channel: Any, reply: list[Any]) -> None:
+    """Hold every fetched message, then hand each to kombu in order (see the module doc)."""
+    ready: list[tuple[str, str, Any]] = []
+    for key, tag, count, item, poison in elements(reply):
+        dest = key.rsplit(channel.sep, 1)[0]
+        channel._queue_cycle.rotate(dest)
+        payload = accept(channel, key, tag, count, item, poison, dest)
+        if payload is not None:
+            ready.append((tag, dest, payload))
+    done, mark = 0, channel.qos.acks_deferred
+    try:
+        for _tag, dest, payload in ready:
+            if channel.qos.acks_deferred != mark:  # a job ended inside the delivery before (solo): ack it first
+                channel.qos.flush_acks(carry=False)
+                mark = channel.qos.acks_deferred
+            channel.connection._deliver(payload, dest)
+            done += 1
+    finally:
+        if done < len(ready):
+            _put_back(channel, [tag for tag, _dest, _payload in ready[done:]])
+
+
+def _put_back(channel: Any, tags: list[str]) -> None:
+    """Deliveries fetched but never handed to kombu: back at the head of their queue (oldest nearest the head)."""
+    me = lease.owner()
+    try:
+        for tag in reversed(tags):
+            channel.qos.restore_tag(tag, owner=me)
+            lease.release(tag)
+    except channel.connection_errors:
+        lease.drop(tags)  # still leased to this worker: given up, so a sweep restores them
