@@ -9,13 +9,18 @@ state, leave a SUCCESS alone, else SETEX and PUBLISH the new one. What is stored
 `result_extended` fields), the key, its expiry and the message published are Celery's own, so every
 reader (`AsyncResult`, `pipeline.status`, the job browser) is unchanged.
 
+A worker whose event loop runs the job itself (a solo worker) can take a SUCCESS off the backend's hands
+(`OneTripStore.carrier`, set by `pipeline.runtime.acks`): the same `STORE_LUA` then runs inside the script that
+acknowledges the job, so the result and the acknowledgement land together, in one round trip and atomically.
+
 `pipeline.celery_app` makes the app use these classes for `redis://`, `rediss://` and `sentinel://` URLs
 (`Celery.loader.override_backends`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from celery import states
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
@@ -23,28 +28,39 @@ from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 
-# KEYS[1]: the task's key. ARGV: the encoded meta, its expiry in seconds (0: none). Returns 0 when a
-# SUCCESS was already stored (nothing written), 1 otherwise.
-_STORE = """
-local current = redis.call('GET', KEYS[1])
-if current then
-  local ok, meta = pcall(cjson.decode, current)
-  if ok and type(meta) == 'table' and meta['status'] == 'SUCCESS' then return 0 end
+#: Lua defining `store(key, value, expires)`: read the stored state, leave a SUCCESS alone (returns 0), else
+#: SETEX (SET when `expires` is 0) and PUBLISH the encoded meta (returns 1). Scripts that store results embed it.
+STORE_LUA = """
+local function store(key, value, expires)
+  local current = redis.call('GET', key)
+  if current then
+    local ok, meta = pcall(cjson.decode, current)
+    if ok and type(meta) == 'table' and meta['status'] == 'SUCCESS' then return 0 end
+  end
+  if tonumber(expires) > 0 then
+    redis.call('SETEX', key, expires, value)
+  else
+    redis.call('SET', key, value)
+  end
+  redis.call('PUBLISH', key, value)
+  return 1
 end
-if tonumber(ARGV[2]) > 0 then
-  redis.call('SETEX', KEYS[1], ARGV[2], ARGV[1])
-else
-  redis.call('SET', KEYS[1], ARGV[1])
-end
-redis.call('PUBLISH', KEYS[1], ARGV[1])
-return 1
 """
+
+# KEYS[1]: the task's key. ARGV: the encoded meta, its expiry in seconds (0: none).
+_STORE = STORE_LUA + "return store(KEYS[1], ARGV[1], ARGV[2])\n"
+
+#: A stored result as a carrier takes it: the task's key, the encoded meta, its expiry in seconds (0: none).
+Stored = tuple[bytes, Any, int]
 
 
 class OneTripStore:
     """`_store_result` in one Lua call (mixed into Celery's Redis backends)."""
 
     _store_script: Any = None
+    #: Called with a SUCCESS about to be stored; True when it took the write over (it stores the result with the
+    #: job's acknowledgement). Set by the worker's runtime; None elsewhere.
+    carrier: ClassVar[Callable[[Stored, Any], bool] | None] = None
 
     def _store_result(
         self: Any, task_id: str, result: Any, state: str, traceback: Any = None, request: Any = None, **kwargs: Any
@@ -56,6 +72,9 @@ class OneTripStore:
             raise BackendStoreError("value too large for Redis backend", state=state, task_id=task_id)  # type: ignore[call-arg]  # celery-types lags: Celery passes both
         expires = self.failure_expires if state == states.FAILURE else self.expires
         key = self.get_key_for_task(task_id)
+        carrier = OneTripStore.carrier
+        if state == states.SUCCESS and carrier is not None and carrier((key, value, int(expires or 0)), request):
+            return result
         self.ensure(self._store_once, (key, value, int(expires or 0)))
         return result
 

@@ -9,12 +9,19 @@ transport's QoS) instead frees kombu's prefetch slot at once and keeps the tag:
   round trip of their own. A fetch in flight is answered within a fraction of a millisecond, and its reply wakes
   the loop, which sends the next fetch at once;
 - otherwise (the channel waits on an empty queue, or the prefetch is full) `flush_acks`, a tick callback of
-  kombu's hub, writes them all with one `lease.ACK_MANY` call before the loop polls again.
+  kombu's hub, writes them all with one `lease.SETTLE` call before the loop polls again.
 
-A solo worker runs each job inside the delivery (`pipeline.runtime.fetch.deliver`), which writes the deferred
-acknowledgements before it hands over the next job. So an acknowledgement reaches Redis within a loop
-iteration or two of its job's end: a worker killed in that window (about a millisecond) runs the job again
-after its lease, as a worker killed just before a synchronous acknowledgement would. The delivery stays
+A solo worker also hands each job's SUCCESS to the same call (`carry`, installed as the result backend's
+`carrier` by `enable_carried_results`): the script stores the result, then acknowledges the job, so a
+short job costs one round trip less, and its result and acknowledgement land together or not at all. A
+result that would be stored by a chord part, or outside a delivery on the event loop's thread (any other
+pool), is stored at once, as before.
+
+Celery makes every acknowledgement in the event loop's next iteration (`Consumer.call_soon_ack`). A prefork
+worker's reach Redis a loop iteration or two after the job's end; a solo worker runs each job inside the
+delivery (`pipeline.runtime.fetch.deliver`), so the acknowledgements of a fetched batch, and its results, are
+written after the batch's last job. A worker killed in that window runs those jobs again after their lease (none
+of their results was stored), as a worker killed just before a synchronous acknowledgement would. The delivery stays
 leased (held and renewed) until then. Acknowledgements made off the loop thread (no hub, or a pool thread) stay
 synchronous. One that cannot reach Redis is remembered (`lease.remember_ack`) and applied, fenced, by the
 renewal thread; so is one a fetch carried when its reply was lost (it may have been applied: a second fenced
@@ -24,12 +31,18 @@ acknowledgement of a removed delivery removes nothing, and is logged as fenced).
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
 from kombu.asynchronous import get_event_loop
 
+from pipeline.config.results import OneTripStore, Stored
 from pipeline.runtime import lease
+
+#: (thread id, QoS) while a delivery of that QoS's channel runs on that thread (`delivering`).
+_delivering: tuple[int, DeferredAcks] | None = None
 
 
 def loop_hub() -> Any:
@@ -45,9 +58,8 @@ class DeferredAcks:
 
     channel: Any
     _deferred_acks: list[str] | None = None
+    _deferred_results: list[Stored] | None = None
     _ack_client: Any = None
-    #: Acknowledgements deferred so far (the delivery loop compares it to see a job end inside a delivery).
-    acks_deferred = 0
 
     def _fenced_ack(self, delivery_tag: str) -> None:
         raise NotImplementedError
@@ -60,37 +72,78 @@ class DeferredAcks:
         if self._deferred_acks is None:
             self._deferred_acks = []
         self._deferred_acks.append(delivery_tag)
-        self.acks_deferred += 1
         hub.on_tick.add(self.flush_acks)
 
-    def take_acks(self) -> list[str]:
-        """The deferred acknowledgements, for a fetch to carry."""
+    def carry_result(self, stored: Stored) -> bool:
+        """Keep a result for the call that writes the deferred acknowledgements (on the loop's thread only)."""
+        hub = loop_hub()
+        if hub is None:
+            return False
+        if self._deferred_results is None:
+            self._deferred_results = []
+        self._deferred_results.append(stored)
+        hub.on_tick.add(self.flush_acks)
+        return True
+
+    def has_deferred(self) -> bool:
+        return bool(self._deferred_acks or self._deferred_results)
+
+    def take_acks(self) -> tuple[list[str], list[Stored]]:
+        """The deferred acknowledgements and results, for a fetch to carry."""
         tags, self._deferred_acks = self._deferred_acks or [], None
-        return tags
+        results, self._deferred_results = self._deferred_results or [], None
+        return tags, results
 
     def flush_acks(self, carry: bool = True) -> None:
-        """Write the deferred acknowledgements in one fenced call, unless (`carry`) a fetch can carry them: one
-        about to be sent in this loop iteration, or the next one after the fetch in flight (its reply wakes the
-        loop). Left for a fetch, they are looked at again at each tick until one took them."""
-        if self._deferred_acks and carry and self.channel._fetch_soon():
+        """Write the deferred results and acknowledgements in one fenced call, unless (`carry`) a fetch can carry
+        them: one about to be sent in this loop iteration, or the next one after the fetch in flight (its reply
+        wakes the loop). Left for a fetch, they are looked at again at each tick until one took them."""
+        if self.has_deferred() and carry and self.channel._fetch_soon():
             return
         hub: Any = get_event_loop()
         if hub is not None:
             hub.on_tick.discard(self.flush_acks)
-        tags = self.take_acks()
-        if not tags:
+        tags, results = self.take_acks()
+        if not tags and not results:
             return
         try:
             if self.channel.closed or self.channel.connection is None:
                 raise redis.exceptions.ConnectionError("the channel is closed")
             if self._ack_client is None:
                 self._ack_client = self.channel._create_client()
-            lease.ack_many(self._ack_client, tags)
+            lease.settle(self._ack_client, tags, results)
         except self.channel.connection_errors as exc:
-            remember(tags, exc)
+            remember(tags, exc, results)
 
 
-def remember(tags: list[str], exc: BaseException) -> None:
-    """Acknowledgements whose outcome is unknown: applied (fenced) by the renewal thread."""
-    for tag in tags:
-        lease.remember_ack(tag, exc)
+def remember(tags: list[str], exc: BaseException, results: list[Stored] | None = None) -> None:
+    """Acknowledgements (and the results to store before them) whose outcome is unknown: applied (fenced) by the
+    renewal thread."""
+    if results and not tags:
+        lease.remember_results(results, exc)
+    for index, tag in enumerate(tags):
+        lease.remember_ack(tag, exc, results if index == 0 and results else ())
+
+
+@contextmanager
+def delivering(qos: DeferredAcks) -> Iterator[None]:
+    """While a delivery runs: a solo worker's job, running inside it, hands its result to `qos`."""
+    global _delivering
+    outer, _delivering = _delivering, (threading.get_ident(), qos)
+    try:
+        yield
+    finally:
+        _delivering = outer
+
+
+def carry(stored: Stored, request: Any) -> bool:
+    """The result backend's carrier: True when a delivery on this thread took the result (see the module doc)."""
+    current = _delivering
+    if current is None or current[0] != threading.get_ident() or getattr(request, "chord", None):
+        return False
+    return current[1].carry_result(stored)
+
+
+def enable_carried_results() -> None:
+    """In a solo worker: its jobs' results are stored with their acknowledgements."""
+    OneTripStore.carrier = carry

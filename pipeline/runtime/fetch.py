@@ -9,9 +9,11 @@ The script pops from the consumed keys in kombu's order (priority steps, then qu
 key first (`RPOP key count`), and records each one as kombu's `QoS.append` would (`unacked`, `unacked_index`),
 plus the lease owner, the delivery count and the delivery history: nothing can happen between the pop and the
 record. Every delivered tag is held (`lease.hold`, so the renewal thread renews it) before the first is handed
-to kombu: a solo worker runs each job inside `_deliver`, and the batch's later jobs wait meanwhile. Before each
-further delivery, acknowledgements deferred by the jobs that ran inside the deliveries before it are written
-(`pipeline.runtime.acks`): a solo worker killed mid-batch re-runs nothing it finished. If a delivery raises
+to kombu: a solo worker runs each job inside `_deliver`, and the batch's later jobs wait meanwhile. Celery
+acknowledges a job in the event loop's next iteration (`Consumer.call_soon_ack`: `hub.call_soon`), so a solo
+worker's acknowledgements of a batch, and the results its jobs handed over (`pipeline.runtime.acks`), are written
+after the batch, by the next fetch or the tick's flush: a solo worker killed mid-batch re-runs the batch's finished
+jobs after their lease (at most the prefetch less one; their results were not stored either). If a delivery raises
 (a solo worker's SIGTERM runs through the job), the deliveries not handed over yet go back to the head of
 their queue, or, when Redis cannot be reached, are given up for a sweep to restore (`lease.drop`).
 """
@@ -26,9 +28,10 @@ from typing import Any
 
 from kombu.utils.encoding import bytes_to_str
 
+from pipeline.config.results import STORE_LUA, Stored
 from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
 from pipeline.dlq import transport as dead_lettering
-from pipeline.runtime import lease
+from pipeline.runtime import acks, lease
 
 log = logging.getLogger(__name__)
 
@@ -40,19 +43,22 @@ FETCH_MAX = 32
 #: Fields per fetched element in the script's reply.
 FIELDS = 5
 
-#: KEYS: unacked, unacked_index, lease, deliveries, then the queue keys in order. ARGV: now, owner, hostname,
-#: a fresh tag prefix for elements that are not envelopes, the history's prefix, its length, its TTL, when the
-#: lease expires (now + this worker's LEASE_SECONDS: the index score, so a sweep never judges a lease by its own),
-#: how many elements to take at most, then the tags to acknowledge first (`lease.ACK_MANY`, fenced the same way).
-#: Returns {the tags whose acknowledgement was fenced}, then FIELDS per element, oldest first: key, tag, delivery
-#: count, element, 1 when the element is not an envelope.
+#: KEYS: unacked, unacked_index, lease, deliveries, the queue keys in order, then the task keys of the results to
+#: store first. ARGV: now, owner, hostname, a fresh tag prefix for elements that are not envelopes, the history's
+#: prefix, its length, its TTL, when the lease expires (now + this worker's LEASE_SECONDS: the index score, so a sweep
+#: never judges a lease by its own), how many elements to take at most, the number of results n, n pairs (encoded
+#: meta, expiry), then the tags to acknowledge. Stores the results and acknowledges the tags first, as
+#: `lease.SETTLE` does, then fetches. Returns {the tags whose acknowledgement was fenced}, then FIELDS per element,
+#: oldest first: key, tag, delivery count, element, 1 when the element is not an envelope.
 FETCH = (
-    lease.ack_lua(10, 2, 5)
+    STORE_LUA
+    + lease.results_lua("#KEYS - tonumber(ARGV[10])", 10)
+    + lease.ack_lua("11 + 2 * nres", 2, 5)
     + """
 local out = {fenced}
 local want = tonumber(ARGV[9])
 local taken = 0
-for i = 5, #KEYS do
+for i = 5, first_result_key do
   if taken >= want then break end
   local items = redis.call('RPOP', KEYS[i], want - taken)
   if items then
@@ -105,10 +111,14 @@ def batch_size(channel: Any) -> int:
     return FETCH_MAX if room is None else max(1, min(int(room), FETCH_MAX))
 
 
-def args(channel: Any, queues: list[str], count: int, acks: list[str] | None = None) -> list[Any]:
+def args(
+    channel: Any, queues: list[str], count: int, acks: list[str] | None = None, results: list[Stored] | None = None
+) -> list[Any]:
     """numkeys, KEYS and ARGV of `FETCH` for `queues` (kombu's key order), taking at most `count` messages after
-    acknowledging `acks`."""
+    storing `results` and acknowledging `acks`."""
     keys = [channel._q_for_pri(queue, pri) for pri in channel.priority_steps for queue in queues]
+    results = results or []
+    keys += [key for key, _value, _expires in results]
     return [
         4 + len(keys),
         channel.unacked_key,
@@ -125,6 +135,8 @@ def args(channel: Any, queues: list[str], count: int, acks: list[str] | None = N
         DELIVERY_LOG_TTL_S,
         repr(now + lease.lease_seconds()),
         count,
+        len(results),
+        *(x for _key, value, expires in results for x in (value, expires)),
         *(acks or ()),
     ]
 
@@ -178,13 +190,11 @@ def deliver(channel: Any, reply: list[Any]) -> None:
         payload = accept(channel, key, tag, count, item, poison, dest)
         if payload is not None:
             ready.append((tag, dest, payload))
-    done, mark = 0, channel.qos.acks_deferred
+    done = 0
     try:
         for _tag, dest, payload in ready:
-            if channel.qos.acks_deferred != mark:  # a job ended inside the delivery before (solo): ack it first
-                channel.qos.flush_acks(carry=False)
-                mark = channel.qos.acks_deferred
-            channel.connection._deliver(payload, dest)
+            with acks.delivering(channel.qos):  # a solo worker's job runs in here and hands its result over
+                channel.connection._deliver(payload, dest)
             done += 1
     finally:
         if done < len(ready):

@@ -16,7 +16,9 @@ lost one that reaches the pool later; and every acknowledgement is the fenced `A
 the delivery only while this worker owns it.
 
 An acknowledgement that cannot reach Redis (the connection dropped as the job finished) is remembered and
-applied, fenced, by the renewal thread once Redis answers again; the delivery is renewed meanwhile.
+applied, fenced, by the renewal thread once Redis answers again; the delivery is renewed meanwhile. So is a
+result that was to be stored with it (`settle`: a solo worker stores a job's SUCCESS in the script that
+acknowledges the job), written before the acknowledgement.
 
 After an outage every index score looks expired. `sweep_allowed` lets this worker sweep only once its
 renewals have succeeded for a whole lease without a failure (or a gap longer than the lease), so every live
@@ -38,6 +40,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pipeline.config.results import STORE_LUA, Stored
 from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, LEASE_KEY
 from pipeline.observability import metrics
 
@@ -75,9 +78,10 @@ return 1
 """
 
 
-def ack_lua(first_tag: int, owner: int, prefix: int) -> str:
+def ack_lua(first_tag: int | str, owner: int, prefix: int) -> str:
     """Lua acknowledging ARGV[first_tag..] as `ACK` does (KEYS: unacked, unacked_index, lease, deliveries; ARGV[owner]
-    the owner, ARGV[prefix] the delivery log's key prefix), leaving the fenced tags in the table `fenced`."""
+    the owner, ARGV[prefix] the delivery log's key prefix), leaving the fenced tags in the table `fenced`.
+    `first_tag`: an index, or a Lua expression giving one."""
     return f"""
 local fenced = {{}}
 for i = {first_tag}, #ARGV do
@@ -95,9 +99,24 @@ end
 """
 
 
-#: `ACK` for several tags in one call. KEYS: unacked, unacked_index, lease, deliveries. ARGV: owner, the delivery
-#: log's key prefix, tags... Returns the tags it left alone (fenced: this owner no longer holds them).
-ACK_MANY = ack_lua(3, 1, 2) + "return fenced\n"
+def results_lua(first_key: int | str, count: int) -> str:
+    """Lua storing the results a script carries (`STORE_LUA` must come first): ARGV[count] of them, the i-th under
+    KEYS[first_key + i] with its encoded meta and expiry in ARGV[count + 2i - 1] and ARGV[count + 2i]. Defines
+    `nres`, the number of results. `first_key`: an index, or a Lua expression giving one."""
+    return f"""
+local nres = tonumber(ARGV[{count}])
+local first_result_key = {first_key}
+for r = 1, nres do
+  store(KEYS[first_result_key + r], ARGV[{count} + 2 * r - 1], ARGV[{count} + 2 * r])
+end
+"""
+
+
+#: Results stored, then deliveries acknowledged, in one call. KEYS: unacked, unacked_index, lease, deliveries, then
+#: one task key per result. ARGV: owner, the delivery log's key prefix, the number of results n, n pairs (encoded
+#: meta, expiry), then the tags. Returns the tags it left alone (fenced: this owner no longer holds them); their
+#: results are stored all the same, as the backend stores a result before any acknowledgement.
+SETTLE = STORE_LUA + results_lua(4, 3) + ack_lua("4 + 2 * nres", 1, 2) + "return fenced\n"
 
 #: KEYS: unacked_index, lease. ARGV: owner, tags... Gives up this owner's lease on each tag and marks it expired,
 #: so the next sweep puts it back on its queue (a delivery the worker dropped without running it).
@@ -120,6 +139,8 @@ _held: set[str] = set()
 _lost: set[str] = set()
 #: Tags acknowledged while Redis was unreachable: applied (fenced) by the renewal thread.
 _pending_acks: set[str] = set()
+#: Results that were to be stored with an acknowledgement while Redis was unreachable: stored first.
+_pending_results: list[Stored] = []
 #: Tags Celery dropped without running (its consumer's `on_close` after a lost connection): released by the
 #: renewal thread, so a sweep puts them back on their queues.
 _dropped: set[str] = set()
@@ -220,11 +241,22 @@ def pending_acks() -> int:
         return len(_pending_acks)
 
 
-def remember_ack(tag: str, exc: BaseException) -> None:
+def remember_ack(tag: str, exc: BaseException, results: Iterable[Stored] = ()) -> None:
+    """An acknowledgement (and the results to store before it) whose outcome is unknown: the renewal thread
+    applies them."""
     with _lock:
+        _pending_results.extend(results)
         _pending_acks.add(tag)
     _wake.set()
     log.warning("could not acknowledge a job now (%r); acknowledging it (if still ours) on reconnect", exc)
+
+
+def remember_results(results: Iterable[Stored], exc: BaseException) -> None:
+    """Results whose write had an unknown outcome: stored by the renewal thread (a SUCCESS is never overwritten)."""
+    with _lock:
+        _pending_results.extend(results)
+    _wake.set()
+    log.warning("could not store job results now (%r); storing them on reconnect", exc)
 
 
 def sweep_allowed() -> bool:
@@ -265,13 +297,14 @@ def ack(client: Any, tag: str) -> bool:
     return removed
 
 
-def ack_many(client: Any, tags: list[str]) -> set[str]:
-    """`ack` for several tags in one call; returns the fenced ones (each logged)."""
+def settle(client: Any, tags: list[str], results: list[Stored] | None = None) -> set[str]:
+    """Store `results`, then `ack` every tag, in one call (`SETTLE`); returns the fenced tags (each logged)."""
     prefix = DELIVERY_LOG_KEY.format(tag="")
-    keys = ["unacked", UNACKED_INDEX_KEY, LEASE_KEY, DELIVERIES_KEY]
-    fenced = {
-        x.decode() if isinstance(x, bytes) else str(x) for x in client.eval(ACK_MANY, 4, *keys, owner(), prefix, *tags)
-    }
+    results = results or []
+    keys = ["unacked", UNACKED_INDEX_KEY, LEASE_KEY, DELIVERIES_KEY, *(key for key, _value, _expires in results)]
+    values = [x for _key, value, expires in results for x in (value, expires)]
+    reply = client.eval(SETTLE, len(keys), *keys, owner(), prefix, len(results), *values, *tags)
+    fenced = {x.decode() if isinstance(x, bytes) else str(x) for x in reply}
     for tag in tags:
         release(tag)
     for tag in sorted(fenced):
@@ -286,6 +319,12 @@ def renew_once(client: Any, now: float | None = None) -> set[str]:
 
 
 def _renew(client: Any, now: float | None) -> set[str]:
+    with _lock:
+        results = list(_pending_results)
+    if results:
+        settle(client, [], results)  # before the acknowledgements they belong to
+        with _lock:
+            del _pending_results[: len(results)]
     with _lock:
         acks = list(_pending_acks)
     for tag in acks:
@@ -345,7 +384,7 @@ class Renewer:
                 lost = renew_once(client)
                 _renewed(True)
                 with _lock:
-                    delay = min(period, 1.0) if _pending_acks or _dropped else period
+                    delay = min(period, 1.0) if _pending_acks or _pending_results or _dropped else period
                 if lost and self._on_lost is not None:
                     self._on_lost(lost)
             except Exception as exc:  # noqa: BLE001  # a connection error, Redis loading its AOF: try again soon

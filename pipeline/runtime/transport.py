@@ -50,6 +50,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
 from kombu.utils.encoding import bytes_to_str
 
+from pipeline.config.results import Stored
 from pipeline.constants import LEASE_KEY
 from pipeline.dlq import transport as dead_lettering
 from pipeline.observability import metrics
@@ -98,6 +99,8 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
         kombu_virtual.QoS.ack(self, delivery_tag)
 
     def _fenced_ack(self, delivery_tag: str) -> None:
+        if self._deferred_results:
+            self.flush_acks(carry=False)  # results held for a later call go first: none lands after its ack
         try:
             if self._channel().closed or self._channel().connection is None:
                 raise redis.exceptions.ConnectionError("the channel is closed")
@@ -209,7 +212,7 @@ class _Leased:
     _waiting = False  # the command in flight is a wait, not a fetch
     _empty = False  # the last fetch found nothing: wait before the next one
     _wait_turn = 0
-    _carried: list[str] | None = None  # acknowledgements the fetch in flight carries
+    _carried: tuple[list[str], list[Stored]] | None = None  # acknowledgements and results the fetch in flight carries
 
     def _fetch_soon(self: Any) -> bool:
         """True when a fetch is in flight, or kombu's next poll start sends one (not a wait) on this channel."""
@@ -220,10 +223,10 @@ class _Leased:
         return not self._empty and bool(self.qos.can_consume())
 
     def _settle_carried(self, exc: BaseException) -> None:
-        """The fetch carrying acknowledgements got no reply: they may not have been applied."""
+        """The fetch carrying acknowledgements (and results) got no reply: they may not have been applied."""
         carried, self._carried = self._carried, None
         if carried:
-            acks.remember(carried, exc)
+            acks.remember(carried[0], exc, carried[1])
 
     def _connparams(self, asynchronous: bool = False) -> Any:
         if self.connection is None or self.connection.client is None:  # closed: kombu cleared it
@@ -245,8 +248,8 @@ class _Leased:
             self._waiting = True
         else:
             self._settle_carried(redis.exceptions.ConnectionError("no reply to the last fetch"))
-            self._carried = self.qos.take_acks()
-            command = ["EVALSHA", fetch.FETCH_SHA, *fetch.args(self, queues, fetch.batch_size(self), self._carried)]
+            self._carried = tags, results = self.qos.take_acks()
+            command = ["EVALSHA", fetch.FETCH_SHA, *fetch.args(self, queues, fetch.batch_size(self), tags, results)]
             self._waiting = False
         self._in_poll = self.client.connection
         self._brpop_sent_at = time.monotonic()
@@ -268,7 +271,7 @@ class _Leased:
                 self._empty = False  # woken (or timed out): fetch next
                 raise Empty()
             carried, self._carried = self._carried, None
-            fetch.acknowledged(reply, carried or [])
+            fetch.acknowledged(reply, carried[0] if carried else [])
             if len(reply) <= 1:
                 self._empty = True
                 raise Empty()

@@ -19,7 +19,7 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.asynchronous import Hub, set_event_loop
 
 from pipeline.constants import DELIVERIES_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
-from pipeline.runtime import fetch, lease
+from pipeline.runtime import acks, fetch, lease
 from tests.support.procs import RedisServer
 
 pytestmark = pytest.mark.faults
@@ -170,3 +170,69 @@ def test_a_delivery_that_raises_puts_the_rest_of_its_batch_back_at_the_head_in_o
 def _n(raw: bytes) -> int:
     envelope = json.loads(raw)
     return int(json.loads(base64.b64decode(envelope["body"]))["n"])
+
+
+@pytest.fixture
+def carried_backend(own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The pipeline's result backend on this test's Redis, with a solo worker's carrier installed."""
+    from pipeline.celery_app import get_app
+    from pipeline.config.results import OneTripStore, RedisBackend
+
+    monkeypatch.setattr(OneTripStore, "carrier", staticmethod(acks.carry))
+    return RedisBackend(app=get_app(), url=own_redis.url)
+
+
+def test_a_jobs_success_is_stored_by_the_call_that_acknowledges_it_and_never_overwrites_one(
+    own_redis: RedisServer, conn: Connection, name: str, loop: Hub, carried_backend: Any
+) -> None:
+    """As in a solo worker: each job runs inside its delivery and stores its SUCCESS; the results and the
+    acknowledgements of a fetched batch wait for the next call (the fetch, or the tick's flush), which stores
+    each result before it acknowledges."""
+    _publish(conn, name, [{"n": n} for n in range(4)])
+    client = own_redis.client()
+    backend = carried_backend
+    ids = [f"job-{n}" for n in range(4)]
+    backend.store_result(ids[2], {"n": "first"}, "SUCCESS")  # not during a delivery: written at once
+    assert backend.get_task_meta(ids[2], cache=False)["result"] == {"n": "first"}
+    got: list[Any] = []
+
+    def run(body: Any, message: Any) -> None:  # what Celery's solo pool does inside the delivery
+        got.append(message)
+        backend.mark_as_done(ids[body["n"]], {"n": body["n"]})
+        message.ack()
+
+    def written(n: int) -> bool:
+        return bool(client.exists(backend.get_key_for_task(ids[n])))
+
+    with _consumer(conn, name, 2, got, run) as consumer:
+        _drain_once(conn)
+        assert len(got) == 2
+        # Neither result nor acknowledgement yet: both wait for the next call.
+        assert not written(0) and not written(1)
+        assert client.hexists("unacked", got[0].delivery_tag) and client.hexists("unacked", got[1].delivery_tag)
+        _drain_once(conn)  # the fetch stores them, acknowledges them, takes two more
+        assert len(got) == 4 and written(0) and written(1)
+        assert not client.hexists("unacked", got[0].delivery_tag) and not client.hexists("unacked", got[1].delivery_tag)
+        consumer.channel.qos.flush_acks(carry=False)  # what the tick does when no fetch comes
+    assert backend.get_task_meta(ids[2], cache=False)["result"] == {"n": "first"}  # a SUCCESS is left alone
+    for n in (0, 1, 3):
+        meta = backend.get_task_meta(ids[n], cache=False)
+        assert (meta["status"], meta["result"]) == ("SUCCESS", {"n": n})
+        assert 0 < client.ttl(backend.get_key_for_task(ids[n])) <= backend.expires
+    assert _records(client) == (0, 0, 0, 0) and lease.held() == set()
+
+
+def test_results_held_for_an_acknowledgement_that_failed_are_stored_before_it_on_reconnect(
+    own_redis: RedisServer, carried_backend: Any
+) -> None:
+    client = own_redis.client()
+    key = carried_backend.get_key_for_task("job-x")
+    meta = carried_backend.encode({"status": "SUCCESS", "result": 1, "task_id": "job-x"})
+    client.hset("unacked", "tag-x", "[]")
+    client.zadd("unacked_index", {"tag-x": 1})
+    client.hset(LEASE_KEY, "tag-x", lease.owner())
+    lease.hold("tag-x")
+    acks.remember(["tag-x"], ConnectionError("reply lost"), [(key, meta, 60)])
+    lease.renew_once(client)
+    assert carried_backend.get_task_meta("job-x", cache=False)["result"] == 1
+    assert not client.hexists("unacked", "tag-x") and lease.held() == set() and lease.pending_acks() == 0

@@ -238,6 +238,40 @@ def test_results_are_stored_in_one_round_trip_and_a_success_is_never_overwritten
     assert 0 < client.ttl(backend.get_key_for_task(task_id)) <= get_app().conf.result_expires
 
 
+def test_io_profile_stores_each_result_in_the_call_that_acknowledges_its_job(
+    io_profile: tuple[str, int, Path], redis_server: RedisServer
+) -> None:
+    """A solo worker stores each job's SUCCESS in a script that also acknowledges (one round trip for both), and a
+    lone job's result is not held back: the tick writes it once the worker is idle."""
+    queue, _, _ = io_profile
+    lone = ledger.task.apply_async(({"key": uuid.uuid4().hex},), queue=queue)
+    assert lone.get(timeout=10)["attempt"] == 1  # the worker went idle after it: the tick wrote it
+    client = redis_server.client()
+    with client.monitor() as monitor:
+        jobs = [ledger.task.apply_async(({"key": uuid.uuid4().hex},), queue=queue) for _ in range(12)]
+        keys = {f"celery-task-meta-{job.id}" for job in jobs}
+        scripts: dict[str, list[str]] = {}  # task key -> the commands of the script that stored its SUCCESS
+        current: list[str] | None = None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = monitor.next_command()
+            if line["client_type"] != "lua":
+                current = None
+                if len(scripts) == len(keys):
+                    break  # the script that stored the last result has ended
+                continue
+            words = line["command"].split()
+            if current is None:
+                current = []
+            current.append(" ".join(words[:2]))
+            if words[0] in ("SETEX", "SET") and words[1] in keys and '"status": "SUCCESS"' in line["command"]:
+                scripts[words[1]] = current  # the same list keeps growing until the script ends
+    assert all(job.get(timeout=10)["attempt"] == 1 for job in jobs)
+    assert set(scripts) == keys
+    for key, commands in scripts.items():
+        assert "HDEL unacked" in commands, (key, commands)  # stored and acknowledged by one script
+
+
 def test_io_profile_sigterm_during_a_job_requeues_it_at_once(work_dir: Path, redis_server: RedisServer) -> None:
     """A solo worker runs the job in the thread that handles the signal: a soft shutdown could only pause it,
     so the job goes back to its queue at once (run again: jobs are idempotent) and the worker exits."""
