@@ -19,7 +19,7 @@ from pipeline.constants import BEAT_KEY_PREFIX, LONG_JOB_QUEUES, ROUTES, WORK_QU
 
 def worker_broker_transport(broker_url: str) -> str:
     """`broker_transport` for a worker: kombu's Redis transport, extended so that bytes in a queue that are not
-    a message are dead-lettered instead of stopping the worker (`pipeline.dlq.transport`) and so that it
+    a message are dead-lettered instead of stopping the worker (`pipeline.dlq.elements`) and so that it
     survives a Redis restart under load (`pipeline.runtime.transport`). Chosen by the URL's
     scheme (redis, rediss, sentinel; the first of several `;`-separated URLs). Only workers set it
     (`pipeline.runtime.worker`): other processes keep kombu's own, so their broker URI (Flower's broker

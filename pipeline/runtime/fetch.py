@@ -30,7 +30,7 @@ from kombu.utils.encoding import bytes_to_str
 
 from pipeline.config.results import STORE_LUA, Stored
 from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
-from pipeline.dlq import transport as dead_lettering
+from pipeline.dlq import elements as undecodable
 from pipeline.runtime import acks, lease
 
 log = logging.getLogger(__name__)
@@ -163,9 +163,9 @@ def accept(channel: Any, key: str, tag: str, count: int, item: bytes, poison: bo
     (dead-lettered, or a copy this worker still holds goes on instead)."""
     payload = None
     if poison:
-        dead_lettering.dead_letter(item, queue, dead_lettering.UndecodableMessage("not a message envelope"))
+        undecodable.dead_letter(item, queue, undecodable.UndecodableMessage("not a message envelope"))
     else:
-        payload = channel._decode_element(item, queue)
+        payload = undecodable.decode(channel, item, queue)
     if payload is None:  # dead-lettered: take it out of `unacked` (it was tracked by the fetch)
         with channel.conn_or_acquire() as client:
             lease.ack(client, tag)

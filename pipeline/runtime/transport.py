@@ -1,8 +1,8 @@
 """The worker's Redis transport: an atomic fetch-and-track, leases, fenced acknowledgements and restores.
 
 Workers select it (`pipeline.runtime.worker` sets `broker_transport` to the class path
-`pipeline.config.celery.worker_broker_transport` gives); producers, beat and Flower keep kombu's own. It builds
-on `pipeline.dlq.transport` (elements that are not messages are dead-lettered).
+`pipeline.config.celery.worker_broker_transport` gives); producers, beat and Flower keep kombu's own. Queue
+elements that are not messages are dead-lettered (`pipeline.dlq.elements`).
 
 kombu 5.7 (`kombu/transport/redis.py`) fetches with BRPOP and records the delivery in a second round trip
 (`QoS.append`: HSET `unacked`, ZADD `unacked_index`). A worker killed, or a Redis stopping, between the two loses
@@ -52,7 +52,7 @@ from kombu.utils.encoding import bytes_to_str
 
 from pipeline.config.results import Stored
 from pipeline.constants import LEASE_KEY
-from pipeline.dlq import transport as dead_lettering
+from pipeline.dlq import elements as undecodable
 from pipeline.observability import metrics
 from pipeline.runtime import acks, fetch, lease
 
@@ -195,7 +195,7 @@ def _restore_record(channel: Any, raw: bytes, pipe: Any, leftmost: bool) -> None
     try:
         message, exchange, routing_key = json.loads(raw.decode("utf-8", "surrogateescape"))
     except ValueError as exc:  # not what the fetch wrote: dead-letter it rather than fail every sweep
-        dead_lettering.dead_letter(raw, "unacked", exc)
+        undecodable.dead_letter(raw, "unacked", exc)
         return
     if isinstance(message, str):  # an element that was not a message: back where it was, byte for byte
         key = routing_key
@@ -297,17 +297,17 @@ class _Leased:
         return payload
 
 
-class Channel(_Leased, dead_lettering.Channel):
+class Channel(_Leased, kombu_redis.Channel):
     QoS = QoS
 
 
-class Transport(dead_lettering.Transport):
+class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
-class SentinelChannel(_Leased, dead_lettering.SentinelChannel):
+class SentinelChannel(_Leased, kombu_redis.SentinelChannel):
     QoS = QoS
 
 
-class SentinelTransport(dead_lettering.SentinelTransport):
+class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
