@@ -223,7 +223,7 @@ def test_a_jobs_success_is_stored_by_the_call_that_acknowledges_it_and_never_ove
 
 
 def test_results_held_for_an_acknowledgement_that_failed_are_stored_before_it_on_reconnect(
-    own_redis: RedisServer, carried_backend: Any
+    own_redis: RedisServer, own_leases: None, carried_backend: Any
 ) -> None:
     client = own_redis.client()
     key = carried_backend.get_key_for_task("job-x")
