@@ -67,6 +67,8 @@ class Settings(BaseSettings):
     lease_seconds: int = Field(default=30, ge=5, le=3600)
     #: Seconds between a worker's sweeps for deliveries whose lease expired.
     unacked_restore_interval: int = Field(default=10, ge=1, le=600)
+    #: Read only to warn: leases (LEASE_SECONDS) replaced the visibility timeout of earlier releases.
+    visibility_timeout: int | None = None
 
     # --- Tasks ------------------------------------------------------------------------------
     task_soft_time_limit: int = Field(default=270, ge=1)

@@ -98,6 +98,14 @@ class Worker(CeleryWorker):
     def on_start(self) -> None:
         super().on_start()  # logging is set up from here on
         log.info("worker profile %s: prefetch %d per process, late acks", self.profile, self.prefetch_multiplier)
+        settings = get_settings()
+        if settings.visibility_timeout is not None:
+            log.warning(
+                "VISIBILITY_TIMEOUT=%d is no longer read: a dead worker's jobs come back after LEASE_SECONDS=%d "
+                "plus a sweep (docs/leases.md); remove the setting",
+                settings.visibility_timeout,
+                settings.lease_seconds,
+            )
 
     def wait_for_soft_shutdown(self) -> Any:
         if not (state.active_requests or state.reserved_requests):

@@ -102,6 +102,13 @@ def test_task_events_are_off_until_asked_for_and_stop_when_nobody_asks(make_work
     wait_for(lambda: "task events off: nobody asked for them" in worker.log(), 30, 0.2, what="the worker to say so")
 
 
+def test_a_worker_says_the_old_visibility_timeout_setting_is_no_longer_read(make_worker: Any) -> None:
+    worker = make_worker("oldvt", {"VISIBILITY_TIMEOUT": "3600"}, queues=f"oldvt-{uuid.uuid4().hex[:6]}")
+    wait_for(lambda: " ready." in worker.log(), 60, 0.2, what="the worker to start")
+    assert "VISIBILITY_TIMEOUT=3600 is no longer read" in worker.log()
+    assert "LEASE_SECONDS=30" in worker.log()
+
+
 def _accept(task: Any, queue: str) -> str:
     """Record and publish a held job on `queue`, as `enqueue` does for a routed task."""
     task_id = str(uuid.uuid4())
