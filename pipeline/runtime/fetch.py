@@ -150,7 +150,7 @@ def elements(reply: list[Any]) -> list[tuple[str, str, int, bytes, bool]]:
 
 
 def acknowledged(reply: list[Any], acks: list[str]) -> None:
-    """Forget the acknowledgements the fetch carried; log those it fenced (as `lease.ack_many` does)."""
+    """Forget the acknowledgements the fetch carried; log those it fenced (as `lease.settle` does)."""
     fenced = {bytes_to_str(tag) for tag in reply[0]} if reply else set()
     for tag in acks:
         lease.release(tag)
