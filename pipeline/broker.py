@@ -46,21 +46,18 @@ def redact_url(text: str, mask: str = "***") -> str:
 def broker_redis() -> Iterator[redis.Redis]:
     """A redis-py client on the broker, from the app's connection pool.
 
-    The channel's own `client` is kombu's polling client: once a pooled connection has consumed (a control
-    command waiting for replies registers it for BRPOP), that client is pinned to one socket with a BRPOP reply
-    still due, so the next command would read the previous reply. Such a connection gets a client on the
-    channel's plain pool instead, whose sockets are checked for unread data (redis-py's
+    Always a client on the channel's plain pool (`Channel.conn_or_acquire`), never the channel's own `client`:
+    that one is kombu's polling client, and once a pooled connection has consumed (a control command waiting
+    for replies registers it for BRPOP) it is pinned to one socket with a BRPOP reply still due, so the next
+    command would read the previous reply. The plain pool's sockets are checked for unread data (redis-py's
     `ConnectionPool.get_connection`).
     """
     # celery-types calls `get_app().pool` a ProducerPool; at run time it is the broker's connection pool.
     pool: Any = get_app().pool
     with pool.acquire(block=True, timeout=10) as conn:
         channel = conn.default_channel
-        if getattr(channel.client, "connection", None) is None:
-            yield channel.client
-        else:  # pinned by a reply consumer: a fresh client on the channel's plain pool
-            with channel.conn_or_acquire() as client:
-                yield client
+        with channel.conn_or_acquire() as client:
+            yield client
 
 
 def queue_keys(queue: str) -> list[str]:

@@ -154,7 +154,11 @@ def _can_consume(consumer: Any) -> tuple[bool, str]:
 class StallWatchdog(bootsteps.StartStopStep):
     """Writes the node's heartbeat from the event loop and marks it stalled when queued jobs are not fetched."""
 
-    requires = ("celery.worker.components:Hub",)
+    # After the pool: its reader thread connects at once, and a prefork child forked while that thread is inside
+    # OpenSSL (a rediss:// broker: the TLS context and handshake) inherits OpenSSL's locks held, so the child's
+    # own first TLS connection (storing a result) waits on them forever. Started after the pool's children are
+    # forked, the thread cannot race the fork. (Without the requirement the bootstep graph put it on either side.)
+    requires = ("celery.worker.components:Hub", "celery.worker.components:Pool")
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)

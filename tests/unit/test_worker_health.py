@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from kombu.utils.imports import symbol_by_name
 
 from pipeline.config import load_settings
 from pipeline.errors import ConfigError
 from pipeline.observability.health import OK, STALLED, STOPPING, check_heartbeat, health_path, write_heartbeat
-from pipeline.runtime.stall import heartbeat_interval
+from pipeline.runtime.fencing import LeaseStep
+from pipeline.runtime.stall import StallWatchdog, heartbeat_interval
 
 
 def test_fresh_ok_heartbeat_is_healthy(tmp_path: Path) -> None:
@@ -61,3 +64,20 @@ def test_stall_timeout_is_validated_and_sets_the_heartbeat_pace() -> None:
     with pytest.raises(ConfigError, match="STALL_TIMEOUT"):
         load_settings(redis_url="redis://localhost:6379/1", stall_timeout=0)
     assert heartbeat_interval(60) == 5.0 and heartbeat_interval(3) == 0.75 and heartbeat_interval(1) == 0.5
+
+
+def _requirements(step: Any) -> set[str]:
+    """Every bootstep `step` requires, directly or not, as `module.Class`."""
+    found: set[str] = set()
+    for required in step.requires:
+        cls = symbol_by_name(required) if isinstance(required, str) else required
+        found |= {f"{cls.__module__}.{cls.__name__}"} | _requirements(cls)
+    return found
+
+
+@pytest.mark.parametrize("step", [StallWatchdog, LeaseStep])
+def test_steps_whose_threads_connect_at_once_start_after_the_pool_forks(step: Any) -> None:
+    # A prefork child forked while another thread is inside OpenSSL (rediss://) inherits OpenSSL's locks
+    # held and hangs at its own first TLS connection. Without the requirement the boot order is left to the
+    # bootstep graph, which put such a step on either side of the pool from one start to the next.
+    assert "celery.worker.components.Pool" in _requirements(step)
