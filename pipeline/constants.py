@@ -80,6 +80,8 @@ PRIORITY_SEPARATOR: Final = "\x06\x16"
 PRIORITY_STEPS: Final = (0, 3, 6, 9)
 #: kombu's Redis key holding delivered-but-unacknowledged messages.
 UNACKED_KEY: Final = "unacked"
+#: kombu's ZSET beside it (delivery tag → score); with leases, each lease's expiry.
+UNACKED_INDEX_KEY: Final = "unacked_index"
 
 #: Leases (`pipeline.runtime.lease`): HASH delivery tag → the worker incarnation that holds the delivery.
 LEASE_KEY: Final = KEY_PREFIX + "lease"

@@ -114,8 +114,8 @@ class Settings(BaseSettings):
     webhook_rate_per_host: str = Field(default="10/s", pattern=RATE_PATTERN)
 
     # --- Worker -------------------------------------------------------------------------------
-    #: `short` (default, email, webhooks: prefetch SHORT_PREFETCH per process), `long` (pdf, transcode:
-    #: prefetch 1), or `auto`: long when the worker consumes pdf or transcode, else short (see README).
+    #: `short` (email, webhooks, default: prefetch 4 per process), `long` (pdf, transcode: prefetch 1), or
+    #: `auto` (the default): long when the worker consumes pdf or transcode, else short (see README).
     worker_profile: Literal["auto", "short", "long"] = "auto"
     #: Jobs each pool process reserves ahead. Unset: the profile's.
     worker_prefetch_multiplier: int | None = Field(default=None, ge=1)

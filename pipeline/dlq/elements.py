@@ -5,8 +5,8 @@ kombu decodes each list element it pops as its JSON message envelope and hands i
 `kombu/transport/virtual/base.py`: `Channel.basic_consume._callback` builds a `Message` that reads
 `payload['properties']['delivery_tag']` and decodes the body). Raw bytes LPUSHed onto a queue (not JSON, or
 JSON that is not kombu's envelope) raise there: the worker exits and the popped element is gone. The worker's
-fetch (`pipeline.runtime.fetch`) checks each element's envelope in its Lua script and `decode` here checks
-what the script cannot (the JSON as Python reads it, the body's encoding); an element that is not a message
+fetch (`pipeline.runtime.fetch`) checks each element's envelope in its Lua script and `decode` here what the
+script cannot (the JSON as Python reads it, the body's encoding); an element that is not a message
 becomes a dead-letter entry with reason `undecodable` (a bounded preview, its size and sha256,
 `pipeline.dlq.capture.from_raw`), and the worker goes on consuming.
 """
@@ -30,20 +30,16 @@ class UndecodableMessage(ValueError):
 
 
 def decode(channel: Any, item: bytes, queue: str) -> dict[str, Any] | None:
-    """The envelope in `item`, or None once an element that is not one has been dead-lettered."""
+    """The envelope in `item`, or None once an element that is not one has been dead-lettered. The fetch script
+    checked the envelope's shape already; what is left is what Lua cannot tell: the JSON as Python reads it, and
+    the body's encoding."""
     try:
         payload = loads(bytes_to_str(item))
         if not isinstance(payload, dict):
             raise UndecodableMessage(f"a JSON {type(payload).__name__}, not a message envelope")
-        properties = payload["properties"]
-        delivery = properties["delivery_info"]
-        if not isinstance(delivery, dict) or "exchange" not in delivery or "routing_key" not in delivery:
-            raise UndecodableMessage("the envelope has no delivery info")
-        if not isinstance(properties["delivery_tag"], str):
-            raise UndecodableMessage("the envelope's delivery tag is not a string")
         body = payload.get("body")
         if body:  # what kombu's Message does first: a body it cannot decode stops the worker
-            channel.decode_body(body, properties.get("body_encoding"))
+            channel.decode_body(body, payload["properties"].get("body_encoding"))
     except (ValueError, TypeError, KeyError, AttributeError) as exc:  # base64, JSON, a missing or mistyped field
         dead_letter(item, queue, exc)
         return None

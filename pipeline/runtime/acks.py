@@ -1,6 +1,6 @@
 """Acknowledgements made on the worker's event loop, written together: carried by the next fetch, or at the next tick.
 
-A job's acknowledgement (late, after the job) is one fenced Lua call (`pipeline.runtime.lease.ACK`) and, made
+A job's acknowledgement (late, after the job) is one fenced Lua call (`pipeline.runtime.lease.SETTLE`) and, made
 synchronously, one blocking round trip of the worker's main process per job. `DeferredAcks` (mixed into the
 transport's QoS) instead frees kombu's prefetch slot at once and keeps the tag:
 
@@ -119,10 +119,10 @@ class DeferredAcks:
 def remember(tags: list[str], exc: BaseException, results: list[Stored] | None = None) -> None:
     """Acknowledgements (and the results to store before them) whose outcome is unknown: applied (fenced) by the
     renewal thread."""
-    if results and not tags:
+    if results:
         lease.remember_results(results, exc)
-    for index, tag in enumerate(tags):
-        lease.remember_ack(tag, exc, results if index == 0 and results else ())
+    for tag in tags:
+        lease.remember_ack(tag, exc)
 
 
 @contextmanager

@@ -1,11 +1,11 @@
 """The lease bootstep: starts the renewal thread and fences, from the event loop, the jobs whose lease was lost.
 
-`LeaseStep.start` configures `pipeline.runtime.lease` (LEASE_SECONDS) and starts its renewal thread with a
+`LeaseStep` configures `pipeline.runtime.lease` (LEASE_SECONDS) and, at start, starts its renewal thread with a
 Redis client of its own (short timeouts; the app's pool for Sentinel). Every FENCE_INTERVAL_S the event loop
 (or the worker's timer, for pools without one) looks at the tags the thread found lost: a reserved request
 (waiting for a pool process) is dropped without running, a running one is terminated (SIGKILL of its pool
-process: the job is a peer's now, nothing of it may go on), each with a fenced acknowledgement (a no-op in
-Redis). A lost request still waiting for its ETA is refused when it comes due (`Request.revoked`). The solo
+process: the job is a peer's now, nothing of it may go on); neither is acknowledged in Redis (kombu's slot is
+freed). A lost request still waiting for its ETA is refused when it comes due (`Request.revoked`). The solo
 and threads pools cannot terminate a running job: it finishes, and its acknowledgement is fenced.
 """
 
@@ -112,11 +112,10 @@ class LeaseStep(bootsteps.StartStopStep):
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         lease.configure(get_settings().lease_seconds, getattr(parent, "hostname", None))
-        self.renewer: lease.Renewer | None = None
 
     def start(self, parent: Any) -> None:
         self.worker = parent
-        self.renewer = lease.Renewer(_client).start()
+        lease.Renewer(_client).start()
         _release_what_on_close_drops(parent.consumer, parent.pool)
         timer = parent.hub if getattr(parent, "use_eventloop", False) else parent.timer
         timer.call_repeatedly(FENCE_INTERVAL_S, self.tick)
@@ -125,9 +124,9 @@ class LeaseStep(bootsteps.StartStopStep):
         )
 
     def stop(self, parent: Any) -> None:
-        # Last: acknowledgements of jobs that finished while Redis was away (the soft shutdown lets them end),
-        # so they are not delivered again after the lease.
-        if lease.pending_acks():
+        # Last: results and acknowledgements of jobs that finished while Redis was away (the soft shutdown lets
+        # them end), so they are not delivered again after the lease; leases given up, so they come back now.
+        if lease.has_pending():
             try:
                 lease.renew_once(_client())
             except Exception:  # noqa: BLE001  # Redis still away: the jobs come back after the lease

@@ -151,11 +151,7 @@ def elements(reply: list[Any]) -> list[tuple[str, str, int, bytes, bool]]:
 
 def acknowledged(reply: list[Any], acks: list[str]) -> None:
     """Forget the acknowledgements the fetch carried; log those it fenced (as `lease.settle` does)."""
-    fenced = {bytes_to_str(tag) for tag in reply[0]} if reply else set()
-    for tag in acks:
-        lease.release(tag)
-    for tag in sorted(fenced):
-        log.warning("delivery %s: lease lost to another worker; acknowledgement ignored (fenced)", tag)
+    lease.settled(acks, reply[0] if reply else [])
 
 
 def accept(channel: Any, key: str, tag: str, count: int, item: bytes, poison: bool, queue: str) -> Any:

@@ -11,9 +11,9 @@ holder died or was cut off.
 
 Fencing: a tag whose lease is gone was (or will be) delivered to a peer. The worker must neither run nor
 acknowledge it: `fence_lost` (run from the event loop by `LeaseStep`) drops a reserved request without
-running it and terminates a running one; `Request.execute_using_pool` (`pipeline.runtime.request`) refuses a
-lost one that reaches the pool later; and every acknowledgement is the fenced `ACK` script, which removes
-the delivery only while this worker owns it.
+running it and terminates a running one; `Request.revoked` (`pipeline.runtime.request`) refuses a lost one
+that reaches the pool later; and every acknowledgement is the fenced `SETTLE` script, which removes the
+delivery only while this worker owns it.
 
 An acknowledgement that cannot reach Redis (the connection dropped as the job finished) is remembered and
 applied, fenced, by the renewal thread once Redis answers again; the delivery is renewed meanwhile. So is a
@@ -41,12 +41,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pipeline.config.results import STORE_LUA, Stored
-from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, LEASE_KEY
+from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, LEASE_KEY, UNACKED_INDEX_KEY, UNACKED_KEY
 from pipeline.observability import metrics
 
 log = logging.getLogger(__name__)
 
-UNACKED_INDEX_KEY = "unacked_index"
 #: Tags renewed per Lua call (a worker holds its prefetch, so one call in practice).
 RENEW_BATCH = 500
 
@@ -62,19 +61,6 @@ for i = 3, #ARGV do
   end
 end
 return lost
-"""
-
-#: KEYS: unacked, unacked_index, lease, deliveries, the delivery log. ARGV: owner, tag. 1 if removed, 0 if fenced.
-ACK = """
-if redis.call('HGET', KEYS[3], ARGV[2]) ~= ARGV[1] then
-  return 0
-end
-redis.call('ZREM', KEYS[2], ARGV[2])
-redis.call('HDEL', KEYS[1], ARGV[2])
-redis.call('HDEL', KEYS[3], ARGV[2])
-redis.call('HDEL', KEYS[4], ARGV[2])
-redis.call('DEL', KEYS[5])
-return 1
 """
 
 
@@ -135,7 +121,7 @@ _lock = threading.Lock()
 _owner: str | None = None
 #: Delivery tags this worker holds (fetched, not yet acknowledged, requeued or lost).
 _held: set[str] = set()
-#: Tags whose lease a peer took: fenced by the event loop, refused by `Request.execute_using_pool`.
+#: Tags whose lease a peer took: fenced by the event loop, refused by `Request.revoked`.
 _lost: set[str] = set()
 #: Tags acknowledged while Redis was unreachable: applied (fenced) by the renewal thread.
 _pending_acks: set[str] = set()
@@ -212,7 +198,7 @@ def is_lost(tag: str | None) -> bool:
 
 
 def take_lost() -> set[str]:
-    """The tags found lost since the last call (each kept in `is_lost` until the process reuses it)."""
+    """The tags found lost and not fenced yet (each kept until `forget_lost`, or held again)."""
     with _lock:
         return set(_lost)
 
@@ -241,11 +227,9 @@ def pending_acks() -> int:
         return len(_pending_acks)
 
 
-def remember_ack(tag: str, exc: BaseException, results: Iterable[Stored] = ()) -> None:
-    """An acknowledgement (and the results to store before it) whose outcome is unknown: the renewal thread
-    applies them."""
+def remember_ack(tag: str, exc: BaseException) -> None:
+    """An acknowledgement whose outcome is unknown: the renewal thread applies it (after any remembered results)."""
     with _lock:
-        _pending_results.extend(results)
         _pending_acks.add(tag)
     _wake.set()
     log.warning("could not acknowledge a job now (%r); acknowledging it (if still ours) on reconnect", exc)
@@ -284,32 +268,34 @@ def _renewed(ok: bool) -> None:
         _renewed_at = now if ok else None
 
 
-def _ack_keys(tag: str) -> list[str]:
-    return ["unacked", UNACKED_INDEX_KEY, LEASE_KEY, DELIVERIES_KEY, DELIVERY_LOG_KEY.format(tag=tag)]
-
-
 def ack(client: Any, tag: str) -> bool:
     """Remove `tag` from Redis if this worker still holds its lease (fenced); forget it either way."""
-    removed = bool(client.eval(ACK, 5, *_ack_keys(tag), owner(), tag))
-    release(tag)
-    if not removed:
-        log.warning("delivery %s: lease lost to another worker; acknowledgement ignored (fenced)", tag)
-    return removed
+    return tag not in settle(client, [tag])
 
 
 def settle(client: Any, tags: list[str], results: list[Stored] | None = None) -> set[str]:
     """Store `results`, then `ack` every tag, in one call (`SETTLE`); returns the fenced tags (each logged)."""
     prefix = DELIVERY_LOG_KEY.format(tag="")
     results = results or []
-    keys = ["unacked", UNACKED_INDEX_KEY, LEASE_KEY, DELIVERIES_KEY, *(key for key, _value, _expires in results)]
+    keys = [UNACKED_KEY, UNACKED_INDEX_KEY, LEASE_KEY, DELIVERIES_KEY, *(key for key, _value, _expires in results)]
     values = [x for _key, value, expires in results for x in (value, expires)]
-    reply = client.eval(SETTLE, len(keys), *keys, owner(), prefix, len(results), *values, *tags)
-    fenced = {x.decode() if isinstance(x, bytes) else str(x) for x in reply}
+    return settled(tags, client.eval(SETTLE, len(keys), *keys, owner(), prefix, len(results), *values, *tags))
+
+
+def settled(tags: list[str], fenced_reply: list[Any]) -> set[str]:
+    """After a call that acknowledged `tags`: forget them, log the ones it fenced (`fenced_reply`); those."""
+    fenced = {x.decode() if isinstance(x, bytes) else str(x) for x in fenced_reply}
     for tag in tags:
         release(tag)
     for tag in sorted(fenced):
         log.warning("delivery %s: lease lost to another worker; acknowledgement ignored (fenced)", tag)
     return fenced
+
+
+def has_pending() -> bool:
+    """Acknowledgements, results or given-up leases the renewal thread has still to write."""
+    with _lock:
+        return bool(_pending_acks or _pending_results or _dropped)
 
 
 def renew_once(client: Any, now: float | None = None) -> set[str]:
@@ -320,15 +306,11 @@ def renew_once(client: Any, now: float | None = None) -> set[str]:
 
 def _renew(client: Any, now: float | None) -> set[str]:
     with _lock:
-        results = list(_pending_results)
-    if results:
-        settle(client, [], results)  # before the acknowledgements they belong to
+        results, acks = list(_pending_results), list(_pending_acks)
+    if results or acks:
+        settle(client, acks, results)  # the results first, in the same call
         with _lock:
             del _pending_results[: len(results)]
-    with _lock:
-        acks = list(_pending_acks)
-    for tag in acks:
-        ack(client, tag)
     if acks:
         log.info("applied %d acknowledgement(s) made while the broker was unreachable", len(acks))
     with _lock:
@@ -360,33 +342,24 @@ def _renew(client: Any, now: float | None) -> set[str]:
 class Renewer:
     """The daemon thread renewing this worker's leases every LEASE_SECONDS/3 (and at once after a failure)."""
 
-    def __init__(self, client_factory: Callable[[], Any], on_lost: Callable[[set[str]], None] | None = None) -> None:
+    def __init__(self, client_factory: Callable[[], Any]) -> None:
         self._client_factory = client_factory
-        self._on_lost = on_lost
-        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pipeline-lease-renewer", daemon=True)
 
     def start(self) -> Renewer:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        self._stop.set()
-        _wake.set()
-
     def _run(self) -> None:
         period = _lease_seconds / 3
         client: Any = None
-        while not self._stop.is_set():
+        while True:  # a daemon thread: it renews as long as the worker process lives
             delay = period
             try:
                 client = client or self._client_factory()
-                lost = renew_once(client)
+                renew_once(client)
                 _renewed(True)
-                with _lock:
-                    delay = min(period, 1.0) if _pending_acks or _pending_results or _dropped else period
-                if lost and self._on_lost is not None:
-                    self._on_lost(lost)
+                delay = min(period, 1.0) if has_pending() else period
             except Exception as exc:  # noqa: BLE001  # a connection error, Redis loading its AOF: try again soon
                 if _renewed_at is not None:
                     log.warning("lease renewal failed (%r); retrying every second", exc)

@@ -47,6 +47,7 @@ from celery import bootsteps
 from pipeline.broker import broker_redis, queue_keys
 from pipeline.config import get_settings
 from pipeline.observability.health import OK, STALLED, STOPPING, health_path, write_heartbeat
+from pipeline.runtime import timelimits
 
 logger = logging.getLogger(__name__)
 
@@ -281,8 +282,7 @@ class StallWatchdog(bootsteps.StartStopStep):
 @contextlib.contextmanager
 def running_job(task: Any) -> Iterator[None]:
     """Around a job that runs on the event loop (`pipeline.task.GUARDS`, solo workers): see `keepalive`."""
-    hard = task.request.timelimit[0] if task.request.timelimit else None
-    limit = float(hard or task.time_limit or task.app.conf.task_time_limit or 0) or float("inf")
+    limit = timelimits.limits(task)[1] or float("inf")
     for watchdog in list(_ACTIVE):
         watchdog.busy_until = time.monotonic() + limit + watchdog.timeout
     try:

@@ -69,8 +69,3 @@ def enable() -> None:
     """Apply time limits around every task of this process (idempotent): for a solo worker."""
     if alarm_limits not in GUARDS:
         GUARDS.append(alarm_limits)
-
-
-def disable() -> None:
-    if alarm_limits in GUARDS:
-        GUARDS.remove(alarm_limits)

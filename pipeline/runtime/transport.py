@@ -24,7 +24,7 @@ one wait). `_brpop_sent_at` is set for every command sent, so kombu's reply heal
 
 kombu's visibility timeout had to outlast the longest job, so a dead worker's jobs waited that long
 (celery/celery#5935, celery/celery#2599); leases (`pipeline.runtime.lease`) replace it. Acknowledgements are fenced
-(`pipeline.runtime.lease.ACK`: removed only while this worker owns the lease) and, on the event loop, written
+(`pipeline.runtime.lease.SETTLE`: removed only while this worker owns the lease) and, on the event loop, written
 together within the loop iteration (`pipeline.runtime.acks`); one that cannot reach Redis is remembered and
 applied by the renewal thread. kombu's sweep (`restore_visible`) restores deliveries whose lease
 expired, only once this worker has been renewing for a whole lease (after an outage every lease looks expired), and
@@ -65,8 +65,6 @@ WAIT_MAX_S = 0.1
 #: sweep leaves it for that release's visibility timeout, so a rolling upgrade does not restore its running jobs.
 #: A delivery this release gives up (`lease.RELEASE`) has no lease either, but is scored 0: restored at once.
 LEGACY_TIMEOUT_S = 11400
-#: Re-exported for the tests: the fetch lives in `pipeline.runtime.fetch`.
-FETCH, FETCH_SHA = fetch.FETCH, fetch.FETCH_SHA
 
 
 def _shutting_down() -> bool:

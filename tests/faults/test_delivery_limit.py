@@ -18,7 +18,7 @@ from pipeline.status import JobState, job_status
 from tests.support.cli import run_cli
 from tests.support.dlq import dead_letter
 from tests.support.procs import Worker, wait_for
-from tests.support.worker_app import attempts, ledger
+from tests.support.worker_app import attempts, ledger, ledger_client
 
 pytestmark = pytest.mark.faults
 QUEUE = "faults-deliveries"
@@ -52,5 +52,9 @@ def test_a_worker_killing_job_is_dead_lettered_after_max_deliveries(make_worker:
     assert [w.split("@")[0] for w in workers] == [f"victim{n}" for n in range(1, MAX_DELIVERIES + 1)] + ["survivor"]
     assert len(attempts(key)) == MAX_DELIVERIES  # the last delivery did not run
     assert job_status(task_id).state is JobState.DEAD_LETTERED
+    broker = ledger_client()  # the broker's Redis
+    # Acknowledged: neither held nor queued any more, so it never comes back.
+    wait_for(lambda: not any(task_id.encode() in raw for raw in broker.hvals("unacked")), 10, 0.1, what="the ack")
+    assert broker.llen(QUEUE) == 0
     shown = run_cli("dlq", "show", task_id).stdout
     assert "delivery_limit" in shown and all(f"{n}. " in shown and f"victim{n}@" in shown for n in (1, 2, 3))

@@ -17,6 +17,7 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
 from pipeline.runtime import lease, transport
+from tests.support.dlq import dead_lettered_as_undecodable
 from tests.support.procs import RedisServer
 
 pytestmark = pytest.mark.faults
@@ -170,10 +171,12 @@ def test_a_non_message_is_dead_lettered_and_untracked(
 ) -> None:
     _publish(conn, queue_name, {"n": 6})
     client = own_redis.client()
-    client.rpush(queue_name, b"\xff not json")  # RPUSH: the next element popped
+    poison = f"\xff not json {queue_name}".encode("latin-1")
+    client.rpush(queue_name, poison)  # RPUSH: the next element popped
     (message,) = _drain(conn, queue_name, 1)
     assert message.payload == {"n": 6}
-    # Dead-lettered (to the app's broker: tests/faults/test_poison.py follows it there) and no longer tracked.
+    # Dead-lettered (to the app's broker) and no longer tracked.
+    assert dead_lettered_as_undecodable(poison)
     assert client.hlen("unacked") == 1 and client.hlen(LEASE_KEY) == 1 and client.llen(queue_name) == 0
 
 

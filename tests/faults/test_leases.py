@@ -55,6 +55,12 @@ def _done(ledger: RedisServer, key: str) -> collections.Counter[str]:
     return collections.Counter(x.decode() for x in ledger.client().lrange(f"test:done:{key}", 0, -1))
 
 
+def _settled(broker: RedisServer) -> bool:
+    """Nothing queued or held: no job can run (again) from here on."""
+    client = broker.client()
+    return client.hlen("unacked") == 0 and client.llen("default") == 0
+
+
 def test_kill_9_with_three_jobs_in_flight_all_finish_once_on_a_peer_within_lease_plus_sweep(
     own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
 ) -> None:
@@ -95,7 +101,7 @@ def _runs_once_on_two_workers(
         make_worker(f"once-{name}-{key[:6]}", env=env, concurrency=1, pool=pool)
     job = send(key)
     wait_for(lambda: _done(ledger_redis, key), 60, 0.2, what="the job to finish")
-    time.sleep(3)  # a redelivery would have started by now (the idle worker sweeps every second)
+    wait_for(lambda: _settled(own_redis), 10, 0.1, what="its acknowledgement, with no copy left to run")
     assert _done(ledger_redis, key) == collections.Counter({job: 1})
     assert len(_starts(ledger_redis, key)) == 1, _starts(ledger_redis, key)
 
@@ -145,12 +151,12 @@ def test_a_worker_frozen_past_its_lease_neither_runs_nor_acknowledges_the_jobs_a
     holders = {v.decode().split(":")[1] for v in broker.hvals(LEASE_KEY)}
     assert broker.hlen("unacked") == 2 and holders == {str(peer.pid)}, "the thawed worker touched the peer's jobs"
     wait_for(lambda: len(_done(ledger_redis, key)) >= 2, 40, 0.2, what="the peer to finish both jobs")
-    time.sleep(1)
+    wait_for(lambda: _settled(own_redis), 10, 0.1, what="the peer's acknowledgements, with no copy left to run")
     print(f"frozen worker's jobs restarted on the peer {taken_after:.1f} s after SIGSTOP (lease 6 s)")
+    assert taken_after <= 6 + 1 + 3, taken_after  # the lease, a 1 s sweep, and a margin for a loaded machine
     assert _done(ledger_redis, key) == collections.Counter(dict.fromkeys(jobs, 1))
     assert len(_starts(ledger_redis, key)) == 3  # the prefetched job never started on the frozen worker
     assert {producer.AsyncResult(job).state for job in jobs} == {"SUCCESS"}
-    wait_for(lambda: broker.hlen("unacked") == 0, 10, 0.1, what="the peer's acknowledgements")
     assert frozen.proc is not None and frozen.proc.poll() is None
     assert "terminating it here" in frozen.log()
 
@@ -171,11 +177,10 @@ def test_after_an_outage_longer_than_the_lease_no_worker_restores_a_live_peers_j
     time.sleep(10)  # the outage itself, not a wait for an outcome
     own_redis.start()
     wait_for(lambda: set(jobs) <= set(_done(ledger_redis, key)), 60, 0.2, what="the four jobs to finish")
-    time.sleep(2)
+    wait_for(lambda: _settled(own_redis), 10, 0.1, what="every acknowledgement, with no copy left to run")
     assert _done(ledger_redis, key) == collections.Counter(dict.fromkeys(jobs, 1))
     assert len(_starts(ledger_redis, key)) == 4, _starts(ledger_redis, key)
     assert {producer.AsyncResult(job).state for job in jobs} == {"SUCCESS"}
-    wait_for(lambda: own_redis.client().hlen("unacked") == 0, 10, 0.1, what="every acknowledgement")
     assert all("restored" not in w.log() for w in workers)
 
 
@@ -217,9 +222,10 @@ def test_kill_9_under_load_loses_no_accepted_job(
     )
     runs = _done(ledger_redis, key)
     twice = {job: n for job, n in runs.items() if n > 1}
-    print(f"sent {len(sent)}, ran {len(runs)}, lost {len(set(sent) - set(runs))}, ran twice {len(twice)}")
+    extra = sum(n - 1 for n in runs.values())
+    print(f"sent {len(sent)}, ran {len(runs)}, lost {len(set(sent) - set(runs))}, extra runs {extra}")
     assert not set(sent) - set(runs)
-    assert len(twice) <= 3 * 2, twice  # at most the two jobs each killed worker held
+    assert extra <= 3 * 2, twice  # at most one more run of each of the two jobs each killed worker held
 
 
 def test_a_prefetched_job_dropped_with_a_lost_connection_runs_once_after_it(
@@ -237,8 +243,7 @@ def test_a_prefetched_job_dropped_with_a_lost_connection_runs_once_after_it(
     time.sleep(4)  # the outage itself, not a wait for an outcome
     own_redis.start()
     wait_for(lambda: {running, prefetched} <= set(_done(ledger_redis, key)), 60, 0.2, what="both jobs")
-    time.sleep(2)
+    wait_for(lambda: _settled(own_redis), 10, 0.1, what="both acknowledgements, with no copy left to run")
     assert _done(ledger_redis, key) == collections.Counter({running: 1, prefetched: 1})
     assert len(_starts(ledger_redis, key)) == 2
-    wait_for(lambda: own_redis.client().hlen("unacked") == 0, 10, 0.1, what="both acknowledgements")
     assert "released 1 prefetched job(s)" in worker.log()
