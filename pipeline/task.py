@@ -15,15 +15,13 @@ client's mistake) raises `PayloadInvalid`, a permanent error: no retry, straight
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager
 from datetime import UTC, datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from celery import Celery, Task, shared_task
 from celery.exceptions import Retry
@@ -48,9 +46,23 @@ REGISTRY: dict[str, TypedTask[Any, Any]] = {}
 #: Celery's `Ignore`. The worker's runtime installs the cluster-wide rate limiter here
 #: (`pipeline.scheduling.ratelimit.admit`); a producer process runs no task and needs none.
 ADMISSION: list[Callable[[PipelineTask, Any], None]] = []
-#: Context managers around each run of a task's function, each `guard(task)`. The worker's runtime installs
-#: the solo pool's time limits here (`pipeline.runtime.timelimits`).
-GUARDS: list[Callable[[PipelineTask], AbstractContextManager[None]]] = []
+
+
+class Guard(Protocol):
+    """Wraps each run of a task's function: `start(task)` before it, `stop()` after it, however it ended.
+
+    One object per process (a job at a time runs where guards are installed: the solo pool), so starting
+    one costs a method call, not a context manager's generator or an ExitStack per job.
+    """
+
+    def start(self, task: PipelineTask) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+#: Guards around each run of a task's function, outermost first. The worker's runtime installs the solo pool's
+#: time limits (`pipeline.runtime.timelimits`) and its heartbeat keep-alive (`pipeline.runtime.stall`) here.
+GUARDS: list[Guard] = []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,16 +159,24 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
         for admit in ADMISSION:
             admit(self, job)  # raises Ignore after deferring the job
         try:
-            with contextlib.ExitStack() as stack:
-                for guard in GUARDS:
-                    stack.enter_context(guard(self))
-                return fn(job, self.job_context()).model_dump(mode="json")
+            return self._guarded(fn, job, 0)
         except PermanentError:
             raise
         except Exception as exc:
             if not self.policy.is_transient(exc):
                 raise
             raise self.retry_transient(exc) from exc
+
+    def _guarded(self, fn: Callable[[Any, JobContext], BaseModel], job: Any, index: int) -> dict[str, Any]:
+        """`fn(job, ctx)` as JSON, inside GUARDS[index:], nested: each stops even when an inner one raised."""
+        if index == len(GUARDS):
+            return fn(job, self.job_context()).model_dump(mode="json")
+        guard = GUARDS[index]
+        guard.start(self)
+        try:
+            return self._guarded(fn, job, index + 1)
+        finally:
+            guard.stop()
 
     def retry_transient(self, exc: Exception) -> BaseException:
         """Schedule the next attempt after `exc` (policy backoff, or longer if the error asks); return Retry."""

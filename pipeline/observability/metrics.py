@@ -17,7 +17,7 @@ Two kinds of figures:
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -76,6 +76,23 @@ FAMILIES: Final = (
     rate_limit_throttled,
     leases,
 )
+
+_children: dict[tuple[Any, ...], Any] = {}
+
+
+def child(family: Any, *labels: str) -> Any:
+    """`family.labels(*labels)`, kept per process: the per-job figures skip prometheus-client's label checks and
+    lock. `forget_children` empties it when the families are cleared (`pipeline.observability.multiproc`)."""
+    key = (family, *labels)
+    found = _children.get(key)
+    if found is None:
+        found = _children[key] = family.labels(*labels)
+    return found
+
+
+def forget_children() -> None:
+    _children.clear()
+
 
 #: name → (help, labels) of the gauges `pipeline exporter` serves; read from Redis on every scrape.
 QUEUE_FAMILIES: Final[dict[str, tuple[str, tuple[str, ...]]]] = {

@@ -65,6 +65,7 @@ def prepare(node: str) -> Path | None:
     path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{name}-{os.getpid()}-"))
     for family in metrics.FAMILIES:
         family.clear()  # before the switch: clearing in multiprocess mode only warns
+    metrics.forget_children()
     os.environ[ENV_VAR] = str(path)
     values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]  # untyped
     _state["dir"] = path

@@ -12,6 +12,8 @@ import time
 from datetime import datetime
 from typing import Any
 
+from celery import states
+
 from pipeline.constants import HEADER_PUBLISHED_AT
 from pipeline.observability import metrics
 from pipeline.task import request_header
@@ -61,17 +63,22 @@ def started(task: Any, task_id: str) -> None:
     _started[task_id] = time.perf_counter()
     wait = queue_wait(task.request, time.time())
     if wait is not None:
-        metrics.task_queue_wait.labels(task=task.name, queue=queue_of(task)).observe(wait)
+        metrics.child(metrics.task_queue_wait, task.name, queue_of(task)).observe(wait)
 
 
-def finished(task: Any, task_id: str) -> None:
+def finished(task: Any, task_id: str, state: str | None = None) -> None:
+    """The attempt's runtime and, when it succeeded, its outcome (`task_postrun` carries the final state, so the
+    success needs no handler of its own); failures, retries and revokes have their own signals."""
     began = _started.pop(task_id, None)
+    queue = queue_of(task)
     if began is not None:
-        metrics.task_runtime.labels(task=task.name, queue=queue_of(task)).observe(time.perf_counter() - began)
+        metrics.child(metrics.task_runtime, task.name, queue).observe(time.perf_counter() - began)
+    if state == states.SUCCESS:
+        outcome(task.name, queue, "succeeded")
 
 
 def outcome(task_name: str, queue: str, result: str) -> None:
-    metrics.tasks.labels(task=task_name, queue=queue, outcome=result).inc()
+    metrics.child(metrics.tasks, task_name, queue, result).inc()
 
 
 def task_outcome(task: Any, result: str, request: Any = None) -> None:

@@ -98,13 +98,8 @@ def on_task_prerun(sender: Any = None, task_id: str = "", **_: Any) -> None:
 
 
 @guarded
-def on_task_postrun(sender: Any = None, task_id: str = "", **_: Any) -> None:
-    task_metrics.finished(sender, task_id)
-
-
-@guarded
-def on_task_success(sender: Any = None, **_: Any) -> None:
-    task_metrics.task_outcome(sender, "succeeded")
+def on_task_postrun(sender: Any = None, task_id: str = "", state: str | None = None, **_: Any) -> None:
+    task_metrics.finished(sender, task_id, state)  # a SUCCESS is counted here: one handler less per job
 
 
 @guarded
@@ -166,7 +161,6 @@ _HANDLERS: list[tuple[Signal, Callable[..., None]]] = [
     (signals.beat_init, on_beat_init),
     (signals.task_prerun, on_task_prerun),
     (signals.task_postrun, on_task_postrun),
-    (signals.task_success, on_task_success),
     (signals.task_failure, on_task_failure_metrics),
     (signals.task_retry, on_task_retry),
     (signals.task_revoked, on_task_revoked),

@@ -36,7 +36,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -279,14 +279,17 @@ class StallWatchdog(bootsteps.StartStopStep):
         self.write(OK, None)
 
 
-@contextlib.contextmanager
-def running_job(task: Any) -> Iterator[None]:
-    """Around a job that runs on the event loop (`pipeline.task.GUARDS`, solo workers): see `keepalive`."""
-    limit = timelimits.limits(task)[1] or float("inf")
-    for watchdog in list(_ACTIVE):
-        watchdog.busy_until = time.monotonic() + limit + watchdog.timeout
-    try:
-        yield
-    finally:
+class RunningJob:
+    """The guard around a job that runs on the event loop (`pipeline.task.GUARDS`, solo workers): see `keepalive`."""
+
+    def start(self, task: Any) -> None:
+        busy = time.monotonic() + (timelimits.limits(task)[1] or float("inf"))
+        for watchdog in list(_ACTIVE):
+            watchdog.busy_until = busy + watchdog.timeout
+
+    def stop(self) -> None:
         for watchdog in list(_ACTIVE):
             watchdog.busy_until = None
+
+
+running_job = RunningJob()

@@ -20,12 +20,9 @@ TASK_SOFT_TIME_LIMIT/TASK_TIME_LIMIT, as Celery resolves them for prefork.
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
-from collections.abc import Iterator
 from types import FrameType
-from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
@@ -41,31 +38,54 @@ def limits(task: PipelineTask) -> tuple[float | None, float | None]:
     return (float(soft) if soft else None), (float(hard) if hard else None)
 
 
-@contextlib.contextmanager
-def alarm_limits(task: PipelineTask) -> Iterator[None]:
-    """Raise the time-limit exceptions in this (main) thread while the task's function runs."""
-    soft, hard = limits(task)
-    if not (soft or hard) or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    stages = [s for s in ((soft, SoftTimeLimitExceeded), (hard, TimeLimitExceeded)) if s[0]]
+class AlarmLimits:
+    """The guard (`pipeline.task.Guard`): one SIGALRM handler for the process, the timer armed around each job.
 
-    def on_alarm(_signum: int, _frame: FrameType | None) -> None:
-        limit, exc = stages.pop(0)
-        if stages:  # the hard limit, counted from the start of the job
-            signal.setitimer(signal.ITIMER_REAL, max(0.001, stages[0][0] - limit))  # type: ignore[operator]
+    The handler is installed once (`enable`, in the main thread); between jobs the timer is off, and a stray
+    SIGALRM finds nothing armed and does nothing. A job started off the main thread (no signal reaches it
+    there) runs without the timer.
+    """
+
+    def __init__(self) -> None:
+        #: (seconds from the job's start, exception) still to raise, soonest first.
+        self._stages: list[tuple[float, type[Exception]]] = []
+        self._armed = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGALRM, self._on_alarm)
+
+    def start(self, task: PipelineTask) -> None:
+        if threading.get_ident() != threading.main_thread().ident:
+            return
+        soft, hard = limits(task)
+        stages: list[tuple[float, type[Exception]]] = []
+        if soft:
+            stages.append((soft, SoftTimeLimitExceeded))
+        if hard:
+            stages.append((hard, TimeLimitExceeded))
+        if stages:
+            self._stages, self._armed = stages, True
+            signal.setitimer(signal.ITIMER_REAL, stages[0][0])
+
+    def stop(self) -> None:
+        if self._armed:
+            self._stages, self._armed = [], False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def _on_alarm(self, _signum: int, _frame: FrameType | None) -> None:
+        if not self._stages:
+            return  # nothing armed: a stray signal, or the job ended as the timer fired
+        limit, exc = self._stages.pop(0)
+        if self._stages:  # the hard limit, counted from the start of the job
+            signal.setitimer(signal.ITIMER_REAL, max(0.001, self._stages[0][0] - limit))
         raise exc(limit)
 
-    previous: Any = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, stages[0][0])  # type: ignore[arg-type]
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+
+alarm_limits = AlarmLimits()
 
 
 def enable() -> None:
-    """Apply time limits around every task of this process (idempotent): for a solo worker."""
+    """Apply time limits around every task of this process (idempotent): for a solo worker, from its main thread."""
     if alarm_limits not in GUARDS:
+        alarm_limits.install()
         GUARDS.append(alarm_limits)
