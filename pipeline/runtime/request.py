@@ -23,6 +23,8 @@
   dead-lettered with reason `delivery_limit` and its delivery history (when, which worker), and acknowledged.
   A job that takes its whole worker down (out of memory, a native crash) would otherwise come back once per
   lease, forever. Checked in `revoked()` too, right before the request goes to the pool.
+* **One decode.** A solo worker runs the job in the process that received it: the tracer gets the body kombu
+  decoded for the consumer's checks (cached on the message), not the raw bytes to decode again.
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ def _cap(value: Any, cap: float | None) -> Any:
     if value is None or cap is None:
         return value
     return min(value, cap)
+
+
+def enable_decoded_bodies() -> None:
+    """A solo worker's requests hand its tracer the decoded body (`Request.decoded_bodies`)."""
+    Request.decoded_bodies = True
 
 
 def delivery_tag(request: Any) -> str | None:
@@ -117,9 +124,16 @@ def drop_lost(request: Any) -> None:
 class Request(CeleryRequest):
     _lease_lost = False
     _delivery_limited = False
+    #: The job runs in this process (a solo worker: `enable_decoded_bodies`), so the tracer gets the body kombu
+    #: already decoded for the consumer instead of decoding it a second time.
+    decoded_bodies = False
 
     def __init__(self, message: Any, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
+        if Request.decoded_bodies and getattr(self, "_content_type", None):
+            # Celery's `fast_trace_task` takes a body without a content type as decoded ([args, kwargs, embed]).
+            self._body = message.payload  # kombu's decode, cached on the message (the consumer's own checks read it)
+            self._content_type = self._content_encoding = None
         self._clamp_time_limits()
 
     def _clamp_time_limits(self) -> None:

@@ -35,7 +35,7 @@ from celery.worker import state
 from pipeline.config import get_settings
 from pipeline.config.celery import WORKER_RESULT_RETRIES, prefetch_multiplier, worker_broker_transport, worker_profile
 from pipeline.constants import DEAD_LETTER_QUEUE
-from pipeline.runtime import acks, timelimits
+from pipeline.runtime import acks, request, timelimits
 from pipeline.runtime.stall import mark_stopping, running_job
 from pipeline.task import GUARDS
 
@@ -80,6 +80,7 @@ class Worker(CeleryWorker):
         if _is_solo(getattr(self, "pool_cls", None)):
             timelimits.enable()  # Celery enforces no time limit in the solo pool: a timer in the main thread does
             acks.enable_carried_results()  # a job's result is stored by the call that acknowledges it
+            request.enable_decoded_bodies()  # the job runs here: its body is decoded once, not twice
             if running_job not in GUARDS:  # a job blocks the event loop: the heartbeat is kept up meanwhile
                 GUARDS.append(running_job)
 
