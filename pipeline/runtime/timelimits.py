@@ -41,21 +41,26 @@ def limits(task: PipelineTask) -> tuple[float | None, float | None]:
 class AlarmLimits:
     """The guard (`pipeline.task.Guard`): one SIGALRM handler for the process, the timer armed around each job.
 
-    The handler is installed once (`enable`, in the main thread); between jobs the timer is off, and a stray
-    SIGALRM finds nothing armed and does nothing. A job started off the main thread (no signal reaches it
-    there) runs without the timer.
+    The handler is installed once (`enable`, from the main thread: only there can Python set one); between jobs
+    the timer is off, and a stray SIGALRM finds nothing armed and does nothing. A job started on another thread
+    (no signal reaches it there), or in a process where the handler could not be installed, runs without the
+    timer: arming it without the handler would let SIGALRM's default action kill the process.
     """
 
     def __init__(self) -> None:
         #: (seconds from the job's start, exception) still to raise, soonest first.
         self._stages: list[tuple[float, type[Exception]]] = []
         self._armed = False
+        #: The thread the handler runs on (the main thread), once installed.
+        self._thread: int | None = None
 
     def install(self) -> None:
-        signal.signal(signal.SIGALRM, self._on_alarm)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGALRM, self._on_alarm)
+            self._thread = threading.get_ident()
 
     def start(self, task: PipelineTask) -> None:
-        if threading.get_ident() != threading.main_thread().ident:
+        if threading.get_ident() != self._thread:
             return
         soft, hard = limits(task)
         stages: list[tuple[float, type[Exception]]] = []

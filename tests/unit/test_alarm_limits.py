@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -75,3 +76,13 @@ def test_a_job_without_limits_arms_nothing(guard: AlarmLimits) -> None:
     guard.start(_task(hard=None, soft=None))
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     guard.stop()
+
+
+def test_a_guard_installed_off_the_main_thread_never_arms_the_timer(guard: AlarmLimits) -> None:
+    elsewhere = AlarmLimits()
+    installer = threading.Thread(target=elsewhere.install)
+    installer.start()
+    installer.join()
+    elsewhere.start(_task(hard=0.2, soft=0.1))  # on the main thread, but no handler of its own was installed
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    elsewhere.stop()
