@@ -144,6 +144,8 @@ def systems(queue: str) -> list[System]:
     c2 = ["-P", "prefork", "-c", "2"]
     return [
         System("stock celery prefork c2", "stock", "celery", [c2]),
+        # Celery's own per-job floor: two stock solo workers, no events, nothing of the pipeline's
+        System("stock celery 2 x solo", "stock", "celery", [["-P", "solo"], ["-P", "solo"]]),
         System("pipeline on main (events, track_started, prefetch 1)", "app", queue, [c2], _on_main()),
         System("pipeline prefork c2 (lean default)", "app", queue, [c2]),
         System("pipeline prefork c2 + events (Flower)", "app", queue, [c2], {"TASK_EVENTS": "true"}),

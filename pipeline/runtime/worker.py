@@ -20,6 +20,8 @@
 * The worker consumes through `pipeline.runtime.transport` (set in `on_before_init`, before any connection):
   queue elements that are not messages are dead-lettered instead of stopping it, each delivery is fetched and
   leased in one step, and jobs running when the connection drops go on and are acknowledged once it is back.
+* The tracer writes a plain result's text with Python's `repr` (`pipeline.runtime.resultrepr`, installed there
+  too), not with Celery's much slower walker.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from celery.worker import state
 from pipeline.config import get_settings
 from pipeline.config.celery import WORKER_RESULT_RETRIES, prefetch_multiplier, worker_broker_transport, worker_profile
 from pipeline.constants import DEAD_LETTER_QUEUE
-from pipeline.runtime import acks, request, timelimits
+from pipeline.runtime import acks, request, resultrepr, timelimits
 from pipeline.runtime.stall import mark_stopping, running_job
 from pipeline.task import GUARDS
 
@@ -70,6 +72,7 @@ class Worker(CeleryWorker):
         self.app.conf.broker_transport = worker_broker_transport(get_settings().broker_url)
         # Results of jobs that finish during an outage are stored once Redis is back (they keep their lease).
         self.app.conf.update(WORKER_RESULT_RETRIES)
+        resultrepr.install()  # before the pool starts: prefork children inherit it
         super().on_before_init(quiet=quiet, **kwargs)
 
     def setup_queues(self, include: Any, exclude: Any = None) -> None:
