@@ -196,16 +196,18 @@ def exporter(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def worker(
     ctx: typer.Context,
-    processes: Annotated[int, typer.Option(min=1, help="Single-process (solo) Celery workers to run.")] = 2,
+    processes: Annotated[
+        int | None, typer.Option(min=1, help="Single-process (solo) Celery workers to run [default: CPUs + 1].")
+    ] = None,
     name: Annotated[str, typer.Option(help="Node names are <name><i>@%h.")] = "io",
     celery_app: Annotated[str, typer.Option("--app", help="What `celery -A` loads.")] = "pipeline",
 ) -> None:
     """The I/O profile: N `celery worker -P solo` processes under one supervisor, one /metrics for all.
 
     Arguments after the options go to each `celery worker` (e.g. `-Q email,webhooks -l INFO`)."""
-    from pipeline.cli.workers import run_workers
+    from pipeline.cli.workers import default_processes, run_workers
 
-    raise typer.Exit(run_workers(celery_app, name, processes, list(ctx.args)))
+    raise typer.Exit(run_workers(celery_app, name, processes or default_processes(), list(ctx.args)))
 
 
 @app.command("worker-health")

@@ -27,7 +27,7 @@ def test_profile_script_runs_a_worker_with_metrics(
         "CELERY_APP": "tests.support.worker_app",
         "WORKER_QUEUES": queue,
         "WORKER_CONCURRENCY": "2",  # the cpu profile's pool processes
-        "WORKER_PROCESSES": "2",  # the io profile's solo workers
+        "WORKER_PROCESSES": "",  # the io profile's solo workers: empty, so one per CPU plus one
         "METRICS_PORT": str(port),
         "METRICS_ADDRESS": "127.0.0.1",
         "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
@@ -35,11 +35,12 @@ def test_profile_script_runs_a_worker_with_metrics(
     }
     worker = Worker(script, work_dir / "logs", env)
     worker.argv = [str(ROOT / "deploy" / "docker" / script), "--without-gossip", "--without-mingle"]
+    solo = len(os.sched_getaffinity(0)) + 1
     worker.start()
     try:
-        if pool == "solo":  # two workers of one process each, under the supervisor
-            wait_for(lambda: worker.log().count(" ready.") == 2, 60, 0.2, what="both solo workers ready")
-            assert worker.log().count("concurrency: 1 (solo)") == 2
+        if pool == "solo":  # workers of one process each, under the supervisor
+            wait_for(lambda: worker.log().count(" ready.") == solo, 60, 0.2, what=f"{solo} solo workers ready")
+            assert worker.log().count("concurrency: 1 (solo)") == solo
         else:
             assert f"concurrency: 2 ({pool})" in worker.log()
         wait_for(lambda: try_scrape(port), 20, 0.2, what=f"{script} /metrics")
@@ -49,6 +50,6 @@ def test_profile_script_runs_a_worker_with_metrics(
         wait_for(lambda: redis_server.client().llen(f"test:done:{key}") == 3, 30, 0.1, what="3 tasks done")
         labels = {"task": "test.ledger", "queue": queue, "outcome": "succeeded"}
         wait_for(lambda: value(scrape(port), "pipeline_tasks_total", **labels) == 3, 15, 0.2, what="3 counted")
-        assert value(scrape(port), "pipeline_workers_up", queue=queue) == (2 if pool == "solo" else 1)
+        assert value(scrape(port), "pipeline_workers_up", queue=queue) == (solo if pool == "solo" else 1)
     finally:
         worker.stop()

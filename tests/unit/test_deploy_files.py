@@ -91,7 +91,8 @@ def test_start_script_is_short_execs_and_remaps_sigterm(script: str) -> None:
 def test_worker_profiles() -> None:
     io = (DOCKER / "start-worker-io").read_text()
     cpu = (DOCKER / "start-worker-cpu").read_text()
-    assert "exec pipeline worker --processes" in io  # solo workers under one supervisor
+    # solo workers under one supervisor; WORKER_PROCESSES unset or empty: its default (one per CPU plus one)
+    assert 'exec pipeline worker ${WORKER_PROCESSES:+--processes "$WORKER_PROCESSES"}' in io
     assert "email,webhooks" in io
     assert "-P prefork" in cpu
     assert "pdf,transcode" in cpu
