@@ -28,6 +28,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, multiprocess, start_h
 
 from pipeline.config import get_settings
 from pipeline.observability import metrics, multiproc
+from pipeline.pools import pool_kind
 
 log = logging.getLogger(__name__)
 _PID_FILE = re.compile(r"_(\d+)\.db$")
@@ -36,10 +37,6 @@ _state: dict[str, Any] = {}
 
 def multiprocess_dir() -> Path | None:
     return multiproc.directory()
-
-
-def _is_prefork(consumer: Any) -> bool:
-    return type(getattr(consumer, "pool", None)).__module__ == "celery.concurrency.prefork"
 
 
 def _consumed_queues(consumer: Any) -> list[str]:
@@ -55,7 +52,7 @@ def serve_worker_metrics(consumer: Any) -> None:
             _mark_up(consumer)
         log.info("METRICS_PORT is not set: this worker serves no /metrics endpoint")
         return
-    if directory is None and _is_prefork(consumer):
+    if directory is None and pool_kind(getattr(consumer, "pool", None)) == "prefork":
         log.warning(
             "worker metrics are OFF: the prefork pool needs a multiprocess directory so that its child "
             "processes' figures can be added up. `celery worker` prepares one when METRICS_PORT is set "

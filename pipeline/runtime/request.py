@@ -47,17 +47,13 @@ from pipeline.config import get_settings
 from pipeline.constants import DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT
 from pipeline.dlq import capture
 from pipeline.errors import DeliveryLimitExceeded
+from pipeline.pools import is_solo
 from pipeline.runtime import lease
 
 log = logging.getLogger(__name__)
 
 #: What `Task.Request` names: the worker's strategy resolves it per task (`celery/worker/strategy.py`).
 REQUEST_CLASS = "pipeline.runtime.request:Request"
-
-
-def _runs_jobs_in_this_thread(pool: Any) -> bool:
-    """The solo pool: a job runs in the worker's main thread, where a cold shutdown's signal handler runs."""
-    return type(pool).__module__ == "celery.concurrency.solo"
 
 
 def _cap(value: Any, cap: float | None) -> Any:
@@ -199,7 +195,7 @@ class Request(CeleryRequest):
             emit_retry = False  # no backend write while the broker is away; its message comes back instead
         if (
             self.time_start
-            and _runs_jobs_in_this_thread(pool)
+            and is_solo(pool)  # the job runs in the main thread, where a cold shutdown's signal handler runs
             and threading.current_thread() is threading.main_thread()
         ):
             # Celery would ask the pool to kill the job, which the solo pool cannot (NotImplementedError, raised

@@ -37,6 +37,7 @@ from celery.worker import state
 from pipeline.config import get_settings
 from pipeline.config.celery import WORKER_RESULT_RETRIES, prefetch_multiplier, worker_broker_transport, worker_profile
 from pipeline.constants import DEAD_LETTER_QUEUE
+from pipeline.pools import is_solo
 from pipeline.runtime import acks, request, resultrepr, timelimits
 from pipeline.runtime.stall import mark_stopping, running_job
 from pipeline.task import GUARDS
@@ -80,7 +81,7 @@ class Worker(CeleryWorker):
         queues = set(self.app.amqp.queues.consume_from)
         refuse_dead_letter_queue(queues)
         self.apply_profile(queues)
-        if _is_solo(getattr(self, "pool_cls", None)):
+        if is_solo(getattr(self, "pool_cls", None)):
             timelimits.enable()  # Celery enforces no time limit in the solo pool: a timer in the main thread does
             acks.enable_carried_results()  # a job's result is stored by the call that acknowledges it
             request.enable_decoded_bodies()  # the job runs here: its body is decoded once, not twice
@@ -114,7 +115,7 @@ class Worker(CeleryWorker):
     def wait_for_soft_shutdown(self) -> Any:
         if not (state.active_requests or state.reserved_requests):
             return None
-        if _is_solo(getattr(self, "pool_cls", None)):
+        if is_solo(getattr(self, "pool_cls", None)):
             # The job runs in this thread, under this signal handler: sleeping would pause it, not let it
             # finish. Cold shutdown at once: the running job goes back to its queue now, not in N seconds.
             log.warning("solo worker: the running job is requeued now (it cannot finish during a soft shutdown)")
@@ -122,12 +123,6 @@ class Worker(CeleryWorker):
         # The soft shutdown sleeps in the signal handler, so the event loop (and the heartbeat) stops meanwhile.
         mark_stopping(float(self.app.conf.worker_soft_shutdown_timeout or 0))
         return super().wait_for_soft_shutdown()
-
-
-def _is_solo(pool_cls: Any) -> bool:
-    """`-P solo` (an alias until Celery resolves it, or the class itself)."""
-    name = pool_cls if isinstance(pool_cls, str) else getattr(pool_cls, "__module__", "")
-    return name == "solo" or str(name).endswith("concurrency.solo")
 
 
 def _wake() -> None:
