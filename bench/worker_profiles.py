@@ -161,6 +161,14 @@ def systems(queue: str) -> list[System]:
             supervised=2,
         ),
         System("pipeline worker --processes 3 (solo)", "app", queue, [], supervised=3),
+        System(
+            "pipeline worker --processes 3 (solo, prefetch 8)",
+            "app",
+            queue,
+            [],
+            {"WORKER_PREFETCH_MULTIPLIER": "8"},
+            supervised=3,
+        ),
         System("pipeline worker --processes 4 (solo)", "app", queue, [], supervised=4),
         System("pipeline gevent c16", "app", queue, [["-P", "gevent", "-c", "16"]]),
     ]
