@@ -55,8 +55,11 @@ def _room(value: Any, levels: int, room: int) -> int:
 def result_repr(o: Any, maxlen: int | None = None, maxlevels: int = 3, seen: Any = None) -> str:
     """`saferepr(o, maxlen, maxlevels, seen)`, by Python's `repr` when `o` is plain data (see the module doc)."""
     if seen is None and _room(o, maxlevels, PLAIN_ITEMS) >= 0:
-        text = repr(o)
-        if maxlen is None or len(text) <= maxlen:
+        try:
+            text = repr(o)
+        except ValueError:  # an int over Python's digit limit: Celery's walker says what it says of it
+            text = None
+        if text is not None and (maxlen is None or len(text) <= maxlen):
             return text
     return str(celery_saferepr(o, maxlen=maxlen, maxlevels=maxlevels, seen=seen))
 

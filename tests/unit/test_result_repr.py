@@ -78,6 +78,17 @@ def test_anything_else_goes_to_celerys_saferepr(value: Any) -> None:
     assert result_repr(value, 1024) == saferepr(value, 1024)
 
 
+def test_an_int_python_will_not_write_goes_to_celerys_saferepr() -> None:
+    value = {"n": 10**5000}  # over Python's int-to-text digit limit: repr raises
+    try:
+        expected = saferepr(value, 1024)
+    except ValueError:
+        with pytest.raises(ValueError, match="digits"):
+            result_repr(value, 1024)
+    else:
+        assert result_repr(value, 1024) == expected
+
+
 def test_a_cycle_goes_to_celerys_saferepr() -> None:
     value: list[Any] = [1]
     value.append(value)
