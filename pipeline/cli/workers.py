@@ -6,9 +6,9 @@ per job. A prefork worker pays it twice (its main process fetches, acknowledges 
 over a pipe; the child runs and stores the result) and its main process is the bottleneck; a threads
 pool shares one interpreter lock. N solo workers each do everything in one process, one job at a time,
 and use N cores; their start latency stays at the round trip. The default N is one more than the CPUs the
-supervisor may run on (`default_processes`): a solo worker waits for each Redis round trip (its job's own, its
-fetch), and a third worker on two cores keeps both busy meanwhile (measured: about 10 % more jobs/s than two,
-fewer with four). Time limits hold in them through a timer
+supervisor may use (`default_processes`: its affinity, or its container's CPU quota when lower): a solo worker
+waits for each Redis round trip (its job's own, its fetch), and a third worker on two cores keeps both busy
+meanwhile (measured: about 10 % more jobs/s than two, fewer with four). Time limits hold in them through a timer
 in the main thread (`pipeline.runtime.timelimits`).
 
 The supervisor starts `celery -A <app> worker -P solo -n <name><i>@%h <args>` N times, each in its own
@@ -24,6 +24,7 @@ Each worker writes its own heartbeat file: `pipeline worker-health --node '<name
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -38,6 +39,8 @@ from pipeline.observability import endpoint
 #: Exit status of a Celery worker that refused to start (a bad setting, the DLQ among its queues).
 EX_REFUSED = 2
 RESTART_DELAY_S = 1.0
+#: Where a container sees its own control group (its CPU quota).
+CGROUP = Path("/sys/fs/cgroup")
 
 
 def metrics_directory() -> Path:
@@ -52,13 +55,32 @@ def metrics_directory() -> Path:
     return directory
 
 
-def default_processes() -> int:
-    """One solo worker per CPU this process may run on (its affinity mask, which cpusets narrow), plus one."""
+def quota_cpus(cgroup: Path = CGROUP) -> int | None:
+    """The CPUs a CFS quota gives this container, rounded up (cgroup v2 `cpu.max`, else v1 `cpu.cfs_quota_us` over
+    `cpu.cfs_period_us`, as Docker's `--cpus` and a Kubernetes CPU limit set them); None when there is none."""
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota = (cgroup / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (cgroup / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    try:
+        allowed, per = int(quota), int(period)
+    except ValueError:  # "max": no quota
+        return None
+    return max(1, math.ceil(allowed / per)) if allowed > 0 and per > 0 else None
+
+
+def default_processes(cgroup: Path = CGROUP) -> int:
+    """One solo worker per CPU this process may use, plus one: the CPUs its affinity mask allows (which cpusets
+    narrow), or fewer when a CFS quota gives it fewer."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity call on this platform
         cpus = os.cpu_count() or 1
-    return cpus + 1
+    return min(cpus, quota_cpus(cgroup) or cpus) + 1
 
 
 def worker_argv(app: str, name: str, index: int, celery_args: list[str]) -> list[str]:
