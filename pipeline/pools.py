@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 #: Celery's `-P` aliases that name the same pool as another.
-_ALIASES = {"processes": "prefork", "thread": "threads"}
+_ALIASES = {"processes": "prefork"}
 #: The module of each of Celery's pools, by the kind it is.
 _MODULES = {
     "celery.concurrency.solo": "solo",

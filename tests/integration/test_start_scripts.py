@@ -16,26 +16,29 @@ from tests.support.worker_app import ledger
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize(("script", "pool"), [("start-worker-io", "solo"), ("start-worker-cpu", "prefork")])
+@pytest.mark.parametrize(
+    ("script", "pool", "processes"),
+    [("start-worker-io", "solo", ""), ("start-worker-io", "solo", "2"), ("start-worker-cpu", "prefork", "")],
+)
 def test_profile_script_runs_a_worker_with_metrics(
-    script: str, pool: str, work_dir: Path, redis_server: RedisServer
+    script: str, pool: str, processes: str, work_dir: Path, redis_server: RedisServer
 ) -> None:
     queue = f"obs-{script}-{uuid.uuid4().hex[:6]}"
     port = free_port()
-    multiproc = work_dir / f"multiproc-{script}"
+    multiproc = work_dir / f"multiproc-{script}-{processes}"
     env = {
         "CELERY_APP": "tests.support.worker_app",
         "WORKER_QUEUES": queue,
         "WORKER_CONCURRENCY": "2",  # the cpu profile's pool processes
-        "WORKER_PROCESSES": "",  # the io profile's solo workers: empty, so one per CPU plus one
+        "WORKER_PROCESSES": processes,  # the io profile's solo workers; empty: one per CPU plus one
         "METRICS_PORT": str(port),
         "METRICS_ADDRESS": "127.0.0.1",
         "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
-    worker = Worker(script, work_dir / "logs", env)
+    worker = Worker(f"{script}{processes}", work_dir / "logs", env)
     worker.argv = [str(ROOT / "deploy" / "docker" / script), "--without-gossip", "--without-mingle"]
-    solo = len(os.sched_getaffinity(0)) + 1
+    solo = int(processes) if processes else len(os.sched_getaffinity(0)) + 1
     worker.start()
     try:
         if pool == "solo":  # workers of one process each, under the supervisor
