@@ -130,6 +130,9 @@ _pending_results: list[Stored] = []
 #: Tags Celery dropped without running (its consumer's `on_close` after a lost connection): released by the
 #: renewal thread, so a sweep puts them back on their queues.
 _dropped: set[str] = set()
+#: Tags a call that acknowledges them is carrying to Redis now (`settling`, until `settled` or `remember_ack`): that
+#: call removes their leases, and a renewal running after it in Redis must not take them for lost.
+_settling: set[str] = set()
 _lease_seconds = 30.0
 _node: str | None = None
 _streak_since: float | None = None  # monotonic time of the first renewal of the current unbroken run
@@ -185,6 +188,14 @@ def release(tag: str) -> None:
     with _lock:
         _held.discard(tag)
         _pending_acks.discard(tag)
+        _settling.discard(tag)
+
+
+def settling(tags: Iterable[str]) -> None:
+    """`tags` are acknowledged by a call sent now (a fetch carrying them, or `settle`): until its reply (`settled`)
+    or its failure (`remember_ack`), a renewal neither renews them nor reports them lost."""
+    with _lock:
+        _settling.update(tags)
 
 
 def held() -> set[str]:
@@ -211,7 +222,7 @@ def forget_lost(tags: Iterable[str]) -> None:
 def drop(tags: Iterable[str]) -> None:
     """Stop holding `tags` (the worker forgot them unrun): their leases are given up for a sweep to restore."""
     with _lock:
-        tags = (set(tags) & _held) - _pending_acks  # an acknowledged job is done: never given back
+        tags = (set(tags) & _held) - _pending_acks - _settling  # an acknowledged job is done: never given back
         _held.difference_update(tags)
         _dropped.update(tags)
     if tags:
@@ -231,6 +242,7 @@ def remember_ack(tag: str, exc: BaseException) -> None:
     """An acknowledgement whose outcome is unknown: the renewal thread applies it (after any remembered results)."""
     with _lock:
         _pending_acks.add(tag)
+        _settling.discard(tag)  # renewed again until the renewal thread applies it
     _wake.set()
     log.warning("could not acknowledge a job now (%r); acknowledging it (if still ours) on reconnect", exc)
 
@@ -279,7 +291,14 @@ def settle(client: Any, tags: list[str], results: list[Stored] | None = None) ->
     results = results or []
     keys = [UNACKED_KEY, UNACKED_INDEX_KEY, LEASE_KEY, DELIVERIES_KEY, *(key for key, _value, _expires in results)]
     values = [x for _key, value, expires in results for x in (value, expires)]
-    return settled(tags, client.eval(SETTLE, len(keys), *keys, owner(), prefix, len(results), *values, *tags))
+    settling(tags)
+    try:
+        reply = client.eval(SETTLE, len(keys), *keys, owner(), prefix, len(results), *values, *tags)
+    except BaseException:
+        with _lock:
+            _settling.difference_update(tags)  # still held: renewed until acknowledged again
+        raise
+    return settled(tags, reply)
 
 
 def settled(tags: list[str], fenced_reply: list[Any]) -> set[str]:
@@ -319,7 +338,8 @@ def _renew(client: Any, now: float | None) -> set[str]:
         client.eval(RELEASE, 2, UNACKED_INDEX_KEY, LEASE_KEY, owner(), *dropped)
         with _lock:
             _dropped.difference_update(dropped)
-    tags = sorted(held())
+    with _lock:
+        tags = sorted(_held - _settling)
     stamp = repr((time.time() if now is None else now) + _lease_seconds)  # the index holds when each lease expires
     lost: set[str] = set()
     for start in range(0, len(tags), RENEW_BATCH):
@@ -328,11 +348,14 @@ def _renew(client: Any, now: float | None) -> set[str]:
             x.decode() if isinstance(x, bytes) else str(x)
             for x in client.eval(RENEW, 2, UNACKED_INDEX_KEY, LEASE_KEY, owner(), stamp, *batch)
         )
+    with _lock:
+        # A tag acknowledged since the snapshot (its acknowledging call ran in Redis before the renewal) has no
+        # lease left, yet is not lost: it is settling, or settled and no longer held.
+        lost = (lost & _held) - _settling
+        _held.difference_update(lost)
+        _lost.update(lost)
     if lost:
         metrics.leases.labels(outcome="lost").inc(len(lost))
-        with _lock:
-            _held.difference_update(lost)
-            _lost.update(lost)
         log.error(
             "lease lost on %d delivery(ies) (a peer may run them): they will not run or be acknowledged here", len(lost)
         )

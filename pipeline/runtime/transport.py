@@ -247,6 +247,7 @@ class _Leased:
         else:
             self._settle_carried(redis.exceptions.ConnectionError("no reply to the last fetch"))
             self._carried = tags, results = self.qos.take_acks()
+            lease.settling(tags)  # the script below removes their leases: not lost to a renewal meanwhile
             command = ["EVALSHA", fetch.FETCH_SHA, *fetch.args(self, queues, fetch.batch_size(self), tags, results)]
             self._waiting = False
         self._in_poll = self.client.connection

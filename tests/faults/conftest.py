@@ -75,5 +75,12 @@ def conn(own_redis: RedisServer, own_leases: None) -> Iterator[Any]:
 
 def _clear(lease: Any) -> None:
     with lease._lock:
-        for registry in (lease._held, lease._lost, lease._pending_acks, lease._dropped, lease._pending_results):
+        for registry in (
+            lease._held,
+            lease._lost,
+            lease._pending_acks,
+            lease._dropped,
+            lease._pending_results,
+            lease._settling,
+        ):
             registry.clear()

@@ -152,6 +152,50 @@ def test_an_ack_after_the_lease_moved_to_a_peer_is_fenced(
     assert client.hlen("unacked") == 1
 
 
+def test_a_renewal_that_reaches_redis_after_the_acknowledgement_finds_nothing_lost(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    """The renewal thread takes its list of held jobs, then the event loop acknowledges one (its lease record goes
+    with it) before the renewal's call reaches Redis: the job is done, not lost to a peer."""
+    _publish(conn, queue_name, {"n": 9})
+    (message,) = _drain(conn, queue_name, 1)
+    client = own_redis.client()
+    tag = message.delivery_tag
+
+    class AckedMeanwhile:
+        def eval(self, script: str, *args: Any) -> Any:
+            if script == lease.RENEW:
+                message.ack()  # the worker's own fenced acknowledgement, applied and answered
+            return client.eval(script, *args)
+
+    assert tag in lease.held()
+    assert lease.renew_once(AckedMeanwhile()) == set()
+    assert not lease.is_lost(tag) and tag not in lease.held()
+    assert client.hlen("unacked") == 0 and client.hlen(LEASE_KEY) == 0
+
+
+def test_a_renewal_while_an_acknowledgement_awaits_its_reply_finds_nothing_lost(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    """The acknowledging call ran in Redis, its reply is not read yet, and the renewal runs meanwhile (a solo
+    worker's fetch carrying its batch's acknowledgements is in flight for a whole round trip)."""
+    _publish(conn, queue_name, {"n": 10})
+    (message,) = _drain(conn, queue_name, 1)
+    client = own_redis.client()
+    tag = message.delivery_tag
+    renewals: list[set[str]] = []
+
+    class RenewBeforeTheReply:
+        def eval(self, script: str, *args: Any) -> Any:
+            reply = client.eval(script, *args)
+            renewals.append(lease.renew_once(client))
+            return reply
+
+    assert lease.settle(RenewBeforeTheReply(), [tag]) == set()  # acknowledged, not fenced
+    assert renewals == [set()] and not lease.is_lost(tag) and tag not in lease.held()
+    assert client.hlen("unacked") == 0 and client.hlen(LEASE_KEY) == 0
+
+
 def test_an_ack_made_while_redis_is_down_is_applied_by_the_renewal(
     own_redis: RedisServer, conn: Connection, queue_name: str
 ) -> None:
