@@ -18,7 +18,8 @@ from pipeline.constants import HEADER_PUBLISHED_AT
 from pipeline.observability import metrics
 from pipeline.task import request_header
 
-_started: dict[str, float] = {}
+#: task id → (when the attempt started, its queue), from `task_prerun` to `task_postrun`.
+_started: dict[str, tuple[float, str]] = {}
 
 
 def queue_of(task: Any, request: Any = None) -> str:
@@ -60,19 +61,23 @@ def queue_wait(request: Any, now: float) -> float | None:
 
 
 def started(task: Any, task_id: str) -> None:
-    _started[task_id] = time.perf_counter()
-    wait = queue_wait(task.request, time.time())
+    request = task.request
+    queue = queue_of(task, request)
+    _started[task_id] = (time.perf_counter(), queue)  # the queue again for `finished`: looked up once per job
+    wait = queue_wait(request, time.time())
     if wait is not None:
-        metrics.child(metrics.task_queue_wait, task.name, queue_of(task)).observe(wait)
+        metrics.child(metrics.task_queue_wait, task.name, queue).observe(wait)
 
 
 def finished(task: Any, task_id: str, state: str | None = None) -> None:
     """The attempt's runtime and, when it succeeded, its outcome (`task_postrun` carries the final state, so the
     success needs no handler of its own); failures, retries and revokes have their own signals."""
     began = _started.pop(task_id, None)
-    queue = queue_of(task)
-    if began is not None:
-        metrics.child(metrics.task_runtime, task.name, queue).observe(time.perf_counter() - began)
+    if began is None:
+        queue = queue_of(task)
+    else:
+        start, queue = began
+        metrics.child(metrics.task_runtime, task.name, queue).observe(time.perf_counter() - start)
     if state == states.SUCCESS:
         outcome(task.name, queue, "succeeded")
 

@@ -245,7 +245,8 @@ class _Leased:
             command: list[Any] = ["BLMOVE", key, key, "RIGHT", "RIGHT", f"{wait:.3f}"]
             self._waiting = True
         else:
-            self._settle_carried(redis.exceptions.ConnectionError("no reply to the last fetch"))
+            if self._carried:  # the last fetch's reply never came: what it carried may not be applied
+                self._settle_carried(redis.exceptions.ConnectionError("no reply to the last fetch"))
             self._carried = tags, results = self.qos.take_acks()
             lease.settling(tags)  # the script below removes their leases: not lost to a renewal meanwhile
             command = ["EVALSHA", fetch.FETCH_SHA, *fetch.args(self, queues, fetch.batch_size(self), tags, results)]
