@@ -192,10 +192,17 @@ def release(tag: str) -> None:
 
 
 def settling(tags: Iterable[str]) -> None:
-    """`tags` are acknowledged by a call sent now (a fetch carrying them, or `settle`): until its reply (`settled`)
-    or its failure (`remember_ack`), a renewal neither renews them nor reports them lost."""
+    """`tags` leave this worker by a call sent now (a fetch carrying their acknowledgements, `settle`, or a requeue
+    by the holder): until its reply (`settled`, `release`) or its failure (`remember_ack`, `unsettle`), a renewal
+    neither renews them nor reports them lost."""
     with _lock:
         _settling.update(tags)
+
+
+def unsettle(tags: Iterable[str]) -> None:
+    """The call that was to settle `tags` failed: they are still held, and renewed again."""
+    with _lock:
+        _settling.difference_update(tags)
 
 
 def held() -> set[str]:
@@ -295,8 +302,7 @@ def settle(client: Any, tags: list[str], results: list[Stored] | None = None) ->
     try:
         reply = client.eval(SETTLE, len(keys), *keys, owner(), prefix, len(results), *values, *tags)
     except BaseException:
-        with _lock:
-            _settling.difference_update(tags)  # still held: renewed until acknowledged again
+        unsettle(tags)  # still held: renewed until acknowledged again
         raise
     return settled(tags, reply)
 

@@ -152,6 +152,7 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
 
     def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
         self.restore_tag(tag, client, leftmost, owner=lease.owner())  # kombu's callers: only what I own
+        lease.release(tag)  # back on its queue (or a peer's): no longer held here
 
     def restore_tag(
         self,
@@ -184,8 +185,15 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
                 _restore_record(self.channel, raw, pipe, leftmost)
                 done = 1
 
-        with self._channel().conn_or_acquire(client) as conn:
-            conn.transaction(restore_transaction, self.unacked_key, LEASE_KEY, self.unacked_index_key)
+        if owner is not None:  # the holder's own requeue clears its lease: not lost to a renewal meanwhile
+            lease.settling([tag])
+        try:
+            with self._channel().conn_or_acquire(client) as conn:
+                conn.transaction(restore_transaction, self.unacked_key, LEASE_KEY, self.unacked_index_key)
+        except BaseException:
+            if owner is not None:
+                lease.unsettle([tag])
+            raise
         return done
 
 

@@ -196,6 +196,39 @@ def test_a_renewal_while_an_acknowledgement_awaits_its_reply_finds_nothing_lost(
     assert client.hlen("unacked") == 0 and client.hlen(LEASE_KEY) == 0
 
 
+def test_a_renewal_racing_the_holders_own_requeue_finds_nothing_lost(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    """A requeue by the worker that holds the job clears its lease record with it: a renewal that reaches Redis
+    after it, before or after the worker read its reply, is not a peer taking the job."""
+    _publish(conn, queue_name, {"n": 11})
+    _publish(conn, queue_name, {"n": 12})
+    first, second = _drain(conn, queue_name, 2)
+    client = own_redis.client()
+
+    class RequeuedMeanwhile:
+        def eval(self, script: str, *args: Any) -> Any:
+            if script == lease.RENEW:
+                first.requeue()  # QoS.reject(requeue=True): restored at the head, released
+            return client.eval(script, *args)
+
+    assert lease.renew_once(RequeuedMeanwhile()) == set()
+    assert not lease.is_lost(first.delivery_tag) and first.delivery_tag not in lease.held()
+    renewals: list[set[str]] = []
+
+    class RenewBeforeTheReply:
+        def transaction(self, *args: Any, **kwargs: Any) -> Any:
+            reply = client.transaction(*args, **kwargs)
+            renewals.append(lease.renew_once(client))
+            return reply
+
+    qos = conn.default_channel.qos
+    assert qos.restore_tag(second.delivery_tag, RenewBeforeTheReply(), leftmost=True, owner=lease.owner()) == 1
+    assert renewals == [set()] and not lease.is_lost(second.delivery_tag)
+    lease.release(second.delivery_tag)
+    assert client.llen(queue_name) == 2 and client.hlen("unacked") == 0 and client.hlen(LEASE_KEY) == 0
+
+
 def test_an_ack_made_while_redis_is_down_is_applied_by_the_renewal(
     own_redis: RedisServer, conn: Connection, queue_name: str
 ) -> None:
