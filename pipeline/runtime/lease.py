@@ -130,8 +130,9 @@ _pending_results: list[Stored] = []
 #: Tags Celery dropped without running (its consumer's `on_close` after a lost connection): released by the
 #: renewal thread, so a sweep puts them back on their queues.
 _dropped: set[str] = set()
-#: Tags a call that acknowledges them is carrying to Redis now (`settling`, until `settled` or `remember_ack`): that
-#: call removes their leases, and a renewal running after it in Redis must not take them for lost.
+#: Tags a call is taking out of this worker's hands now, removing their lease records (an acknowledgement, or the
+#: holder's own requeue: `settling`, until `release` or the call's failure): a renewal running after that call in
+#: Redis must not take them for lost.
 _settling: set[str] = set()
 _lease_seconds = 30.0
 _node: str | None = None
