@@ -37,7 +37,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pipeline.config.results import STORE_LUA, Stored
@@ -130,9 +131,8 @@ _pending_results: list[Stored] = []
 #: Tags Celery dropped without running (its consumer's `on_close` after a lost connection): released by the
 #: renewal thread, so a sweep puts them back on their queues.
 _dropped: set[str] = set()
-#: Tags a call is taking out of this worker's hands now, removing their lease records (an acknowledgement, or the
-#: holder's own requeue: `settling`, until `release` or the call's failure): a renewal running after that call in
-#: Redis must not take them for lost.
+#: Tags a call is taking out of this worker's hands now, with their lease records (an acknowledgement, the holder's
+#: requeue: `settling`): a renewal running after that call in Redis must not report them lost.
 _settling: set[str] = set()
 _lease_seconds = 30.0
 _node: str | None = None
@@ -193,17 +193,22 @@ def release(tag: str) -> None:
 
 
 def settling(tags: Iterable[str]) -> None:
-    """`tags` leave this worker by a call sent now (a fetch carrying their acknowledgements, `settle`, or a requeue
-    by the holder): until its reply (`settled`, `release`) or its failure (`remember_ack`, `unsettle`), a renewal
-    neither renews them nor reports them lost."""
+    """`tags` leave this worker by a call sent now (a fetch carrying their acknowledgements, or `leaving`): until
+    `release` or the call's failure (`remember_ack`), a renewal does not report them lost."""
     with _lock:
         _settling.update(tags)
 
 
-def unsettle(tags: Iterable[str]) -> None:
-    """The call that was to settle `tags` failed: they are still held, and renewed again."""
-    with _lock:
-        _settling.difference_update(tags)
+@contextmanager
+def leaving(tags: list[str]) -> Iterator[None]:
+    """`settling` around a synchronous call (`settle`, the holder's requeue); if it fails, `tags` are held as before."""
+    settling(tags)
+    try:
+        yield
+    except BaseException:
+        with _lock:
+            _settling.difference_update(tags)
+        raise
 
 
 def held() -> set[str]:
@@ -299,12 +304,8 @@ def settle(client: Any, tags: list[str], results: list[Stored] | None = None) ->
     results = results or []
     keys = [UNACKED_KEY, UNACKED_INDEX_KEY, LEASE_KEY, DELIVERIES_KEY, *(key for key, _value, _expires in results)]
     values = [x for _key, value, expires in results for x in (value, expires)]
-    settling(tags)
-    try:
+    with leaving(tags):
         reply = client.eval(SETTLE, len(keys), *keys, owner(), prefix, len(results), *values, *tags)
-    except BaseException:
-        unsettle(tags)  # still held: renewed until acknowledged again
-        raise
     return settled(tags, reply)
 
 
@@ -345,8 +346,7 @@ def _renew(client: Any, now: float | None) -> set[str]:
         client.eval(RELEASE, 2, UNACKED_INDEX_KEY, LEASE_KEY, owner(), *dropped)
         with _lock:
             _dropped.difference_update(dropped)
-    with _lock:
-        tags = sorted(_held - _settling)
+    tags = sorted(held())
     stamp = repr((time.time() if now is None else now) + _lease_seconds)  # the index holds when each lease expires
     lost: set[str] = set()
     for start in range(0, len(tags), RENEW_BATCH):
@@ -356,8 +356,8 @@ def _renew(client: Any, now: float | None) -> set[str]:
             for x in client.eval(RENEW, 2, UNACKED_INDEX_KEY, LEASE_KEY, owner(), stamp, *batch)
         )
     with _lock:
-        # A tag acknowledged since the snapshot (its acknowledging call ran in Redis before the renewal) has no
-        # lease left, yet is not lost: it is settling, or settled and no longer held.
+        # A tag that left this worker since the snapshot (acknowledged or requeued by a call that ran in Redis
+        # before the renewal) has no lease left, yet is not lost: it is settling, or settled and no longer held.
         lost = (lost & _held) - _settling
         _held.difference_update(lost)
         _lost.update(lost)

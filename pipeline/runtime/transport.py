@@ -185,15 +185,9 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
                 _restore_record(self.channel, raw, pipe, leftmost)
                 done = 1
 
-        if owner is not None:  # the holder's own requeue clears its lease: not lost to a renewal meanwhile
-            lease.settling([tag])
-        try:
-            with self._channel().conn_or_acquire(client) as conn:
-                conn.transaction(restore_transaction, self.unacked_key, LEASE_KEY, self.unacked_index_key)
-        except BaseException:
-            if owner is not None:
-                lease.unsettle([tag])
-            raise
+        # The holder's own requeue clears its lease: not lost to a renewal meanwhile (a sweep's restore holds none).
+        with lease.leaving([tag] if owner is not None else []), self._channel().conn_or_acquire(client) as conn:
+            conn.transaction(restore_transaction, self.unacked_key, LEASE_KEY, self.unacked_index_key)
         return done
 
 
