@@ -5,9 +5,10 @@
 metrics and their endpoint, logs, Sentry, the delayed-job releaser), the admission check of cluster-wide
 rate limits, Flower's authentication (`flower_auth`), the worker process class (`worker`), the job
 request class and the lease step (`request`, `fencing`, `lease`: a job whose lease was lost is not run
-here), the stall watchdog (`stall`), and task events that follow Flower's requests (`events`). The
-housekeeping tasks (`housekeeping`, `probe`) are task modules the worker imports by name; the worker class
-selects the worker's Redis transport (`transport`). Producers (CLI, API) never install any of this.
+here), how a solo worker starts a job (`strategy`), the stall watchdog (`stall`), and task events that
+follow Flower's requests (`events`). The housekeeping tasks (`housekeeping`, `probe`) are task modules the
+worker imports by name; the worker class selects the worker's Redis transport (`transport`). Producers (CLI,
+API) never install any of this.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pipeline.runtime.events import EventsLease
 from pipeline.runtime.fencing import LeaseStep
 from pipeline.runtime.request import REQUEST_CLASS
 from pipeline.runtime.stall import StallWatchdog
+from pipeline.runtime.strategy import STRATEGY
 from pipeline.runtime.worker import PromptShutdown, Worker
 from pipeline.scheduling import ratelimit
 from pipeline.task import ADMISSION, PipelineTask
@@ -51,6 +53,9 @@ def worker_app() -> Celery:
     # neither run nor acknowledged here (`lease`, `fencing`, `request`).
     PipelineTask.Request = REQUEST_CLASS
     app.Task.Request = REQUEST_CLASS
+    # A solo worker starts a job with Celery's own calls in a row, not through the pool's layers (`strategy`).
+    PipelineTask.Strategy = STRATEGY
+    app.Task.Strategy = STRATEGY
     app.steps["worker"].add(LeaseStep)
     # A heartbeat file the liveness probe reads: stale when the event loop stops, stalled when queued jobs
     # wait and this worker fetches none (`stall`, `pipeline worker-health`).

@@ -43,6 +43,15 @@ def _recording(handler: Callable[..., Any]) -> Callable[..., Any]:
     return enable_events
 
 
+def task_events_on(eventer: Any) -> bool:
+    """A task event sent now would be published: the dispatcher is on and sends the `task` group
+    (`EventDispatcher.send` drops an event of a group it does not send, after its caller built the event's fields)."""
+    if eventer is None or not eventer.enabled:
+        return False
+    groups = eventer.groups
+    return not groups or "task" in groups
+
+
 def install() -> None:
     """Record every `enable_events` command this process receives (idempotent)."""
     handler = Panel.data["enable_events"]

@@ -49,6 +49,7 @@ from pipeline.dlq import capture
 from pipeline.errors import DeliveryLimitExceeded
 from pipeline.pools import is_solo
 from pipeline.runtime import lease
+from pipeline.runtime.events import task_events_on
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +184,12 @@ class Request(CeleryRequest):
         self.send_event("task-failed", exception=repr(exc), traceback="")
         self.acknowledge()
         return True
+
+    def send_event(self, type: str, **fields: Any) -> None:
+        # Celery's, without building an event the dispatcher would drop (task events off: `pipeline.runtime.events`).
+        eventer = getattr(self, "_eventer", None)
+        if eventer and self.task.send_events and task_events_on(eventer):
+            eventer.send(type, uuid=self.id, **fields)
 
     def _announce_revoked(self, reason: Any, terminated: Any, signum: Any, expired: Any) -> None:
         if self._lease_lost:  # terminated by the fence: no REVOKED state over the peer's result

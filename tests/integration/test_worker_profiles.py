@@ -75,21 +75,26 @@ def run_job(queue: str) -> tuple[str, float]:
     return str(result.id), time.time()
 
 
+def quiet_then_loud(seen: list[dict[str, Any]], hostname: str, queue: str) -> str:
+    """A job with task events off (none seen before the worker's next heartbeat), then, after what Flower sends
+    every 5 s, a job whose task events arrive; returns that job's id."""
+    wait_for(lambda: heartbeat_after(seen, hostname, 0), 30, 0.1, what="the receiver to hear the worker")
+    quiet, done_at = run_job(queue)
+    wait_for(lambda: heartbeat_after(seen, hostname, done_at), 30, 0.1, what="a heartbeat after the job")
+    assert task_events(seen, quiet) == []
+    get_app().control.enable_events(destination=[hostname])
+    loud, _ = run_job(queue)
+    wait_for(lambda: "task-succeeded" in task_events(seen, loud), 30, 0.1, what="task events once asked")
+    return loud
+
+
 def test_task_events_are_off_until_asked_for_and_stop_when_nobody_asks(make_worker: Any) -> None:
     queue = f"events-{uuid.uuid4().hex[:6]}"
     worker = make_worker("events", {"EVENTS_IDLE_TIMEOUT": "10"}, queues=queue, concurrency=1)
     hostname = f"events@{socket.gethostname()}"
     with events_seen() as seen:
-        # Off by default: a job runs and its worker's next heartbeat arrives, with no task event before it.
-        wait_for(lambda: heartbeat_after(seen, hostname, 0), 30, 0.1, what="the receiver to hear the worker")
-        quiet, done_at = run_job(queue)
-        wait_for(lambda: heartbeat_after(seen, hostname, done_at), 30, 0.1, what="a heartbeat after the job")
-        assert task_events(seen, quiet) == []
-
-        # What Flower sends every 5 s: the worker's next jobs send task events.
-        get_app().control.enable_events(destination=[hostname])
-        loud, _ = run_job(queue)
-        wait_for(lambda: "task-succeeded" in task_events(seen, loud), 30, 0.1, what="task events once asked")
+        # Off by default; on at what Flower sends every 5 s.
+        loud = quiet_then_loud(seen, hostname, queue)
         assert task_events(seen, loud)[:2] == ["task-received", "task-started"]
 
         # Nobody asks again: after EVENTS_IDLE_TIMEOUT the worker stops sending them.
@@ -100,6 +105,19 @@ def test_task_events_are_off_until_asked_for_and_stop_when_nobody_asks(make_work
 
         wait_for(silent_job, 60, 1, what="task events to stop without requests")
     wait_for(lambda: "task events off: nobody asked for them" in worker.log(), 30, 0.2, what="the worker to say so")
+
+
+def test_a_solo_worker_sends_task_events_once_asked(make_worker: Any) -> None:
+    """A solo worker starts plain jobs on its direct path (`pipeline.runtime.strategy`): no task event while they
+    are off, Celery's three once Flower asks, with the fields Flower reads."""
+    queue = f"events-solo-{uuid.uuid4().hex[:6]}"
+    make_worker("events-solo", queues=queue, concurrency=1, pool="solo")
+    hostname = f"events-solo@{socket.gethostname()}"
+    with events_seen() as seen:
+        loud = quiet_then_loud(seen, hostname, queue)
+        assert task_events(seen, loud) == ["task-received", "task-started", "task-succeeded"]
+        received = next(e for e in seen if e.get("uuid") == loud and e["type"] == "task-received")
+        assert received["name"] == ledger.name and "key" in received["args"] and received["retries"] == 0
 
 
 def test_a_worker_says_the_old_visibility_timeout_setting_is_no_longer_read(make_worker: Any) -> None:
