@@ -21,12 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from celery import states
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
 from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 from celery.exceptions import BackendStoreError
+from kombu import serialization
+from kombu.exceptions import EncodeError
+from kombu.utils import json as kombu_json
 from kombu.utils.encoding import bytes_to_str, ensure_bytes
 
 #: Lua defining `store(key, value, expires)`: read the stored state, leave a SUCCESS alone (returns 0), else
@@ -48,6 +51,9 @@ local function store(key, value, expires)
 end
 """
 
+#: kombu's JSON encoder (`kombu.utils.json.dumps` builds one per call, with these same defaults).
+_JSON = kombu_json.JSONEncoder()
+
 # KEYS[1]: the task's key. ARGV: the encoded meta, its expiry in seconds (0: none).
 _STORE = STORE_LUA + "return store(KEYS[1], ARGV[1], ARGV[2])\n"
 
@@ -60,6 +66,8 @@ class OneTripStore:
     without a settings search and a timezone round trip per state stored."""
 
     _store_script: Any = None
+    #: Whether `encode` may skip kombu's registry: JSON, uncompressed, kombu's own encoder (read once per backend).
+    _plain_json: bool | None = None
     #: `result_extended`, read once per backend (Celery searches the settings for it on every store).
     _extended: bool | None = None
     #: Called with a SUCCESS about to be stored; True when it took the write over (it stores the result with the
@@ -81,6 +89,24 @@ class OneTripStore:
             return result
         self.ensure(self._store_once, (key, value, int(expires or 0)))
         return result
+
+    def encode(self: Any, data: Any) -> Any:
+        """Celery's `Backend.encode`: the same text, without kombu's registry lookup, its error-wrapping context
+        manager and a new encoder per call, when the result serializer is kombu's JSON, uncompressed."""
+        if self._plain_json is None:
+            registered = cast(Any, serialization).registry._encoders.get("json")  # kombu's own; untyped
+            self._plain_json = (
+                self.serializer == "json"
+                and not self.compression
+                and registered is not None
+                and registered[2] is kombu_json.dumps
+            )
+        if not self._plain_json:
+            return super().encode(data)  # type: ignore[misc]  # the Celery backend it is mixed into
+        try:
+            return _JSON.encode(data)
+        except Exception as exc:  # kombu's registry wraps any encoder error the same way
+            raise EncodeError(exc) from exc
 
     def _get_result_meta(
         self: Any,

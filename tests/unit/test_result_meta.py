@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ from celery import Celery
 from celery.app.task import Context
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
 from celery.result import AsyncResult
+from kombu.exceptions import EncodeError
 
 from pipeline.config.results import RedisBackend
 
@@ -69,3 +72,38 @@ def test_an_unformatted_date_is_the_apps_aware_now() -> None:
     meta = backend._get_result_meta({"ok": True}, "SUCCESS", None, None, format_date=False)
     assert isinstance(meta["date_done"], datetime) and meta["date_done"].utcoffset() is not None
     assert meta["children"] is None and "group_id" not in meta
+
+
+_VALUES: list[Any] = [
+    {"status": "SUCCESS", "result": {"ok": True, "n": 3, "text": "é ✓ \n"}, "traceback": None, "children": []},
+    {"status": "FAILURE", "result": {"exc_type": "ValueError", "exc_message": ["bad"]}, "date_done": "2026-12-02"},
+    {"when": datetime(2026, 12, 2, 8, 0, tzinfo=UTC), "id": uuid.UUID(int=7), "raw": b"raw", "n": Decimal("1.5")},
+    ["a", 1, 2.5, None, True, {"nested": [1, {"deep": "x"}]}],
+    "plain text",
+]
+
+
+@pytest.mark.parametrize("value", _VALUES)
+def test_a_result_is_encoded_as_celery_encodes_it(value: Any) -> None:
+    backend = _backend(extended=False, timezone="UTC")
+    ours = backend.encode(value)
+    assert backend._plain_json  # the short path ran
+    assert ours == CeleryRedisBackend.encode(backend, value)
+    assert type(ours) is type(CeleryRedisBackend.encode(backend, value))
+
+
+def test_what_json_cannot_encode_fails_as_in_celery() -> None:
+    backend = _backend(extended=False, timezone="UTC")
+    with pytest.raises(EncodeError) as celerys:
+        CeleryRedisBackend.encode(backend, {"x": object()})
+    with pytest.raises(EncodeError) as ours:
+        backend.encode({"x": object()})
+    assert str(ours.value) == str(celerys.value)
+
+
+def test_another_serializer_or_compression_takes_celerys_path() -> None:
+    backend = _backend(extended=False, timezone="UTC")
+    backend.compression = "zlib"
+    value = {"ok": True}
+    assert backend.encode(value) == CeleryRedisBackend.encode(backend, value)
+    assert backend._plain_json is False
