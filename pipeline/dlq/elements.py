@@ -17,9 +17,9 @@ import logging
 from typing import Any
 
 from kombu.utils.encoding import bytes_to_str
-from kombu.utils.json import loads
 
 from pipeline.dlq.capture import from_raw
+from pipeline.kombujson import loads
 from pipeline.observability import metrics
 
 log = logging.getLogger(__name__)
