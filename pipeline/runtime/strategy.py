@@ -69,6 +69,7 @@ def default(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
     Req = celery_strategy.create_request_cls(symbol_by_name(task.Request), task, pool, hostname, eventer, app=app)  # type: ignore[attr-defined]  # untyped in celery-types
     trace = celery_trace.fast_trace_task if app.use_fast_trace_task else celery_trace.trace_task_ret
     pid = os.getpid()
+    utc = app.uses_utc_timezone()  # `app.timezone` is a cached property: fixed once read
 
     def task_message_handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **options: Any) -> Any:
         headers = message.headers
@@ -92,7 +93,7 @@ def default(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
             body=message.body,
             headers=headers,
             decoded=False,
-            utc=app.uses_utc_timezone(),
+            utc=utc,
         )
         if does_info:
             context = {"id": req.id, "name": req.name, "args": req.argsrepr, "kwargs": req.kwargsrepr, "eta": req.eta}
