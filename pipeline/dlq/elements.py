@@ -18,8 +18,8 @@ from typing import Any
 
 from kombu.utils.encoding import bytes_to_str
 
+from pipeline.config.serialization import loads
 from pipeline.dlq.capture import from_raw
-from pipeline.kombujson import loads
 from pipeline.observability import metrics
 
 log = logging.getLogger(__name__)

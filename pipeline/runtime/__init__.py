@@ -3,20 +3,21 @@
 `celery -A pipeline ...` resolves `pipeline.app` to `worker_app()`: the configured app from
 `pipeline.celery_app` plus, once per process, the signal handlers (`signals`: dead-letter capture,
 metrics and their endpoint, logs, Sentry, the delayed-job releaser), the admission check of cluster-wide
-rate limits, the task context's custom headers (`context`), kombu's JSON decoding (`pipeline.kombujson`),
-Flower's authentication (`flower_auth`), the worker process class (`worker`), the job request class and the
-lease step (`request`, `fencing`, `lease`: a job whose lease was lost is not run here), how a solo worker starts
-a job (`strategy`), the stall watchdog (`stall`), and task events that follow Flower's requests (`events`). The
-housekeeping tasks (`housekeeping`, `probe`) are task modules the worker imports by name; the worker class
-selects the worker's Redis transport (`transport`). Producers (CLI, API) never install any of this.
+rate limits, the task context's custom headers (`context`), kombu's JSON decoding
+(`pipeline.config.serialization`), Flower's authentication (`flower_auth`), the worker process class
+(`worker`), the job request class and the lease step (`request`, `fencing`, `lease`: a job whose lease was
+lost is not run here), how a solo worker starts a job (`strategy`), the stall watchdog (`stall`), and task
+events that follow Flower's requests (`events`). The housekeeping tasks (`housekeeping`, `probe`) are task
+modules the worker imports by name; the worker class selects the worker's Redis transport (`transport`).
+Producers (CLI, API) never install any of this.
 """
 
 from __future__ import annotations
 
 from celery import Celery
 
-from pipeline import kombujson
 from pipeline.celery_app import get_app
+from pipeline.config import serialization
 from pipeline.runtime import context, events, flower_auth, signals
 from pipeline.runtime.events import EventsLease
 from pipeline.runtime.fencing import LeaseStep
@@ -34,7 +35,7 @@ def install() -> None:
     flower_auth.install()
     events.install()
     context.install()
-    kombujson.install()
+    serialization.install()
     if ratelimit.admit not in ADMISSION:
         ADMISSION.append(ratelimit.admit)
 
@@ -42,7 +43,7 @@ def install() -> None:
 def uninstall() -> None:
     signals.uninstall()
     context.uninstall()
-    kombujson.uninstall()
+    serialization.uninstall()
     if ratelimit.admit in ADMISSION:
         ADMISSION.remove(ratelimit.admit)
 

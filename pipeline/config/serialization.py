@@ -6,8 +6,8 @@ each with several objects, so the hook runs about eight times per job. An object
 come from text that holds `"__type__"` literally or writes a key with a `\\u` escape; text with neither decodes to
 the same value with the standard decoder alone. `loads` checks that and otherwise calls kombu's.
 
-`install` makes it kombu's decoder of `application/json` in the worker process (the encoder stays kombu's), so
-Celery's decoding of message bodies uses it too.
+`install` (the worker's runtime) makes it kombu's decoder of `application/json` in the worker process (the
+encoder stays kombu's), so Celery's decoding of message bodies uses it too.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kombu import serialization
+from kombu import serialization as kombu_serialization
 from kombu.utils import json as kombu_json
 
 
@@ -32,10 +32,12 @@ def loads(s: Any) -> Any:
 
 def install() -> None:
     """kombu's registry decodes `application/json` with `loads` (idempotent)."""
-    serialization.register("json", kombu_json.dumps, loads, content_type="application/json", content_encoding="utf-8")
+    kombu_serialization.register(
+        "json", kombu_json.dumps, loads, content_type="application/json", content_encoding="utf-8"
+    )
 
 
 def uninstall() -> None:
-    serialization.register(
+    kombu_serialization.register(
         "json", kombu_json.dumps, kombu_json.loads, content_type="application/json", content_encoding="utf-8"
     )

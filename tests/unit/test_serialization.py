@@ -1,4 +1,4 @@
-"""`pipeline.kombujson.loads` returns what kombu's JSON decoder returns, for any text."""
+"""`pipeline.config.serialization.loads` returns what kombu's JSON decoder returns, for any text."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from kombu import serialization
+from kombu import serialization as kombu_serialization
 from kombu.utils import json as kombu_json
 
-from pipeline import kombujson
+from pipeline.config import serialization as ours
 
 
 def _value(rng: random.Random, depth: int = 0) -> Any:
@@ -51,7 +51,7 @@ def test_loads_is_kombus_for_any_encoded_value() -> None:
         text = kombu_json.dumps(_value(rng), ensure_ascii=rng.random() < 0.5)
         expected = _outcome(kombu_json.loads, text)
         for form in (text, text.encode(), memoryview(text.encode())):
-            assert _outcome(kombujson.loads, form) == expected
+            assert _outcome(ours.loads, form) == expected
 
 
 @pytest.mark.parametrize(
@@ -63,22 +63,22 @@ def test_loads_is_kombus_for_any_encoded_value() -> None:
     ],
 )
 def test_typed_objects_are_decoded_as_kombu_decodes_them(text: str) -> None:
-    assert kombujson.loads(text) == kombu_json.loads(text)
-    assert json.loads(text) != kombujson.loads(text)  # the hook ran
+    assert ours.loads(text) == kombu_json.loads(text)
+    assert json.loads(text) != ours.loads(text)  # the hook ran
 
 
 def test_invalid_text_fails_as_in_kombu() -> None:
     for text in ["{", "\ufeff{}", "", "[1,]"]:
-        assert _outcome(kombujson.loads, text) == _outcome(kombu_json.loads, text)
-        assert _outcome(kombujson.loads, text)[0] == "error"
+        assert _outcome(ours.loads, text) == _outcome(kombu_json.loads, text)
+        assert _outcome(ours.loads, text)[0] == "error"
 
 
 def test_installed_it_decodes_message_bodies_and_kombu_still_encodes() -> None:
-    kombujson.install()
+    ours.install()
     try:
         body = kombu_json.dumps([[{"when": datetime(2026, 12, 2, tzinfo=UTC)}], {}, {}])
-        assert serialization.loads(body, "application/json", "utf-8") == kombu_json.loads(body)
-        assert serialization.dumps({"ok": True}, serializer="json")[2] == kombu_json.dumps({"ok": True})
+        assert kombu_serialization.loads(body, "application/json", "utf-8") == kombu_json.loads(body)
+        assert kombu_serialization.dumps({"ok": True}, serializer="json")[2] == kombu_json.dumps({"ok": True})
     finally:
-        kombujson.uninstall()
-    assert serialization.registry._decoders["application/json"] is kombu_json.loads  # type: ignore[attr-defined]
+        ours.uninstall()
+    assert kombu_serialization.registry._decoders["application/json"] is kombu_json.loads  # type: ignore[attr-defined]
