@@ -28,7 +28,6 @@ from typing import Any
 from celery import signals
 from celery.app import trace as celery_trace
 from celery.concurrency.base import apply_target
-from celery.exceptions import TaskRevokedError
 from celery.utils.imports import symbol_by_name
 from celery.worker import strategy as celery_strategy
 from celery.worker.state import task_reserved
@@ -36,8 +35,6 @@ from celery.worker.worker import WorkController
 
 from pipeline.pools import is_solo
 from pipeline.runtime.events import task_events_on
-
-log = logging.getLogger(__name__)
 
 #: `Task.Strategy` of every pipeline task.
 STRATEGY = "pipeline.runtime.strategy:default"
@@ -118,11 +115,9 @@ def default(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
         if callbacks:
             for callback in callbacks:
                 callback(req)
-        # WorkController._process_task → Request.execute_using_pool → BasePool.apply_async → apply_target
-        try:
-            if req.revoked():
-                raise TaskRevokedError(req.id)
-        except TaskRevokedError:
+        # WorkController._process_task → Request.execute_using_pool (a revoked request is dropped there) →
+        # BasePool.apply_async → apply_target
+        if req.revoked():
             return None
         args = (req.type, req.id, req.request_dict, req.body, req.content_type, req.content_encoding)
         apply_target(trace, args, None, req.on_success, req.on_accepted, pid, monotonic=time.monotonic)
