@@ -16,7 +16,7 @@ One Redis key per effect, `pipeline:once:<task>:<idempotency key>`, moves throug
 - `sent` (full TTL): holds the result; any later attempt returns it without doing the effect again.
 
 Every transition is a compare-and-set on the exact value (one Lua script), so two concurrent copies of
-one job cannot both reach `sending`.
+one job cannot both reach `sending`: `pipeline/lua/once_cas.lua`.
 """
 
 from __future__ import annotations
@@ -30,15 +30,11 @@ import redis
 
 from pipeline.constants import KEY_PREFIX
 from pipeline.errors import PermanentError, TransientError
+from pipeline.lua import script
 
 ONCE_KEY = KEY_PREFIX + "once:{task}:{key}"
 #: How long a `claimed` record holds off other jobs with the same key (covers connect + render).
 LEASE_S = 120
-_CAS = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if ARGV[2] == '' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3]) end
-return 1
-"""
 
 
 class OutcomeUnknown(PermanentError):
@@ -60,7 +56,7 @@ class Once:
         return json.dumps({"state": state, "task_id": self.task_id, "token": self.token, "at": time.time(), **extra})
 
     def _cas(self, old: str, new: str | None, ttl: int) -> bool:
-        return bool(self.client.eval(_CAS, 1, self.key, old, new or "", ttl))
+        return bool(script("once_cas")(keys=[self.key], args=[old, new or "", ttl], client=self.client))
 
     def claim(self) -> dict[str, Any] | None:
         """Own the effect (returns None), or return the stored result of the job that already did it."""

@@ -2,49 +2,20 @@
 an idempotency key, atomically (a Lua script: one command, one reply).
 
 A MULTI of the same commands is one round trip too, but answers once per command; the script answers once.
-It runs by SHA (EVALSHA) and is sent whole only when Redis does not know it yet (after a restart or
-SCRIPT FLUSH).
+The script is `pipeline/lua/enqueue.lua` (its KEYS and ARGV layout are documented there), called through
+`pipeline.lua.script`: it runs by SHA (EVALSHA) and is sent whole only when Redis does not know it yet (after a
+restart or SCRIPT FLUSH).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 import redis
-from redis.exceptions import NoScriptError
 
 from pipeline.config import get_settings
 from pipeline.constants import JOB_RECORD_KEY, RECENT_JOBS_KEY
-
-#: KEYS: recent-jobs index, queue list, idempotency key (or any key, unused, when there is no claim).
-#: ARGV: record key prefix, record, record ttl, now, index size, job count n, event channel ('' for none),
-#: claim ttl ('' for no claim), then n ids, n messages, and n events when there is a channel.
-#: Returns n, or the id already holding the idempotency key (and writes nothing).
-SOURCE = """
-local prefix, record, ttl, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local keep, n, channel, claim_ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8]
-if claim_ttl ~= '' then
-  if not redis.call('SET', KEYS[3], ARGV[9], 'NX', 'EX', claim_ttl) then
-    return redis.call('GET', KEYS[3])
-  end
-end
-for i = 9, 8 + n do
-  redis.call('SET', prefix .. ARGV[i], record, 'EX', ttl)
-  redis.call('ZADD', KEYS[1], now, ARGV[i])
-end
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -keep - 1)
-for i = 9 + n, 8 + 2 * n do
-  redis.call('LPUSH', KEYS[2], ARGV[i])
-end
-if channel ~= '' then
-  for i = 9 + 2 * n, 8 + 3 * n do
-    redis.call('PUBLISH', channel, ARGV[i])
-  end
-end
-return n
-"""
-SHA = hashlib.sha1(SOURCE.encode()).hexdigest()  # noqa: S324  # Redis names scripts by SHA-1
+from pipeline.lua import script
 
 
 def store_jobs(
@@ -67,11 +38,8 @@ def store_jobs(
     claim_key, claim_ttl = claim if claim is not None else (dest, "")
     keys = (RECENT_JOBS_KEY.format(queue=queue), dest, claim_key)
     head = (JOB_RECORD_KEY.format(id=""), record, record_ttl, repr(now), get_settings().recent_jobs_max)
-    args: tuple[str | int, ...] = (*keys, *head, len(ids), channel, claim_ttl, *ids, *messages, *events)
-    try:
-        reply = client.evalsha(SHA, 3, *args)
-    except NoScriptError:
-        reply = client.eval(SOURCE, 3, *args)
+    args: tuple[str | int, ...] = (*head, len(ids), channel, claim_ttl, *ids, *messages, *events)
+    reply = script("enqueue")(keys=keys, args=args, client=client)
     if isinstance(reply, bytes):
         return reply.decode()
     return reply if isinstance(reply, str) else None

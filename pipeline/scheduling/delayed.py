@@ -1,12 +1,12 @@
 """Releasing parked delayed jobs (`pipeline.publish.schedule` parks them) onto their queues when due.
 
-One Lua script moves every entry due within DELAYED_RELEASE_AHEAD seconds onto its queue (LPUSH, as kombu
-does) and deletes it, atomically: an entry is released exactly once even when many releasers run, and a
-crash cannot lose or duplicate one. Every worker main process and every beat runs a releaser thread
-(`Releaser`) polling each DELAYED_POLL_INTERVAL seconds, so there is no single point of failure and no
-leader to elect. Released jobs keep their ETA, so the worker's timer starts them at the due time; a worker
-holds a released job at most DELAYED_RELEASE_AHEAD seconds before it is due (`Settings.release_ahead`),
-renewing its lease meanwhile.
+One Lua script (`pipeline/lua/delayed_release.lua`) moves every entry due within DELAYED_RELEASE_AHEAD seconds
+onto its queue (LPUSH, as kombu does) and deletes it, atomically: an entry is released exactly once even when
+many releasers run, and a crash cannot lose or duplicate one. Every worker main process and every beat runs a
+releaser thread (`Releaser`) polling each DELAYED_POLL_INTERVAL seconds, so there is no single point of
+failure and no leader to elect. Released jobs keep their ETA, so the worker's timer starts them at the due
+time; a worker holds a released job at most DELAYED_RELEASE_AHEAD seconds before it is due
+(`Settings.release_ahead`), renewing its lease meanwhile.
 """
 
 from __future__ import annotations
@@ -22,32 +22,17 @@ import redis
 from pipeline.broker import broker_redis
 from pipeline.config import get_settings
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
+from pipeline.lua import script
 
 log = logging.getLogger(__name__)
-
-_RELEASE = """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-local released = 0
-for _, id in ipairs(due) do
-  local dest = redis.call('HGET', KEYS[3], id)
-  local body = redis.call('HGET', KEYS[2], id)
-  if dest and body then
-    redis.call('LPUSH', dest, body)
-    released = released + 1
-  end
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('HDEL', KEYS[2], id)
-  redis.call('HDEL', KEYS[3], id)
-end
-return released
-"""
 
 
 def release_due(now: float | None = None, limit: int = 500) -> int:
     """Move up to `limit` jobs due within DELAYED_RELEASE_AHEAD onto their queues; return how many."""
     horizon = (time.time() if now is None else now) + get_settings().release_ahead
     with broker_redis() as client:
-        released = client.eval(_RELEASE, 3, DELAYED_KEY, DELAYED_MESSAGE_KEY, DELAYED_DEST_KEY, horizon, limit)
+        keys = [DELAYED_KEY, DELAYED_MESSAGE_KEY, DELAYED_DEST_KEY]
+        released = script("delayed_release")(keys=keys, args=[horizon, limit], client=client)
     return int(released)
 
 

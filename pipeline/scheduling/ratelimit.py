@@ -1,14 +1,14 @@
 """Cluster-wide rate limits: one GCRA limiter in Redis shared by every worker on every host.
 
 A typed task declares ``cluster_rate="20/s"`` (optionally ``cluster_burst=5`` and
-``rate_key=lambda job: job.host`` for a limit per destination, customer, ...). Before the task's
-function runs, one atomic Lua call on Redis (GCRA with reservation, Redis's own clock) either lets the
-job start now or reserves the next free slot for it. A job given a later slot is not run, not slept on
-and not retried: it is published again under the same task id for that slot (parked if far ahead, see
-`pipeline.publish`), with its attempt count unchanged, a `pipeline_rate_slot` header that lets it start
-without asking again (unless it arrives later than half an interval past it: late jobs ask again, so
-busy workers cannot bunch deferred jobs into a burst), and a `pipeline_throttled` count. Its state
-meanwhile is THROTTLED ("scheduled").
+``rate_key=lambda job: job.host`` for a limit per destination, customer, ...). Before the task's function
+runs, one atomic Lua call on Redis (GCRA with reservation, Redis's own clock:
+`pipeline/lua/rate_acquire.lua`) either lets the job start now or reserves the next free slot for it. A job
+given a later slot is not run, not slept on and not retried: it is published again under the same task id for
+that slot (parked if far ahead, see `pipeline.publish`), with its attempt count unchanged, a
+`pipeline_rate_slot` header that lets it start without asking again (unless it arrives later than half an
+interval past it: late jobs ask again, so busy workers cannot bunch deferred jobs into a burst), and a
+`pipeline_throttled` count. Its state meanwhile is THROTTLED ("scheduled").
 Each deferral counts in `pipeline_rate_limit_throttled_total{task}`.
 """
 
@@ -22,23 +22,9 @@ from celery.exceptions import Ignore
 from pipeline import publish
 from pipeline.broker import broker_redis
 from pipeline.constants import HEADER_RATE_SLOT, HEADER_THROTTLED, RATE_LIMIT_KEY
+from pipeline.lua import script
 from pipeline.observability import metrics
 from pipeline.task import ClusterRate, PipelineTask, request_header
-
-# GCRA with reservation. ARGV: emission interval T and burst tolerance tau, in ms. Returns the wait (ms)
-# before the caller's slot, 0 when it may start now; the slot is taken either way.
-_ACQUIRE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local interval, tau = tonumber(ARGV[1]), tonumber(ARGV[2])
-local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tat < now then tat = now end
-local start = tat - tau
-if start < now then start = now end
-local new_tat = tat + interval
-redis.call('SET', KEYS[1], tostring(new_tat), 'PX', math.ceil(new_tat - now + tau) + 1000)
-return tostring(start - now)
-"""
 
 
 def _redis_key(limit: ClusterRate, task_name: str, job: Any) -> str:
@@ -50,7 +36,8 @@ def acquire(limit: ClusterRate, task_name: str, job: Any) -> float:
     """Take a slot; return the seconds to wait for it (0: start now)."""
     interval_ms = limit.interval() * 1000
     with broker_redis() as client:
-        wait = client.eval(_ACQUIRE, 1, _redis_key(limit, task_name, job), interval_ms, (limit.burst - 1) * interval_ms)
+        keys = [_redis_key(limit, task_name, job)]
+        wait = script("rate_acquire")(keys=keys, args=[interval_ms, (limit.burst - 1) * interval_ms], client=client)
     return max(0.0, float(wait) / 1000)
 
 

@@ -14,11 +14,11 @@ from celery import signals
 from celery.result import AsyncResult
 from pydantic import TypeAdapter
 
-from pipeline import publish
+from pipeline import lua, publish
 from pipeline.celery_app import get_app
 from pipeline.constants import JOB_RECORD_KEY
 from pipeline.errors import PayloadInvalid
-from pipeline.producer import script, template, write
+from pipeline.producer import template, write
 from pipeline.records import accepted_record
 from pipeline.runtime.probe import ProbeResult, probe
 from pipeline.status import JobState, job_status
@@ -37,7 +37,7 @@ def test_one_enqueue_is_one_round_trip_that_writes_record_and_message_and_subscr
         task_id = probe.enqueue({"message": "one trip"})
     # A worker may already be running the job (its own connections mention the id too): what counts is what
     # the producer's connection sent.
-    (store,) = [c for c in seen.mentioning(task_id) if c["command"].split()[:2] == ["EVALSHA", script.SHA]]
+    (store,) = [c for c in seen.mentioning(task_id) if c["command"].split()[:2] == ["EVALSHA", lua.sha("enqueue")]]
     producer = (store["client_address"], store["client_port"])
     mine = [c for c in seen.commands if (c["client_address"], c["client_port"]) == producer]
     assert [c["command"].split()[0] for c in mine] == ["EVALSHA"]  # one command: one round trip
@@ -117,7 +117,7 @@ def test_enqueue_many_writes_each_chunk_in_one_round_trip(redis_server: RedisSer
         ids = write.enqueue_many(
             probe.name, probe.queue, probe._send, TypeAdapter(list[probe.payload_model]), [{}] * 25, 10
         )
-    calls = [c for c in seen.commands if c["command"].startswith(f"EVALSHA {script.SHA}")]
+    calls = [c for c in seen.commands if c["command"].startswith(f"EVALSHA {lua.sha('enqueue')}")]
     assert [sum(i in c["command"] for i in ids) for c in calls] == [10, 10, 5]  # one call per chunk
     pushed = [c for c in seen.commands if c["client_type"] == "lua" and c["command"].startswith("LPUSH ")]
     assert sum(any(i in c["command"] for i in ids) for c in pushed) == 25

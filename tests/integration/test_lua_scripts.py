@@ -1,0 +1,167 @@
+"""The server-side scripts in `pipeline/lua` run against a real Redis: what each writes and answers, that every
+file documents its KEYS and ARGV at its top, and that a server which lost its scripts (SCRIPT FLUSH, a
+restart) is sent them again by the registry without the caller noticing.
+
+The scripts run on a redis-server of this module's own, so flushing its scripts and its keys disturbs no
+worker of the session.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from pipeline.lua import names, script, sha, source
+from tests.support.procs import RedisServer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def lua_redis(work_dir: Path) -> Iterator[RedisServer]:
+    """A redis-server for this module alone."""
+    server = RedisServer(work_dir / f"lua-redis-{uuid.uuid4().hex[:6]}").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(lua_redis: RedisServer) -> Iterator[redis.Redis]:
+    """A client on an empty database, with no script loaded."""
+    client = lua_redis.client()
+    client.flushdb()
+    client.script_flush()
+    yield client
+    client.close()
+
+
+def enqueue(
+    client: redis.Redis,
+    ids: list[str],
+    *,
+    claim_key: str = "q",
+    claim_ttl: int | str = "",
+    channel: str = "",
+    keep: int = 100,
+    now: float = 1000.0,
+) -> object:
+    """Run `enqueue.lua` as `pipeline.producer.script.store_jobs` does: records `rec:<id>`, index `idx`,
+    queue `q`, message `m:<id>` and event `e:<id>` per job."""
+    messages = [f"m:{i}" for i in ids]
+    events = [f"e:{i}" for i in ids] if channel else []
+    args = ["rec:", "record", 600, repr(now), keep, len(ids), channel, claim_ttl, *ids, *messages, *events]
+    return script("enqueue")(keys=["idx", "q", claim_key], args=args, client=client)
+
+
+def test_enqueue_writes_records_index_messages_and_events(client: redis.Redis) -> None:
+    events = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]  # unannotated in redis-py
+    events.subscribe("events")
+    events.get_message(timeout=1)  # the subscription's confirmation
+    assert enqueue(client, ["a", "b", "c"], channel="events") == 3
+    assert [client.get(f"rec:{i}") for i in "abc"] == [b"record"] * 3
+    assert all(0 < client.ttl(f"rec:{i}") <= 600 for i in "abc")
+    assert client.zrange("idx", 0, -1, withscores=True) == [(b"a", 1000.0), (b"b", 1000.0), (b"c", 1000.0)]
+    assert client.lrange("q", 0, -1) == [b"m:c", b"m:b", b"m:a"]  # LPUSHed in order: the first is popped first
+    received = [events.get_message(timeout=1) for _ in range(3)]
+    assert [m["data"] for m in received if m] == [b"e:a", b"e:b", b"e:c"]
+    events.close()
+
+
+def test_enqueue_keeps_the_most_recent_entries_of_the_index(client: redis.Redis) -> None:
+    client.zadd("idx", {"old1": 1.0, "old2": 2.0, "old3": 3.0})
+    assert enqueue(client, ["new"], keep=2, now=10.0) == 1
+    assert client.zrange("idx", 0, -1) == [b"old3", b"new"]
+
+
+def test_enqueue_claims_the_idempotency_key_or_answers_its_holder_and_writes_nothing(client: redis.Redis) -> None:
+    assert enqueue(client, ["first"], claim_key="claim", claim_ttl=60) == 1
+    assert client.get("claim") == b"first" and 0 < client.ttl("claim") <= 60
+    assert enqueue(client, ["second"], claim_key="claim", claim_ttl=60) == b"first"
+    assert client.get("rec:second") is None
+    assert client.zrange("idx", 0, -1) == [b"first"]
+    assert client.lrange("q", 0, -1) == [b"m:first"]
+
+
+def cas(client: redis.Redis, old: str, new: str, ttl: int = 0) -> object:
+    return script("once_cas")(keys=["once"], args=[old, new, ttl], client=client)
+
+
+def test_once_cas_moves_the_key_only_from_the_expected_value(client: redis.Redis) -> None:
+    assert cas(client, "claimed", "sending", 60) == 0  # no key: nothing to compare with
+    assert client.get("once") is None
+    client.set("once", "claimed")
+    assert cas(client, "someone else's", "sending", 60) == 0
+    assert client.get("once") == b"claimed"
+    assert cas(client, "claimed", "sending", 60) == 1
+    assert client.get("once") == b"sending" and 0 < client.ttl("once") <= 60
+    assert cas(client, "sending", "") == 1  # '' deletes
+    assert client.exists("once") == 0
+
+
+def acquire(client: redis.Redis, interval_ms: float, tau_ms: float) -> float:
+    reply = script("rate_acquire")(keys=["rate"], args=[interval_ms, tau_ms], client=client)
+    assert isinstance(reply, bytes)
+    return float(reply)
+
+
+def test_rate_acquire_answers_the_wait_for_each_reserved_slot(client: redis.Redis) -> None:
+    waits = [acquire(client, 1000, 0) for _ in range(3)]  # 1/s, no burst
+    assert waits[0] == 0
+    assert 900 < waits[1] <= 1000 and 1900 < waits[2] <= 2000  # each call takes the next slot
+    assert 0 < client.pttl("rate") <= 4000  # the key outlives the last slot, then goes
+
+
+def test_rate_acquire_lets_a_burst_start_at_once(client: redis.Redis) -> None:
+    waits = [acquire(client, 1000, 2000) for _ in range(4)]  # 1/s, burst 3
+    assert waits[:3] == [0, 0, 0]
+    assert 900 < waits[3] <= 1000
+
+
+def test_delayed_release_moves_due_jobs_only(client: redis.Redis) -> None:
+    due = {"early": 100.0, "due": 200.0, "orphan": 150.0, "later": 300.0}
+    client.zadd("delayed", due)
+    client.hset("messages", mapping={"early": "body-early", "due": "body-due", "later": "body-later"})
+    client.hset("dests", mapping={"early": "queue-a", "due": "queue-b", "orphan": "queue-a", "later": "queue-a"})
+    released = script("delayed_release")(keys=["delayed", "messages", "dests"], args=[250.0, 500], client=client)
+    assert released == 2  # the orphan (no message) is dropped, not pushed
+    assert client.lrange("queue-a", 0, -1) == [b"body-early"]
+    assert client.lrange("queue-b", 0, -1) == [b"body-due"]
+    assert client.zrange("delayed", 0, -1) == [b"later"]
+    assert client.hkeys("messages") == [b"later"] and client.hkeys("dests") == [b"later"]
+
+
+def test_delayed_release_takes_at_most_the_limit_earliest_first(client: redis.Redis) -> None:
+    client.zadd("delayed", {"j1": 1.0, "j2": 2.0, "j3": 3.0})
+    client.hset("messages", mapping={"j1": "b1", "j2": "b2", "j3": "b3"})
+    client.hset("dests", mapping={"j1": "queue", "j2": "queue", "j3": "queue"})
+    keys = ["delayed", "messages", "dests"]
+    assert script("delayed_release")(keys=keys, args=[time.time(), 2], client=client) == 2
+    assert client.lrange("queue", 0, -1) == [b"b2", b"b1"]
+    assert client.zrange("delayed", 0, -1) == [b"j3"]
+
+
+def test_every_script_documents_its_keys_and_argv_at_its_top_and_is_named_by_its_sha() -> None:
+    assert {"enqueue", "once_cas", "rate_acquire", "delayed_release"} <= set(names())
+    for name in names():
+        lines = source(name).decode().splitlines()
+        assert lines and lines[0].startswith("--"), name
+        header = "\n".join(itertools.takewhile(lambda line: line.startswith("--"), lines))
+        assert "KEYS" in header and "ARGV" in header, name
+        assert script(name).sha == sha(name), name
+
+
+def test_a_server_that_lost_the_script_is_sent_it_again(client: redis.Redis) -> None:
+    assert cas(client, "x", "y") == 0
+    assert client.script_exists(sha("once_cas")) == [True]
+    client.script_flush()
+    assert client.script_exists(sha("once_cas")) == [False]
+    client.set("once", "x")
+    assert cas(client, "x", "y", 60) == 1  # NOSCRIPT answered by loading it, inside the call
+    assert client.get("once") == b"y"
+    assert client.script_exists(sha("once_cas")) == [True]
