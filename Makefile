@@ -3,21 +3,32 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+DEV_LOCK   := requirements-dev.lock
 PYTEST_ARGS ?=
+PY_SCRIPTS := scripts/lock scripts/upgrade-check
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps run test test-unit test-integration lint format typecheck bench clean
+.PHONY: help install lock upgrade-check system-deps run test test-unit test-integration lint format typecheck bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+# Exactly the locked versions, each checked against its hash; then the project itself, editable, built by the
+# locked setuptools. pyproject.toml's ranges are what the lock is compiled from (make lock).
+$(STAMP): $(DEV_LOCK) pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r $(DEV_LOCK)
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
-install: $(STAMP) ## Create or reuse the virtualenv and install the project with its dev tools
+install: $(STAMP) ## Create or reuse the virtualenv and install the locked versions (requirements-dev.lock) and the project
+
+lock: ## Recompile requirements*.lock from pyproject.toml, keeping locked versions it still allows (UPGRADE=1: newest)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) scripts/lock $(if $(UPGRADE),--upgrade)
+
+upgrade-check: install system-deps ## Newest versions pyproject.toml allows vs the lock, then parity and fault tests on them (JSON=1)
+	$(PY) scripts/upgrade-check $(if $(JSON),--json)
 
 system-deps: ## Install the system packages the tests need, when missing (idempotent; uses apt as root)
 	@scripts/ensure-system-deps
@@ -32,13 +43,13 @@ test-unit: install ## Only the tests that need no services
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 lint: install ## ruff (lint + format check) and mypy --strict
-	$(VENV)/bin/ruff check pipeline tasks tests bench
-	$(VENV)/bin/ruff format --check pipeline tasks tests bench
+	$(VENV)/bin/ruff check pipeline tasks tests bench $(PY_SCRIPTS)
+	$(VENV)/bin/ruff format --check pipeline tasks tests bench $(PY_SCRIPTS)
 	$(VENV)/bin/mypy
 
 format: install ## Apply ruff's fixes and formatting
-	$(VENV)/bin/ruff check --fix pipeline tasks tests bench
-	$(VENV)/bin/ruff format pipeline tasks tests bench
+	$(VENV)/bin/ruff check --fix pipeline tasks tests bench $(PY_SCRIPTS)
+	$(VENV)/bin/ruff format pipeline tasks tests bench $(PY_SCRIPTS)
 
 typecheck: install ## mypy --strict on pipeline/ and tasks/
 	$(VENV)/bin/mypy
@@ -47,4 +58,4 @@ bench: install system-deps ## Stock Celery (default settings) vs the pipeline, s
 	$(PY) -m bench
 
 clean: ## Remove the virtualenv, caches and local data
-	rm -rf $(VENV) .data .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) .upgrade-check .data .mypy_cache .ruff_cache .pytest_cache *.egg-info
