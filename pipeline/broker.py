@@ -20,6 +20,8 @@ from typing import Any
 import redis
 
 from pipeline.celery_app import get_app
+from pipeline.config import get_settings
+from pipeline.config.celery import is_sentinel
 from pipeline.constants import (
     DEAD_LETTER_QUEUE,
     HEADER_PUBLISHED_AT,
@@ -58,6 +60,26 @@ def broker_redis() -> Iterator[redis.Redis]:
         channel = conn.default_channel
         with channel.conn_or_acquire() as client:
             yield client
+
+
+def direct_redis(timeout: float) -> redis.Redis | None:
+    """A client of its own on the broker with short timeouts (`timeout`: connect and answer), so a call fails fast
+    while Redis is down.
+
+    The app's pool (`broker_redis`) connects through kombu's `Connection.default_channel`, which retries as long as
+    `broker_connection_max_retries` allows (forever); a watchdog or a lease renewal must not wait that long. None
+    for Sentinel URLs, which go through the pool (it follows failovers).
+    """
+    settings = get_settings()
+    url = settings.broker_url
+    if is_sentinel(url):
+        return None
+    options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    if url.startswith("rediss://"):
+        options["ssl_cert_reqs"] = settings.redis_tls_cert_reqs
+        if settings.redis_tls_ca_file is not None:
+            options["ssl_ca_certs"] = str(settings.redis_tls_ca_file)
+    return redis.Redis.from_url(url, **options)
 
 
 def queue_keys(queue: str) -> list[str]:

@@ -33,8 +33,8 @@ ROUTES: Final = {
 
 #: Modules holding the product's tasks, imported by the worker (by string: `pipeline` never imports `tasks`).
 TASK_MODULES: Final = (
-    "pipeline.runtime.housekeeping",
-    "pipeline.runtime.probe",
+    "tasks.housekeeping",
+    "tasks.probe",
     "tasks.email",
     "tasks.pdf",
     "tasks.media",
@@ -83,7 +83,7 @@ UNACKED_KEY: Final = "unacked"
 #: kombu's ZSET beside it (delivery tag → score); with leases, each lease's expiry.
 UNACKED_INDEX_KEY: Final = "unacked_index"
 
-#: Leases (`pipeline.runtime.lease`): HASH delivery tag → the worker incarnation that holds the delivery.
+#: Leases (`pipeline.delivery.lease`): HASH delivery tag → the worker incarnation that holds the delivery.
 LEASE_KEY: Final = KEY_PREFIX + "lease"
 #: HASH delivery tag → how many times it was delivered (the `x-delivery-count` header a worker sees).
 DELIVERIES_KEY: Final = KEY_PREFIX + "deliveries"

@@ -17,15 +17,10 @@ from pipeline.config.settings import Settings
 from pipeline.constants import BEAT_KEY_PREFIX, LONG_JOB_QUEUES, ROUTES, WORK_QUEUES
 
 
-def worker_broker_transport(broker_url: str) -> str:
-    """`broker_transport` for a worker: kombu's Redis transport, extended so that bytes in a queue that are not
-    a message are dead-lettered instead of stopping the worker (`pipeline.dlq.elements`) and so that it
-    survives a Redis restart under load (`pipeline.runtime.transport`). Chosen by the URL's
-    scheme (redis, rediss, sentinel; the first of several `;`-separated URLs). Only workers set it
-    (`pipeline.runtime.worker`): other processes keep kombu's own, so their broker URI (Flower's broker
-    view reads it) stays `redis://...`."""
-    sentinel = urlsplit(broker_url.split(";")[0]).scheme == "sentinel"
-    return f"pipeline.runtime.transport:{'SentinelTransport' if sentinel else 'Transport'}"
+def is_sentinel(broker_url: str) -> bool:
+    """Whether the broker is reached through Sentinel: the scheme of the first of several `;`-separated URLs. A
+    worker consumes through the matching class of the delivery layer's transport (`pipeline.delivery.transport`)."""
+    return urlsplit(broker_url.split(";")[0]).scheme == "sentinel"
 
 
 #: What a worker adds to `celery_conf` (`pipeline.runtime.worker`): a job that finishes while Redis is down keeps
@@ -52,7 +47,7 @@ def _ssl_options(settings: Settings) -> dict[str, Any]:
 
 def _transport_options(settings: Settings) -> dict[str, Any]:
     options: dict[str, Any] = {
-        # The lease (`pipeline.runtime.lease`): a delivery not renewed for this long is restored by the sweep.
+        # The lease (`pipeline.delivery.lease`): a delivery not renewed for this long is restored by the sweep.
         "visibility_timeout": settings.lease_seconds,
         # kombu 5.7: how often a worker sweeps for expired leases (throttle 1 = every interval), and how many
         # it restores per sweep: a dead worker's whole prefetch at once.
@@ -192,8 +187,8 @@ def beat_conf(settings: Settings) -> dict[str, Any]:
             options["sentinel_kwargs"] = {"password": settings.redis_sentinel_password.get_secret_value()}
     return {
         "beat_schedule": beat_schedule(settings),
-        # redbeat's scheduler, made to survive Redis outages (see pipeline/scheduling/beat.py).
-        "beat_scheduler": "pipeline.scheduling.beat:Scheduler",
+        # redbeat's scheduler, made to survive Redis outages (see pipeline/compat/redbeat.py).
+        "beat_scheduler": "pipeline.compat.redbeat:Scheduler",
         "beat_max_loop_interval": settings.beat_max_loop_interval,
         "redbeat_redis_url": url,
         "redbeat_redis_options": options,

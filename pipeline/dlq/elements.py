@@ -5,7 +5,7 @@ kombu decodes each list element it pops as its JSON message envelope and hands i
 `kombu/transport/virtual/base.py`: `Channel.basic_consume._callback` builds a `Message` that reads
 `payload['properties']['delivery_tag']` and decodes the body). Raw bytes LPUSHed onto a queue (not JSON, or
 JSON that is not kombu's envelope) raise there: the worker exits and the popped element is gone. The worker's
-fetch (`pipeline.runtime.fetch`) checks each element's envelope in its Lua script and `decode` here what the
+fetch (`pipeline.delivery.fetch`) checks each element's envelope in its Lua script and `decode` here what the
 script cannot (the JSON as Python reads it, the body's encoding); an element that is not a message
 becomes a dead-letter entry with reason `undecodable` (a bounded preview, its size and sha256,
 `pipeline.dlq.capture.from_raw`), and the worker goes on consuming.
@@ -18,7 +18,7 @@ from typing import Any
 
 from kombu.utils.encoding import bytes_to_str
 
-from pipeline.config.serialization import loads
+from pipeline.compat.serialization import decoder
 from pipeline.dlq.capture import from_raw
 from pipeline.observability import metrics
 
@@ -34,7 +34,7 @@ def decode(channel: Any, item: bytes, queue: str) -> dict[str, Any] | None:
     checked the envelope's shape already; what is left is what Lua cannot tell: the JSON as Python reads it, and
     the body's encoding."""
     try:
-        payload = loads(bytes_to_str(item))
+        payload = decoder()(bytes_to_str(item))
         if not isinstance(payload, dict):
             raise UndecodableMessage(f"a JSON {type(payload).__name__}, not a message envelope")
         body = payload.get("body")

@@ -1,15 +1,14 @@
-"""The worker's runtime: what a worker, beat or Flower process adds to the Celery app when it starts.
+"""The worker's runtime: the wiring a worker, beat or Flower process adds to the Celery app when it starts.
 
 `celery -A pipeline ...` resolves `pipeline.app` to `worker_app()`: the configured app from
 `pipeline.celery_app` plus, once per process, the signal handlers (`signals`: dead-letter capture,
 metrics and their endpoint, logs, Sentry, the delayed-job releaser), the admission check of cluster-wide
-rate limits, the task context's custom headers (`context`), kombu's JSON decoding
-(`pipeline.config.serialization`), Flower's authentication (`flower_auth`), the worker process class
-(`worker`), the job request class and the lease step (`request`, `fencing`, `lease`: a job whose lease was
-lost is not run here), how a solo worker starts a job (`strategy`), the stall watchdog (`stall`), and task
-events that follow Flower's requests (`events`). The housekeeping tasks (`housekeeping`, `probe`) are task
-modules the worker imports by name; the worker class selects the worker's Redis transport (`transport`).
-Producers (CLI, API) never install any of this.
+rate limits, the speed-only replacements of Celery's and kombu's internals (`pipeline.compat`: the task context's
+custom headers, kombu's JSON decoding, how a solo worker starts a job), Flower's authentication (`flower_auth`),
+the worker process class (`worker`), the delivery layer (`pipeline.delivery`: the job request class and the
+delivery bootstep that owns the worker's leases, so a job whose lease was lost is not run here), the stall
+watchdog (`stall`), and task events that follow Flower's requests (`events`). Producers (CLI, API) never install
+any of this.
 """
 
 from __future__ import annotations
@@ -17,13 +16,13 @@ from __future__ import annotations
 from celery import Celery
 
 from pipeline.celery_app import get_app
-from pipeline.config import serialization
-from pipeline.runtime import context, events, flower_auth, signals
+from pipeline.compat import context, serialization
+from pipeline.compat.strategy import STRATEGY
+from pipeline.delivery.fencing import DeliveryStep
+from pipeline.delivery.request import REQUEST_CLASS
+from pipeline.runtime import events, flower_auth, signals
 from pipeline.runtime.events import EventsLease
-from pipeline.runtime.fencing import LeaseStep
-from pipeline.runtime.request import REQUEST_CLASS
 from pipeline.runtime.stall import StallWatchdog
-from pipeline.runtime.strategy import STRATEGY
 from pipeline.runtime.worker import PromptShutdown, Worker
 from pipeline.scheduling import ratelimit
 from pipeline.task import ADMISSION, PipelineTask
@@ -56,13 +55,14 @@ def worker_app() -> Celery:
     app.Worker = app.subclass_with_self(Worker)  # type: ignore[misc]  # a cached property, settable
     app.steps["worker"].add(PromptShutdown)
     # Leases on every delivery, renewed by a thread of this process; a job whose lease a peer took is
-    # neither run nor acknowledged here (`lease`, `fencing`, `request`).
+    # neither run nor acknowledged here (`pipeline.delivery`).
     PipelineTask.Request = REQUEST_CLASS
     app.Task.Request = REQUEST_CLASS
-    # A solo worker starts a job with Celery's own calls in a row, not through the pool's layers (`strategy`).
+    # A solo worker starts a job with Celery's own calls in a row, not through the pool's layers
+    # (`pipeline.compat.strategy`).
     PipelineTask.Strategy = STRATEGY
     app.Task.Strategy = STRATEGY
-    app.steps["worker"].add(LeaseStep)
+    app.steps["worker"].add(DeliveryStep)
     # A heartbeat file the liveness probe reads: stale when the event loop stops, stalled when queued jobs
     # wait and this worker fetches none (`stall`, `pipeline worker-health`).
     app.steps["worker"].add(StallWatchdog)

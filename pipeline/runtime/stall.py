@@ -39,12 +39,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
 from celery import bootsteps
 
-from pipeline.broker import broker_redis, queue_keys
+from pipeline.broker import broker_redis, direct_redis, queue_keys
 from pipeline.config import get_settings
 from pipeline.observability.health import OK, STALLED, STOPPING, health_path, write_heartbeat
 from pipeline.runtime import timelimits
@@ -83,7 +82,7 @@ class _DepthReader(threading.Thread):
         super().__init__(name="pipeline-stall-reader", daemon=True)
         self.interval = interval
         self.on_unreadable = on_unreadable
-        self.client = direct_client()
+        self.client = direct_redis(READ_TIMEOUT_S)
         self.queues: tuple[str, ...] = ()
         #: Ready jobs per queue at `read_at` (monotonic); None while Redis cannot be read.
         self.depths: dict[str, int] | None = None
@@ -113,25 +112,6 @@ class _DepthReader(threading.Thread):
 
     def on_cycle(self) -> None:
         """Called after every read (the watchdog's `keepalive`)."""
-
-
-def direct_client() -> redis.Redis | None:
-    """A client of its own on the broker with short timeouts, so a read fails fast while Redis is down.
-
-    The app's pool (`pipeline.broker.broker_redis`) connects through kombu's `Connection.default_channel`,
-    which retries as long as `broker_connection_max_retries` allows (forever); the reader must not wait
-    that long. None for Sentinel URLs, which go through the pool.
-    """
-    settings = get_settings()
-    url = settings.broker_url
-    if urlsplit(url.split(";")[0]).scheme == "sentinel":
-        return None
-    options: dict[str, Any] = {"socket_timeout": READ_TIMEOUT_S, "socket_connect_timeout": READ_TIMEOUT_S}
-    if url.startswith("rediss://"):
-        options["ssl_cert_reqs"] = settings.redis_tls_cert_reqs
-        if settings.redis_tls_ca_file is not None:
-            options["ssl_ca_certs"] = str(settings.redis_tls_ca_file)
-    return redis.Redis.from_url(url, **options)
 
 
 def _llen(client: redis.Redis, keys: list[str]) -> list[Any]:

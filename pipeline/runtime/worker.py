@@ -17,11 +17,12 @@
   thread (`pipeline.runtime.timelimits`): Celery enforces none in that pool. Its job runs in the thread
   that handles the shutdown signal, so a soft shutdown could only pause it: it skips the wait, and the
   running job goes back to its queue at once (and runs again: jobs are idempotent).
-* The worker consumes through `pipeline.runtime.transport` (set in `on_before_init`, before any connection):
-  queue elements that are not messages are dead-lettered instead of stopping it, each delivery is fetched and
-  leased in one step, and jobs running when the connection drops go on and are acknowledged once it is back.
-* The tracer writes a plain result's text with Python's `repr` (`pipeline.runtime.resultrepr`, installed there
-  too), not with Celery's much slower walker.
+* The worker consumes through the delivery layer's transport (`consumes_through_leases`: the delivery bootstep,
+  `pipeline.delivery.fencing.DeliveryStep`, binds it to the worker's leases before any connection): queue
+  elements that are not messages are dead-lettered instead of stopping it, each delivery is fetched and leased in
+  one step, and jobs running when the connection drops go on and are acknowledged once it is back.
+* The tracer writes a plain result's text with Python's `repr` (`pipeline.compat.resultrepr`, installed in
+  `on_before_init`), not with Celery's much slower walker.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ from celery import bootsteps
 from celery.apps.worker import Worker as CeleryWorker
 from celery.worker import state
 
+from pipeline.compat import resultrepr
 from pipeline.config import get_settings
-from pipeline.config.celery import WORKER_RESULT_RETRIES, prefetch_multiplier, worker_broker_transport, worker_profile
+from pipeline.config.celery import WORKER_RESULT_RETRIES, prefetch_multiplier, worker_profile
 from pipeline.constants import DEAD_LETTER_QUEUE
+from pipeline.delivery import acks, request
 from pipeline.pools import is_solo
-from pipeline.runtime import acks, request, resultrepr, timelimits
+from pipeline.runtime import timelimits
 from pipeline.runtime.stall import mark_stopping, running_job
 from pipeline.task import GUARDS
 
@@ -67,10 +70,10 @@ def refuse_dead_letter_queue(queues: Any) -> None:
 class Worker(CeleryWorker):
     #: `short` or `long` (`pipeline.config.celery.worker_profile`), known once the queues are.
     profile = "short"
+    #: The delivery bootstep binds the delivery layer's transport to this worker's leases.
+    consumes_through_leases = True
 
     def on_before_init(self, quiet: bool = False, **kwargs: Any) -> None:
-        # Before the worker opens any connection: it consumes through `pipeline.runtime.transport`.
-        self.app.conf.broker_transport = worker_broker_transport(get_settings().broker_url)
         # Results of jobs that finish during an outage are stored once Redis is back (they keep their lease).
         self.app.conf.update(WORKER_RESULT_RETRIES)
         resultrepr.install()  # before the pool starts: prefork children inherit it

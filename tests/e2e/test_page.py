@@ -18,7 +18,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
-from pipeline.runtime.probe import probe
+from tasks.probe import probe
 from pipeline.status import job_status
 from tests.support.api import ApiServer
 from tests.support.inproc import InProcessWorker

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,25 +35,12 @@ def ledger_redis(work_dir: Path) -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def own_leases(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """For tests that drive the worker transport themselves. The lease registry (`pipeline.runtime.lease`) is one
-    per process, and an embedded worker (tests/support/inproc.py) runs the lease step's renewal thread in the
-    test process, against the session's Redis: it would find this test's deliveries "lost" there. It skips its
-    turns meanwhile (it holds nothing: the embedded worker consumes through kombu's own transport), and the
-    registry starts and ends empty."""
-    from pipeline.runtime import lease
+def leases() -> Any:
+    """The deliveries of a worker this test plays itself, driving the worker transport (`pipeline.delivery`): a state
+    of its own, which no other worker in this process (an embedded one, tests/support/inproc.py) shares."""
+    from pipeline.delivery.lease import Leases
 
-    renew = lease.renew_once
-
-    def renew_from_the_test_only(client: object, now: float | None = None) -> set[str]:
-        if threading.current_thread().name == "pipeline-lease-renewer":
-            return set()
-        return renew(client, now)
-
-    monkeypatch.setattr(lease, "renew_once", renew_from_the_test_only)
-    _clear(lease)
-    yield
-    _clear(lease)
+    return Leases(lease_seconds=30)
 
 
 @pytest.fixture
@@ -63,24 +49,12 @@ def queue_name() -> str:
 
 
 @pytest.fixture
-def conn(own_redis: RedisServer, own_leases: None) -> Iterator[Any]:
-    """A kombu connection on the worker transport (`pipeline.runtime.transport`), to this test's own Redis."""
+def conn(own_redis: RedisServer, leases: Any) -> Iterator[Any]:
+    """A kombu connection on the worker transport (`pipeline.delivery.transport`) bound to `leases`, to this test's
+    own Redis."""
     from kombu import Connection
 
-    from pipeline.runtime import transport
+    from pipeline.delivery import transport
 
-    with Connection(own_redis.url, transport=transport.Transport, transport_options={"visibility_timeout": 6}) as c:
+    with Connection(own_redis.url, transport=transport.bound(leases), transport_options={"visibility_timeout": 6}) as c:
         yield c
-
-
-def _clear(lease: Any) -> None:
-    with lease._lock:
-        for registry in (
-            lease._held,
-            lease._lost,
-            lease._pending_acks,
-            lease._dropped,
-            lease._pending_results,
-            lease._settling,
-        ):
-            registry.clear()

@@ -1,6 +1,6 @@
 """The worker transport's batch fetch and its deferred acknowledgements, on a real redis-server.
 
-No worker here: a kombu `Connection` on `pipeline.runtime.transport` consumes the way a worker's consumer does
+No worker here: a kombu `Connection` on `pipeline.delivery.transport` consumes the way a worker's consumer does
 (`drain_events` through kombu's poll cycle). One `drain_events` handles one reply of the fetch script, so what one
 call delivers is what one fetch took.
 """
@@ -19,7 +19,9 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.asynchronous import Hub, set_event_loop
 
 from pipeline.constants import DELIVERIES_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
-from pipeline.runtime import acks, fetch, lease
+from pipeline.delivery import acks, fetch
+from pipeline.delivery.lease import Leases
+from pipeline.lua import source
 from tests.support.dlq import dead_lettered_as_undecodable
 from tests.support.procs import RedisServer
 
@@ -28,7 +30,7 @@ pytestmark = pytest.mark.faults
 
 @pytest.fixture
 def name(queue_name: str, own_redis: RedisServer) -> str:
-    own_redis.client().script_load(fetch.FETCH)  # so the first poll fetches (no NOSCRIPT round)
+    own_redis.client().script_load(source(fetch.FETCH))  # so the first poll fetches (no NOSCRIPT round)
     return queue_name
 
 
@@ -69,7 +71,7 @@ def _records(client: Any) -> tuple[int, int, int, int]:
 
 
 def test_a_fetch_takes_what_the_prefetch_allows_oldest_first_and_never_more(
-    own_redis: RedisServer, conn: Connection, name: str
+    own_redis: RedisServer, conn: Connection, name: str, leases: Leases
 ) -> None:
     _publish(conn, name, [{"n": n} for n in range(7)])
     client = own_redis.client()
@@ -80,7 +82,7 @@ def test_a_fetch_takes_what_the_prefetch_allows_oldest_first_and_never_more(
         _drain_once(conn)
         assert len(got) == 3 and client.llen(name) == 4  # the prefetch is full: nothing more taken
         assert _records(client) == (3, 3, 3, 3)
-        assert lease.held() == {m.delivery_tag for m in got}
+        assert leases.held() == {m.delivery_tag for m in got}
         assert all(m.headers[HEADER_DELIVERY_COUNT] == 1 for m in got)
         got[0].ack()  # no event loop here: written at once
         assert _records(client) == (2, 2, 2, 2)
@@ -95,7 +97,7 @@ def test_a_fetch_takes_what_the_prefetch_allows_oldest_first_and_never_more(
             for message in got[before:]:
                 message.ack()
     assert [m.payload["n"] for m in got] == list(range(7))
-    assert _records(client) == (0, 0, 0, 0) and client.llen(name) == 0 and lease.held() == set()
+    assert _records(client) == (0, 0, 0, 0) and client.llen(name) == 0 and leases.held() == set()
 
 
 def test_a_batch_dead_letters_its_poison_element_and_delivers_the_rest_in_order(
@@ -115,7 +117,7 @@ def test_a_batch_dead_letters_its_poison_element_and_delivers_the_rest_in_order(
 
 
 def test_acks_on_the_event_loop_are_carried_by_the_next_fetch_or_flushed_together(
-    own_redis: RedisServer, conn: Connection, name: str, loop: Hub
+    own_redis: RedisServer, conn: Connection, name: str, loop: Hub, leases: Leases
 ) -> None:
     _publish(conn, name, [{"n": n} for n in range(6)])
     client = own_redis.client()
@@ -129,7 +131,7 @@ def test_acks_on_the_event_loop_are_carried_by_the_next_fetch_or_flushed_togethe
         assert qos.can_consume() and _records(client) == (2, 2, 2, 2)
         _drain_once(conn)  # the fetch acknowledges them first, then takes two more
         assert [m.payload["n"] for m in got] == [0, 1, 2, 3]
-        assert _records(client) == (2, 2, 2, 2) and not (lease.held() & {m.delivery_tag for m in got[:2]})
+        assert _records(client) == (2, 2, 2, 2) and not (leases.held() & {m.delivery_tag for m in got[:2]})
         client.hset(LEASE_KEY, got[3].delivery_tag, "peer:1:abc")  # a peer took this one over: fenced
         got[2].ack()
         got[3].ack()
@@ -144,11 +146,11 @@ def test_acks_on_the_event_loop_are_carried_by_the_next_fetch_or_flushed_togethe
             message.ack()
         qos.flush_acks(carry=False)
     assert [m.payload["n"] for m in got] == list(range(6))
-    assert client.hlen("unacked") == 0 and client.hlen(LEASE_KEY) == 0 and lease.held() == set()
+    assert client.hlen("unacked") == 0 and client.hlen(LEASE_KEY) == 0 and leases.held() == set()
 
 
 def test_a_delivery_that_raises_puts_the_rest_of_its_batch_back_at_the_head_in_order(
-    own_redis: RedisServer, conn: Connection, name: str
+    own_redis: RedisServer, conn: Connection, name: str, leases: Leases
 ) -> None:
     """A solo worker's SIGTERM runs through the job being delivered: that job goes back (as the I/O profile
     promises), and so do the batch's later ones, which were fetched and leased but never handed to Celery."""
@@ -166,7 +168,7 @@ def test_a_delivery_that_raises_puts_the_rest_of_its_batch_back_at_the_head_in_o
     assert [m.payload["n"] for m in got] == [0, 1]
     # 1 (whose delivery raised), 2 and 3 back at the head, oldest first; 4 was never fetched
     assert [_n(raw) for raw in reversed(client.lrange(name, 0, -1))] == [1, 2, 3, 4]
-    assert lease.held() == {got[0].delivery_tag}  # the job that ran is still this worker's, until acknowledged
+    assert leases.held() == {got[0].delivery_tag}  # the job that ran is still this worker's, until acknowledged
     assert client.hlen("unacked") == 1 and client.hlen(LEASE_KEY) == 1
 
 
@@ -176,17 +178,18 @@ def _n(raw: bytes) -> int:
 
 
 @pytest.fixture
-def carried_backend(own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch) -> Any:
+def carried_backend(own_redis: RedisServer) -> Any:
     """The pipeline's result backend on this test's Redis, with a solo worker's carrier installed."""
     from pipeline.celery_app import get_app
-    from pipeline.config.results import OneTripStore, RedisBackend
+    from pipeline.compat.results import RedisBackend
 
-    monkeypatch.setattr(OneTripStore, "carrier", staticmethod(acks.carry))
-    return RedisBackend(app=get_app(), url=own_redis.url)
+    backend = RedisBackend(app=get_app(), url=own_redis.url)
+    backend.carrier = acks.carry
+    return backend
 
 
 def test_a_jobs_success_is_stored_by_the_call_that_acknowledges_it_and_never_overwrites_one(
-    own_redis: RedisServer, conn: Connection, name: str, loop: Hub, carried_backend: Any
+    own_redis: RedisServer, conn: Connection, name: str, loop: Hub, carried_backend: Any, leases: Leases
 ) -> None:
     """As in a solo worker: each job runs inside its delivery and stores its SUCCESS; the results and the
     acknowledgements of a fetched batch wait for the next call (the fetch, or the tick's flush), which stores
@@ -222,20 +225,20 @@ def test_a_jobs_success_is_stored_by_the_call_that_acknowledges_it_and_never_ove
         meta = backend.get_task_meta(ids[n], cache=False)
         assert (meta["status"], meta["result"]) == ("SUCCESS", {"n": n})
         assert 0 < client.ttl(backend.get_key_for_task(ids[n])) <= backend.expires
-    assert _records(client) == (0, 0, 0, 0) and lease.held() == set()
+    assert _records(client) == (0, 0, 0, 0) and leases.held() == set()
 
 
 def test_results_held_for_an_acknowledgement_that_failed_are_stored_before_it_on_reconnect(
-    own_redis: RedisServer, own_leases: None, carried_backend: Any
+    own_redis: RedisServer, leases: Leases, carried_backend: Any
 ) -> None:
     client = own_redis.client()
     key = carried_backend.get_key_for_task("job-x")
     meta = carried_backend.encode({"status": "SUCCESS", "result": 1, "task_id": "job-x"})
     client.hset("unacked", "tag-x", "[]")
     client.zadd("unacked_index", {"tag-x": 1})
-    client.hset(LEASE_KEY, "tag-x", lease.owner())
-    lease.hold("tag-x")
-    acks.remember(["tag-x"], ConnectionError("reply lost"), [(key, meta, 60)])
-    lease.renew_once(client)
+    client.hset(LEASE_KEY, "tag-x", leases.owner())
+    leases.hold("tag-x")
+    leases.remember(["tag-x"], ConnectionError("reply lost"), [(key, meta, 60)])
+    leases.renew_once(client)
     assert carried_backend.get_task_meta("job-x", cache=False)["result"] == 1
-    assert not client.hexists("unacked", "tag-x") and lease.held() == set() and lease.pending_acks() == 0
+    assert not client.hexists("unacked", "tag-x") and leases.held() == set() and leases.pending_acks() == 0

@@ -247,8 +247,7 @@ def test_exporter_serves_through_an_outage_and_recovers(own_redis: RedisServer, 
     assert proc.returncode == 0
 
 
-@pytest.mark.usefixtures("own_leases")
-def test_a_channel_closed_after_its_connection_keeps_its_deliveries_leased(own_redis: RedisServer) -> None:
+def test_a_channel_closed_after_its_connection_keeps_its_deliveries_leased(own_redis: RedisServer, leases: Any) -> None:
     """The crash a Redis restart under load caused: kombu closes the transport (`transport.client = None`)
     before a channel still holding delivered jobs, whose restore then read `client.hostname`. Now a channel
     closed by a lost connection restores nothing (its jobs go on running): its deliveries stay leased to
@@ -256,9 +255,9 @@ def test_a_channel_closed_after_its_connection_keeps_its_deliveries_leased(own_r
     from kombu import Connection, Exchange, Producer, Queue
 
     from pipeline.constants import LEASE_KEY
-    from pipeline.runtime import lease
+    from pipeline.delivery.transport import bound
 
-    transport = "pipeline.runtime.transport:Transport"
+    transport = bound(leases)
     name = f"outage-q-{uuid.uuid4().hex[:6]}"
     queue = Queue(name, Exchange(name), routing_key=name)
     client = own_redis.client()
@@ -273,8 +272,8 @@ def test_a_channel_closed_after_its_connection_keeps_its_deliveries_leased(own_r
         channel._disconnect_pools()
         channel.close()  # kombu 5.7 alone: AttributeError: 'NoneType' object has no attribute 'hostname'
     assert client.llen(name) == 0 and client.hlen("unacked") == 1
-    assert client.hget(LEASE_KEY, message.delivery_tag).decode() == lease.owner()
-    assert message.delivery_tag in lease.held()
+    assert client.hget(LEASE_KEY, message.delivery_tag).decode() == leases.owner()
+    assert message.delivery_tag in leases.held()
     message.ack()  # on the closed channel: remembered, applied by the renewal
-    lease.renew_once(client)
-    assert client.hlen("unacked") == 0 and lease.pending_acks() == 0
+    leases.renew_once(client)
+    assert client.hlen("unacked") == 0 and leases.pending_acks() == 0

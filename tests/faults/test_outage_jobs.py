@@ -1,7 +1,7 @@
 """Jobs running while Redis goes away: each ends done exactly once (or dead-lettered with a reason), none lost.
 
 A worker subprocess (LEASE_SECONDS=6) runs ledger jobs of a few seconds on its own redis-server (AOF on); Redis
-is stopped while they run and started again on the same port 12 s later, twice the lease. The test counts the
+is stopped while they run and started again on the same port 12 s later, twice the leases. The test counts the
 jobs the producer was told were accepted against the jobs that completed (the ledger's `test:done:<key>`
 list), and looks at each job's attempts, stored result, the dead-letter queue and the `unacked` hash.
 """
@@ -20,7 +20,8 @@ from celery import Celery
 from kombu import Connection, Exchange, Queue
 
 from pipeline.constants import DEAD_LETTER_QUEUE, LEASE_KEY
-from pipeline.runtime import lease, transport
+from pipeline.delivery import transport
+from pipeline.delivery.lease import Leases
 from tests.support.procs import RedisServer, wait_for
 
 pytestmark = pytest.mark.faults
@@ -90,13 +91,14 @@ def test_jobs_running_through_an_outage_complete_once(
         producer.close()
 
 
-@pytest.mark.usefixtures("own_leases")
-def test_an_acknowledgement_made_while_redis_is_down_is_applied_on_reconnect(own_redis: RedisServer) -> None:
+def test_an_acknowledgement_made_while_redis_is_down_is_applied_on_reconnect(
+    own_redis: RedisServer, leases: Leases
+) -> None:
     """A job that finished as the connection dropped is acknowledged once Redis is back, not delivered again;
     the job beside it, still running, stays leased to this worker (renewed), not restored."""
     name = f"outage-acks-{uuid.uuid4().hex[:8]}"
     queue = Queue(name, Exchange(name, "direct"), name)
-    with Connection(own_redis.url, transport=transport.Transport) as first:
+    with Connection(own_redis.url, transport=transport.bound(leases)) as first:
         channel = first.channel()
         for body in ("finished", "interrupted"):
             first.Producer(channel).publish({"job": body}, exchange=queue.exchange, routing_key=name, declare=[queue])
@@ -107,16 +109,16 @@ def test_an_acknowledgement_made_while_redis_is_down_is_applied_on_reconnect(own
 
         own_redis.stop()
         finished.ack()  # no error: remembered
-        assert lease.pending_acks() == 1
+        assert leases.pending_acks() == 1
         first.close()  # what the worker does on a connection error: no restore (not a shutdown)
         own_redis.start()
 
     client = own_redis.client()
-    lost = lease.renew_once(client)  # what the renewal thread does once Redis answers
-    assert lost == set() and lease.pending_acks() == 0
+    lost = leases.renew_once(client)  # what the renewal thread does once Redis answers
+    assert lost == set() and leases.pending_acks() == 0
     assert client.llen(name) == 0, "a job came back to its queue"
     assert list(client.hkeys("unacked")) == [interrupted.delivery_tag.encode()]
-    assert client.hget(LEASE_KEY, interrupted.delivery_tag).decode() == lease.owner()
+    assert client.hget(LEASE_KEY, interrupted.delivery_tag).decode() == leases.owner()
     interrupted.ack()  # the closed channel: remembered, then applied
-    lease.renew_once(client)
+    leases.renew_once(client)
     assert client.hlen("unacked") == 0

@@ -11,7 +11,7 @@ from celery import signals
 
 from pipeline.celery_app import get_app
 from pipeline.errors import PayloadInvalid
-from pipeline.runtime.probe import ProbeResult, probe
+from tasks.probe import ProbeResult, probe
 from tests.support.dlq import dead_letter
 from tests.support.worker_app import attempts, ledger
 

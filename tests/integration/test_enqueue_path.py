@@ -20,8 +20,8 @@ from pipeline.constants import JOB_RECORD_KEY
 from pipeline.errors import PayloadInvalid
 from pipeline.producer import template, write
 from pipeline.records import accepted_record
-from pipeline.runtime.probe import ProbeResult, probe
 from pipeline.status import JobState, job_status
+from tasks.probe import ProbeResult, probe
 from tests.support.cli import run_cli
 from tests.support.monitor import Monitor
 from tests.support.procs import ROOT, RedisServer
@@ -57,6 +57,7 @@ def test_results_are_read_from_the_store_without_a_subscription_at_publish(sessi
     assert job_status(task_id).state == JobState.SUCCEEDED
 
 
+@pytest.mark.parity
 def test_a_templated_message_is_byte_for_byte_the_one_celery_builds(redis_server: RedisServer) -> None:
     payload = probe.validate({"message": "héllo 'quoted' \"too\"", "sleep_s": 0.5}).model_dump(mode="json")
     text = json.dumps(payload)
@@ -169,7 +170,7 @@ def test_a_publish_hook_sees_every_job_when_one_is_connected(redis_server: Redis
 FORK_SCRIPT = """
 import os, sys
 from pipeline.producer.client import producer_redis
-from pipeline.runtime.probe import probe
+from tasks.probe import probe
 from pipeline.records import accepted_record
 first = probe.enqueue({"message": "parent"})
 parent_client = producer_redis()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.runtime.probe import probe
+from tasks.probe import probe
 from tests.support.procs import ROOT, free_port, wait_for
 
 pytestmark = pytest.mark.integration

@@ -165,3 +165,53 @@ def test_a_server_that_lost_the_script_is_sent_it_again(client: redis.Redis) -> 
     assert cas(client, "x", "y", 60) == 1  # NOSCRIPT answered by loading it, inside the call
     assert client.get("once") == b"y"
     assert client.script_exists(sha("once_cas")) == [True]
+
+
+def _store_function(name: str) -> str:
+    text = source(name).decode()
+    start = text.index("local function store(")
+    return text[start : text.index("\nend\n", start) + 5]
+
+
+def test_every_script_that_stores_a_result_has_the_same_store_function() -> None:
+    """`store` (the result backend's write, leaving a stored SUCCESS alone) is written out in each script that stores
+    results, never assembled at run time: the copies must not drift."""
+    copies = {name: _store_function(name) for name in ("store", "settle", "fetch")}
+    assert len(set(copies.values())) == 1, copies
+
+
+def test_settle_stores_the_results_then_acknowledges_only_what_the_owner_holds(client: redis.Redis) -> None:
+    """`settle.lua` on a real Redis: results written (a stored SUCCESS left alone), the owner's tags acknowledged
+    with every record of theirs, a peer's tag fenced and untouched."""
+    keys = ["unacked", "unacked_index", "pipeline:lease", "pipeline:deliveries"]
+    for tag, owner in (("mine", "me"), ("theirs", "peer")):
+        client.hset("unacked", tag, "[]")
+        client.zadd("unacked_index", {tag: 1})
+        client.hset("pipeline:lease", tag, owner)
+        client.hset("pipeline:deliveries", tag, 1)
+        client.rpush(f"hist:{tag}", "x")
+    client.set("result-done", '{"status": "SUCCESS"}')
+    results = [("result-new", '{"status": "SUCCESS", "result": 1}', 60), ("result-done", '{"status": "FAILURE"}', 0)]
+    fenced = script("settle")(
+        keys=[*keys, *(key for key, _v, _e in results)],
+        args=["me", "hist:", len(results), *(x for _k, v, e in results for x in (v, e)), "mine", "theirs"],
+        client=client,
+    )
+    assert fenced == [b"theirs"]
+    assert client.get("result-new") == b'{"status": "SUCCESS", "result": 1}' and 0 < client.ttl("result-new") <= 60
+    assert client.get("result-done") == b'{"status": "SUCCESS"}'
+    assert [client.hexists(key, "mine") for key in ("unacked", "pipeline:lease", "pipeline:deliveries")] == [0, 0, 0]
+    assert client.zscore("unacked_index", "mine") is None and not client.exists("hist:mine")
+    assert client.hget("pipeline:lease", "theirs") == b"peer" and client.exists("hist:theirs")
+
+
+def test_renew_and_release_touch_only_the_owners_leases(client: redis.Redis) -> None:
+    for tag, owner in (("mine", "me"), ("theirs", "peer")):
+        client.zadd("unacked_index", {tag: 1})
+        client.hset("pipeline:lease", tag, owner)
+    lost = script("renew")(keys=["unacked_index", "pipeline:lease"], args=["me", 500, "mine", "theirs"], client=client)
+    assert lost == [b"theirs"]
+    assert client.zscore("unacked_index", "mine") == 500 and client.zscore("unacked_index", "theirs") == 1
+    script("release")(keys=["unacked_index", "pipeline:lease"], args=["me", "mine", "theirs"], client=client)
+    assert client.zscore("unacked_index", "mine") == 0 and not client.hexists("pipeline:lease", "mine")
+    assert client.hget("pipeline:lease", "theirs") == b"peer" and client.zscore("unacked_index", "theirs") == 1

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.runtime.probe import probe
+from tasks.probe import probe
 from tests.support.procs import ROOT, RedisServer, Worker, free_port, wait_for
 from tests.support.scrape import Samples, scrape, try_scrape, value
 from tests.support.worker_app import attempts, ledger

@@ -16,7 +16,7 @@ import sys
 from celery.result import AsyncResult
 
 from pipeline.celery_app import get_app
-from pipeline.runtime.probe import probe
+from tasks.probe import probe
 
 
 def main(argv: list[str]) -> None:

@@ -98,6 +98,6 @@ class SpawnResult(BaseModel):
 @typed_task("test.spawn", kind="test-spawn", payload=SpawnJob, result=SpawnResult)
 def spawn(job: SpawnJob, ctx: JobContext) -> SpawnResult:
     """Enqueue a probe job from inside this running job (its message names this job as parent)."""
-    from pipeline.runtime.probe import probe
+    from tasks.probe import probe
 
     return SpawnResult(child_id=probe.enqueue({"message": job.message}))

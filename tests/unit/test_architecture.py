@@ -2,13 +2,15 @@
 
 Layers, bottom to top (a module may import its own layer and the ones below, never above):
 
-1. core, directly in `pipeline/`: settings (`config/`), the app factory, errors, retry, the typed task contract
+1. core, directly in `pipeline/`: settings (`config/`), the app factory, errors, retry, the typed task contract,
+   the Lua scripts (`lua/`) and the Celery-side replacements of library internals with the version guard (`compat/`)
 2. `status`, `browse`, `dlq/`, `scheduling/`, `observability/`, `storage/`
-3. `runtime/`: the worker's wiring
+3. `delivery/`: the Redis delivery layer; `runtime/`: the worker's wiring
 4. `api/`, `cli/`
 
-`tasks/` builds on core and storage only. `pipeline/__init__.py` and `__main__.py` are entry points (`celery -A
-pipeline`, `python -m pipeline`) and sit above everything.
+`tasks/` builds on core and layer 2 (the housekeeping tasks use the dead-letter queue and storage).
+`pipeline/__init__.py` and `__main__.py` are entry points (`celery -A pipeline`, `python -m pipeline`) and sit above
+everything.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def layer(name: str) -> int:
         return 5  # nothing in pipeline may import tasks (they are named by string in TASK_MODULES)
     if name.startswith(("pipeline.api", "pipeline.cli")):
         return 4
-    if name.startswith("pipeline.runtime"):
+    if name.startswith(("pipeline.runtime", "pipeline.delivery")):
         return 3
     if name.startswith(LAYER_2):
         return 2
@@ -90,15 +92,33 @@ def test_imports_go_one_way() -> None:
     assert upward == []
 
 
-def test_tasks_build_on_core_and_storage_only() -> None:
+def test_tasks_build_on_core_and_layer_2_only() -> None:
     allowed = [
         (a, b)
         for a, deps in GRAPH.items()
         if a.startswith("tasks")
         for b in deps
-        if b.startswith("pipeline") and not (layer(b) == 1 or b.startswith("pipeline.storage"))
+        if b.startswith("pipeline") and layer(b) > 2
     ]
     assert allowed == []
+
+
+def test_the_delivery_layer_does_not_import_the_workers_wiring() -> None:
+    """`runtime/` wires the delivery layer into the worker, never the other way round."""
+    upward = [
+        (a, b)
+        for a, deps in GRAPH.items()
+        if a.startswith("pipeline.delivery")
+        for b in deps
+        if b.startswith("pipeline.runtime")
+    ]
+    assert upward == []
+
+    assert not [
+        name
+        for name in MODULES
+        if name.startswith("pipeline.runtime") and name.rpartition(".")[2] in {"housekeeping", "probe"}
+    ]
 
 
 def test_no_import_loops() -> None:

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from pipeline.config import load_settings
-from pipeline.config.celery import celery_conf, worker_broker_transport
+from pipeline.config.celery import celery_conf, is_sentinel
 from pipeline.errors import ConfigError
 
 
@@ -30,11 +30,12 @@ def test_defaults_give_reliable_celery_conf() -> None:
     assert conf["task_routes"]["media.*"] == {"queue": "transcode"}
 
 
-def test_only_workers_consume_through_the_dead_lettering_transport() -> None:
+def test_only_workers_consume_through_the_delivery_layers_transport() -> None:
+    """Producers keep kombu's own; a worker's delivery bootstep binds `pipeline.delivery.transport` to its leases,
+    the Sentinel class when the first of the broker URLs is a Sentinel one."""
     assert "broker_transport" not in celery_conf(load_settings(redis_url="redis://localhost:6379/1"))
-    assert worker_broker_transport("rediss://:pw@redis.example:6380/0") == "pipeline.runtime.transport:Transport"
-    sentinels = "sentinel://s1:26379;sentinel://s2:26379"
-    assert worker_broker_transport(sentinels) == "pipeline.runtime.transport:SentinelTransport"
+    assert not is_sentinel("rediss://:pw@redis.example:6380/0")
+    assert is_sentinel("sentinel://s1:26379;sentinel://s2:26379")
 
 
 def test_unset_redis_url_means_the_embedded_dev_redis() -> None:

@@ -11,9 +11,9 @@ import pytest
 from kombu.utils.imports import symbol_by_name
 
 from pipeline.config import load_settings
+from pipeline.delivery.fencing import DeliveryStep
 from pipeline.errors import ConfigError
 from pipeline.observability.health import OK, STALLED, STOPPING, check_heartbeat, health_path, write_heartbeat
-from pipeline.runtime.fencing import LeaseStep
 from pipeline.runtime.stall import StallWatchdog, heartbeat_interval
 
 
@@ -75,7 +75,7 @@ def _requirements(step: Any) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("step", [StallWatchdog, LeaseStep])
+@pytest.mark.parametrize("step", [StallWatchdog, DeliveryStep])
 def test_steps_whose_threads_connect_at_once_start_after_the_pool_forks(step: Any) -> None:
     # A prefork child forked while another thread is inside OpenSSL (rediss://) inherits OpenSSL's locks
     # held and hangs at its own first TLS connection. Without the requirement the boot order is left to the

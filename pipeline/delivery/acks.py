@@ -1,15 +1,15 @@
 """Acknowledgements made on the worker's event loop, written together: carried by the next fetch, or at the next tick.
 
-A job's acknowledgement (late, after the job) is one fenced Lua call (`pipeline.runtime.lease.SETTLE`) and, made
+A job's acknowledgement (late, after the job) is one fenced Lua call (`settle.lua`) and, made
 synchronously, one blocking round trip of the worker's main process per job. `DeferredAcks` (mixed into the
 transport's QoS) instead frees kombu's prefetch slot at once and keeps the tag:
 
 - while the channel fetches (a fetch is in flight, or kombu's `on_poll_start`, a tick callback, is about to send
-  one), the next fetch script acknowledges them first, in the same call (`pipeline.runtime.fetch.FETCH`): no
+  one), the next fetch script acknowledges them first, in the same call (`fetch.lua`): no
   round trip of their own. A fetch in flight is answered within a fraction of a millisecond, and its reply wakes
   the loop, which sends the next fetch at once;
 - otherwise (the channel waits on an empty queue, or the prefetch is full) `flush_acks`, a tick callback of
-  kombu's hub, writes them all with one `lease.SETTLE` call before the loop polls again.
+  kombu's hub, writes them all with one `settle.lua` call before the loop polls again.
 
 A solo worker also hands each job's SUCCESS to the same call (`carry`, installed as the result backend's
 `carrier` by `enable_carried_results`): the script stores the result, then acknowledges the job, so a
@@ -19,11 +19,11 @@ pool), is stored at once, as before.
 
 Celery makes every acknowledgement in the event loop's next iteration (`Consumer.call_soon_ack`). A prefork
 worker's reach Redis a loop iteration or two after the job's end; a solo worker runs each job inside the
-delivery (`pipeline.runtime.fetch.deliver`), so the acknowledgements of a fetched batch, and its results, are
+delivery (`pipeline.delivery.fetch.deliver`), so the acknowledgements of a fetched batch, and its results, are
 written after the batch's last job. A worker killed in that window runs those jobs again after their lease (none
 of their results was stored), as a worker killed just before a synchronous acknowledgement would. The delivery stays
 leased (held and renewed) until then. Acknowledgements made off the loop thread (no hub, or a pool thread) stay
-synchronous. One that cannot reach Redis is remembered (`lease.remember_ack`) and applied, fenced, by the
+synchronous. One that cannot reach Redis is remembered (`Leases.remember_ack`) and applied, fenced, by the
 renewal thread; so is one a fetch carried when its reply was lost (it may have been applied: a second fenced
 acknowledgement of a removed delivery removes nothing, and is logged as fenced).
 """
@@ -38,11 +38,11 @@ from typing import Any
 import redis
 from kombu.asynchronous import get_event_loop
 
-from pipeline.config.results import OneTripStore, Stored
-from pipeline.runtime import lease
+from pipeline.compat.results import OneTripStore, Stored
 
-#: (thread id, QoS) while a delivery of that QoS's channel runs on that thread (`delivering`).
-_delivering: tuple[int, DeferredAcks] | None = None
+#: The QoS whose delivery runs on this thread now (`delivering`), per thread: a solo worker's job hands its result
+#: to the delivery it runs in, never to another worker's.
+_current = threading.local()
 
 
 def loop_hub() -> Any:
@@ -111,39 +111,30 @@ class DeferredAcks:
                 raise redis.exceptions.ConnectionError("the channel is closed")
             if self._ack_client is None:
                 self._ack_client = self.channel._create_client()
-            lease.settle(self._ack_client, tags, results)
+            self.channel.leases.settle(self._ack_client, tags, results)
         except self.channel.connection_errors as exc:
-            remember(tags, exc, results)
-
-
-def remember(tags: list[str], exc: BaseException, results: list[Stored] | None = None) -> None:
-    """Acknowledgements (and the results to store before them) whose outcome is unknown: applied (fenced) by the
-    renewal thread."""
-    if results:
-        lease.remember_results(results, exc)
-    for tag in tags:
-        lease.remember_ack(tag, exc)
+            self.channel.leases.remember(tags, exc, results)
 
 
 @contextmanager
 def delivering(qos: DeferredAcks) -> Iterator[None]:
     """While a delivery runs: a solo worker's job, running inside it, hands its result to `qos`."""
-    global _delivering
-    outer, _delivering = _delivering, (threading.get_ident(), qos)
+    outer = getattr(_current, "qos", None)
+    _current.qos = qos
     try:
         yield
     finally:
-        _delivering = outer
+        _current.qos = outer
 
 
 def carry(stored: Stored, request: Any) -> bool:
     """The result backend's carrier: True when a delivery on this thread took the result (see the module doc)."""
-    current = _delivering
-    if current is None or current[0] != threading.get_ident() or getattr(request, "chord", None):
+    qos: DeferredAcks | None = getattr(_current, "qos", None)
+    if qos is None or getattr(request, "chord", None):
         return False
-    return current[1].carry_result(stored)
+    return qos.carry_result(stored)
 
 
 def enable_carried_results() -> None:
     """In a solo worker: its jobs' results are stored with their acknowledgements."""
-    OneTripStore.carrier = carry
+    OneTripStore.carrier = staticmethod(carry)  # type: ignore[assignment]  # a plain function, not a method

@@ -1,12 +1,18 @@
-"""The lease bootstep: starts the renewal thread and fences, from the event loop, the jobs whose lease was lost.
+"""The delivery bootstep: owns a worker's `Leases`, runs their renewal, and fences the jobs whose lease was lost.
 
-`LeaseStep` configures `pipeline.runtime.lease` (LEASE_SECONDS) and, at start, starts its renewal thread with a
-Redis client of its own (short timeouts; the app's pool for Sentinel). Every FENCE_INTERVAL_S the event loop
-(or the worker's timer, for pools without one) looks at the tags the thread found lost: a reserved request
-(waiting for a pool process) is dropped without running, a running one is terminated (SIGKILL of its pool
-process: the job is a peer's now, nothing of it may go on); neither is acknowledged in Redis (kombu's slot is
-freed). A lost request still waiting for its ETA is refused when it comes due (`Request.revoked`). The solo
-and threads pools cannot terminate a running job: it finishes, and its acknowledgement is fenced.
+`DeliveryStep` creates the worker's `Leases` (LEASE_SECONDS, the node name) and, for a worker that consumes through
+the pipeline's transport (`celery worker` does: `consumes_through_leases` on its class), binds that transport to
+them (`pipeline.delivery.transport.bound`). Before anything connects it checks the libraries the delivery layer
+reaches into (`pipeline.compat.versions.require`: a worker on unverified versions refuses to start, exit status 2,
+unless ALLOW_UNVERIFIED_VERSIONS=true). At start it starts the renewal thread with a Redis client of its own (short
+timeouts; the app's pool for Sentinel); at stop it writes what waits for Redis and stops the thread.
+
+Every FENCE_INTERVAL_S the event loop (or the worker's timer, for pools without one) looks at the tags the thread
+found lost: a reserved request (waiting for a pool process) is dropped without running, a running one is
+terminated (SIGKILL of its pool process: the job is a peer's now, nothing of it may go on); neither is acknowledged
+in Redis (kombu's slot is freed). A lost request still waiting for its ETA is refused when it comes due
+(`Request.revoked`). The solo and threads pools cannot terminate a running job: it finishes, and its
+acknowledgement is fenced.
 """
 
 from __future__ import annotations
@@ -20,30 +26,42 @@ from typing import Any
 from celery import bootsteps
 from celery.worker import state
 
-from pipeline.broker import broker_redis
+from pipeline.broker import broker_redis, direct_redis
+from pipeline.compat import versions
 from pipeline.config import get_settings
-from pipeline.runtime import lease
-from pipeline.runtime.request import delivery_tag, drop_lost
-from pipeline.runtime.stall import direct_client
+from pipeline.config.celery import is_sentinel
+from pipeline.delivery import transport
+from pipeline.delivery.lease import Leases, Renewer
+from pipeline.delivery.request import delivery_tag, drop_lost
 
 log = logging.getLogger(__name__)
 
 FENCE_INTERVAL_S = 0.5
 
 
-class _PoolClient:
-    """Sentinel: renew through the app's broker pool (it follows failovers)."""
+#: The libraries the delivery layer reaches into (`pipeline.delivery.ENTRIES`).
+LIBRARIES = ("celery", "kombu", "billiard", "redis")
+#: Longest wait for one call of the renewal thread's own client (connect or answer).
+CLIENT_TIMEOUT_S = 2.0
 
-    def eval(self, *args: Any) -> Any:
+
+class _PoolClient:
+    """Sentinel: the scripts run through the app's broker pool (it follows failovers)."""
+
+    def evalsha(self, *args: Any) -> Any:
         with broker_redis() as client:
-            return client.eval(*args)
+            return client.evalsha(*args)
+
+    def script_load(self, source: Any) -> Any:
+        with broker_redis() as client:
+            return client.script_load(source)
 
 
 def _client() -> Any:
-    return direct_client() or _PoolClient()
+    return direct_redis(CLIENT_TIMEOUT_S) or _PoolClient()
 
 
-def fence(requests: Any, pool: Any, lost: set[str]) -> set[str]:
+def fence(leases: Leases, requests: Any, pool: Any, lost: set[str]) -> set[str]:
     """Drop or terminate the requests among `requests` whose delivery tag is in `lost`; return the tags handled."""
     handled: set[str] = set()
     for request in list(requests):
@@ -61,7 +79,7 @@ def fence(requests: Any, pool: Any, lost: set[str]) -> set[str]:
                 )
         else:
             _unqueue(request, pool)
-        drop_lost(request)
+        drop_lost(request, leases)
         handled.add(tag)
     return handled
 
@@ -92,7 +110,7 @@ def _kept_on_close(pool: Any) -> set[str]:
     return {tag for tag in kept if tag is not None}
 
 
-def _release_what_on_close_drops(consumer: Any, pool: Any) -> None:
+def _release_what_on_close_drops(leases: Leases, consumer: Any, pool: Any) -> None:
     """After a lost connection Celery's `Consumer.on_close` (`celery/worker/consumer/consumer.py`) forgets the
     requests it reserved or scheduled and flushes the pool's outbound buffer: "the broker may redeliver these
     tasks". With leases it would not (this worker renews them), so their leases are given up instead."""
@@ -101,41 +119,51 @@ def _release_what_on_close_drops(consumer: Any, pool: Any) -> None:
     def on_close() -> None:
         kept = _kept_on_close(pool)
         close()
-        lease.drop(lease.held() - kept)
+        leases.drop(leases.held() - kept)
 
     consumer.on_close = on_close
 
 
-class LeaseStep(bootsteps.StartStopStep):
+class DeliveryStep(bootsteps.StartStopStep):
     requires = ("celery.worker.components:Pool",)
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
-        lease.configure(get_settings().lease_seconds, getattr(parent, "hostname", None))
+        settings = get_settings()
+        self.leases = parent.leases = Leases(settings.lease_seconds, getattr(parent, "hostname", None))
+        self.renewer: Renewer | None = None
+        if getattr(parent, "consumes_through_leases", False):
+            versions.require("worker", LIBRARIES, settings.allow_unverified_versions)
+            parent.app.conf.broker_transport = transport.bound(self.leases, is_sentinel(settings.broker_url))
 
     def start(self, parent: Any) -> None:
         self.worker = parent
-        lease.Renewer(_client).start()
-        _release_what_on_close_drops(parent.consumer, parent.pool)
+        self.renewer = Renewer(self.leases, _client).start()
+        _release_what_on_close_drops(self.leases, parent.consumer, parent.pool)
         timer = parent.hub if getattr(parent, "use_eventloop", False) else parent.timer
         timer.call_repeatedly(FENCE_INTERVAL_S, self.tick)
         log.info(
-            "leases: %s s, renewed every %.1f s by %s", lease.lease_seconds(), lease.lease_seconds() / 3, lease.owner()
+            "leases: %s s, renewed every %.1f s by %s",
+            self.leases.lease_seconds,
+            self.leases.lease_seconds / 3,
+            self.leases.owner(),
         )
 
     def stop(self, parent: Any) -> None:
         # Last: results and acknowledgements of jobs that finished while Redis was away (the soft shutdown lets
         # them end), so they are not delivered again after the lease; leases given up, so they come back now.
-        if lease.has_pending():
+        if self.leases.has_pending():
             try:
-                lease.renew_once(_client())
+                self.leases.renew_once(_client())
             except Exception:  # noqa: BLE001  # Redis still away: the jobs come back after the lease
-                log.warning("could not apply %d acknowledgement(s) before exiting", lease.pending_acks())
+                log.warning("could not apply %d acknowledgement(s) before exiting", self.leases.pending_acks())
+        if self.renewer is not None:
+            self.renewer.stop()
 
     def terminate(self, parent: Any) -> None:
         self.stop(parent)
 
     def tick(self) -> None:
-        lost = lease.take_lost()
+        lost = self.leases.take_lost()
         if lost:
-            fence(set(state.reserved_requests) | set(state.active_requests), self.worker.pool, lost)
+            fence(self.leases, set(state.reserved_requests) | set(state.active_requests), self.worker.pool, lost)

@@ -1,12 +1,12 @@
 """The worker's job request: leases, cancels, time limits a message cannot raise, and a delivery limit.
 
-* **Lost leases.** `pipeline.runtime.lease` records the delivery tags whose lease a peer took (this worker was
-  frozen or cut off for longer than a lease and the job was restored for another worker). Celery's per-task
-  request class (`celery/worker/request.py: create_request_cls`) replaces `execute_using_pool` but still asks
-  `revoked()` first, so `revoked()` is where a lost delivery is refused: it is dropped without running (its
-  in-memory prefetch slot freed, nothing acknowledged in Redis), and `TaskRevokedError` tells the worker
+* **Lost leases.** The worker's `Leases` (`pipeline.delivery.lease`) record the delivery tags whose lease a peer
+  took (this worker was frozen or cut off for longer than a lease and the job was restored for another worker).
+  Celery's per-task request class (`celery/worker/request.py: create_request_cls`) replaces `execute_using_pool`
+  but still asks `revoked()` first, so `revoked()` is where a lost delivery is refused: it is dropped without
+  running (its in-memory prefetch slot freed, nothing acknowledged in Redis), and `TaskRevokedError` tells the worker
   nothing ran (`celery/worker/worker.py: WorkController._process_task`). Unlike a revoke, no REVOKED state is
-  stored: the peer's result must stand. A running job found lost is terminated by `pipeline.runtime.fencing`;
+  stored: the peer's result must stand. A running job found lost is terminated by `pipeline.delivery.fencing`;
   its child's death is then not a failure here (`on_failure` returns).
 * **Cancels.** `Consumer.cancel_active_requests` (shutdown) passes `emit_retry=False` for late-acknowledged
   jobs, "since broker will handle redelivery"; this request does the same for every cancel of one, and never
@@ -43,18 +43,18 @@ from celery.worker.state import task_ready
 from kombu.transport import virtual as kombu_virtual
 
 from pipeline.broker import broker_redis
+from pipeline.compat.events import task_events_on
 from pipeline.config import get_settings
 from pipeline.constants import DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT
+from pipeline.delivery.lease import Leases
 from pipeline.dlq import capture
 from pipeline.errors import DeliveryLimitExceeded
 from pipeline.pools import is_solo
-from pipeline.runtime import lease
-from pipeline.runtime.events import task_events_on
 
 log = logging.getLogger(__name__)
 
 #: What `Task.Request` names: the worker's strategy resolves it per task (`celery/worker/strategy.py`).
-REQUEST_CLASS = "pipeline.runtime.request:Request"
+REQUEST_CLASS = "pipeline.delivery.request:Request"
 
 
 def _cap(value: Any, cap: float | None) -> Any:
@@ -72,6 +72,13 @@ def delivery_tag(request: Any) -> str | None:
     message = getattr(request, "_message", None)
     tag = getattr(message, "delivery_tag", None)
     return None if tag is None else str(tag)
+
+
+def leases_of(request: Any) -> Leases | None:
+    """The `Leases` of the worker that fetched the request's message (None when it came through kombu's own
+    transport, which holds no leases)."""
+    message = getattr(request, "_message", None)
+    return getattr(getattr(getattr(message, "channel", None), "connection", None), "leases", None)
 
 
 def delivery_count(headers: dict[str, Any]) -> int | None:
@@ -102,7 +109,7 @@ def delivery_history(tag: str) -> list[dict[str, Any]]:
     return history
 
 
-def drop_lost(request: Any) -> None:
+def drop_lost(request: Any, leases: Leases) -> None:
     """Forget a request whose lease was lost: not run, nothing stored, nothing acknowledged in Redis (the delivery
     is a peer's, or this worker's again if it fetched it anew); only kombu's in-memory prefetch slot is freed."""
     request._lease_lost = True
@@ -114,7 +121,7 @@ def drop_lost(request: Any) -> None:
             kombu_virtual.QoS.ack(message.channel.qos, message.delivery_tag)
     tag = delivery_tag(request)
     if tag is not None:
-        lease.forget_lost([tag])
+        leases.forget_lost([tag])
     log.warning("job %s[%s]: lease lost to another worker; not run here", request.name, request.id)
 
 
@@ -152,8 +159,9 @@ class Request(CeleryRequest):
             self.time_limits = allowed
 
     def revoked(self) -> bool:
-        if lease.is_lost(delivery_tag(self)):
-            drop_lost(self)
+        leases = leases_of(self)
+        if leases is not None and leases.is_lost(delivery_tag(self)):
+            drop_lost(self, leases)
             return True
         return self._over_delivery_limit() or bool(super().revoked())
 
@@ -186,7 +194,7 @@ class Request(CeleryRequest):
         return True
 
     def send_event(self, type: str, **fields: Any) -> None:
-        # Celery's, without building an event the dispatcher would drop (task events off: `pipeline.runtime.events`).
+        # Celery's, without building an event the dispatcher would drop (task events off: `pipeline.compat.events`).
         eventer = getattr(self, "_eventer", None)
         if eventer and self.task.send_events and task_events_on(eventer):
             eventer.send(type, uuid=self.id, **fields)

@@ -1,6 +1,6 @@
 """The worker's fetch: up to k messages popped and recorded as held by one Lua script, then delivered in order.
 
-`pipeline.runtime.transport` sends `FETCH` through kombu's poll cycle (`_brpop_start`) and hands the reply to
+`pipeline.delivery.transport` sends `fetch.lua` through kombu's poll cycle (`_brpop_start`) and hands the reply to
 `deliver`. k is how many more deliveries the channel's QoS allows (kombu's `can_consume_max_estimate`:
 prefetch count minus what the channel holds unacknowledged), so a batch never takes the worker past its
 prefetch; without a prefetch limit, at most FETCH_MAX.
@@ -8,19 +8,18 @@ prefetch; without a prefetch limit, at most FETCH_MAX.
 The script pops from the consumed keys in kombu's order (priority steps, then queues), the oldest element of a
 key first (`RPOP key count`), and records each one as kombu's `QoS.append` would (`unacked`, `unacked_index`),
 plus the lease owner, the delivery count and the delivery history: nothing can happen between the pop and the
-record. Every delivered tag is held (`lease.hold`, so the renewal thread renews it) before the first is handed
+record. Every delivered tag is held (`Leases.hold`, so the renewal thread renews it) before the first is handed
 to kombu: a solo worker runs each job inside `_deliver`, and the batch's later jobs wait meanwhile. Celery
 acknowledges a job in the event loop's next iteration (`Consumer.call_soon_ack`: `hub.call_soon`), so a solo
-worker's acknowledgements of a batch, and the results its jobs handed over (`pipeline.runtime.acks`), are written
+worker's acknowledgements of a batch, and the results its jobs handed over (`pipeline.delivery.acks`), are written
 after the batch, by the next fetch or the tick's flush: a solo worker killed mid-batch re-runs the batch's finished
 jobs after their lease (at most the prefetch less one; their results were not stored either). If a delivery raises
 (a solo worker's SIGTERM runs through the job), the deliveries not handed over yet go back to the head of
-their queue, or, when Redis cannot be reached, are given up for a sweep to restore (`lease.drop`).
+their queue, or, when Redis cannot be reached, are given up for a sweep to restore (`Leases.drop`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 import uuid
@@ -28,10 +27,11 @@ from typing import Any
 
 from kombu.utils.encoding import bytes_to_str
 
-from pipeline.config.results import STORE_LUA, Stored
-from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
+from pipeline.compat.results import Stored
+from pipeline.constants import DELIVERIES_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
+from pipeline.delivery import acks
+from pipeline.delivery.lease import HISTORY_PREFIX
 from pipeline.dlq import elements as undecodable
-from pipeline.runtime import acks, lease
 
 log = logging.getLogger(__name__)
 
@@ -43,65 +43,8 @@ FETCH_MAX = 32
 #: Fields per fetched element in the script's reply.
 FIELDS = 5
 
-#: KEYS: unacked, unacked_index, lease, deliveries, the queue keys in order, then the task keys of the results to
-#: store first. ARGV: now, owner, hostname, a fresh tag prefix for elements that are not envelopes, the history's
-#: prefix, its length, its TTL, when the lease expires (now + this worker's LEASE_SECONDS: the index score, so a sweep
-#: never judges a lease by its own), how many elements to take at most, the number of results n, n pairs (encoded
-#: meta, expiry), then the tags to acknowledge. Stores the results and acknowledges the tags first, as
-#: `lease.SETTLE` does, then fetches. Returns {the tags whose acknowledgement was fenced}, then FIELDS per element,
-#: oldest first: key, tag, delivery count, element, 1 when the element is not an envelope.
-FETCH = (
-    STORE_LUA
-    + lease.results_lua("#KEYS - tonumber(ARGV[10])", 10)
-    + lease.ack_lua("11 + 2 * nres", 2, 5)
-    + """
-local out = {fenced}
-local want = tonumber(ARGV[9])
-local taken = 0
-for i = 5, first_result_key do
-  if taken >= want then break end
-  local items = redis.call('RPOP', KEYS[i], want - taken)
-  if items then
-    for _, item in ipairs(items) do
-      taken = taken + 1
-      local tag, record
-      local ok, msg = pcall(cjson.decode, item)
-      if ok and type(msg) == 'table' and type(msg.properties) == 'table' then
-        local p = msg.properties
-        local di = p.delivery_info
-        if type(p.delivery_tag) == 'string' and type(di) == 'table'
-            and di.exchange ~= nil and di.routing_key ~= nil then
-          tag = p.delivery_tag
-          record = '[' .. item .. ',' .. cjson.encode(di.exchange) .. ',' .. cjson.encode(di.routing_key) .. ']'
-        end
-      end
-      local poison = 0
-      if not tag then
-        poison = 1
-        tag = ARGV[4] .. taken
-        record = '[' .. cjson.encode(item) .. ',"",' .. cjson.encode(KEYS[i]) .. ']'
-      end
-      redis.call('HSET', KEYS[1], tag, record)
-      redis.call('ZADD', KEYS[2], ARGV[8], tag)
-      redis.call('HSET', KEYS[3], tag, ARGV[2])
-      local n = redis.call('HINCRBY', KEYS[4], tag, 1)
-      local history = ARGV[5] .. tag
-      redis.call('RPUSH', history, '{"at":' .. ARGV[1] .. ',"worker":' .. cjson.encode(ARGV[3]) .. '}')
-      redis.call('LTRIM', history, -tonumber(ARGV[6]), -1)
-      redis.call('EXPIRE', history, tonumber(ARGV[7]))
-      out[#out + 1] = KEYS[i]
-      out[#out + 1] = tag
-      out[#out + 1] = n
-      out[#out + 1] = item
-      out[#out + 1] = poison
-    end
-  end
-end
-return out
-"""
-)
-FETCH_SHA = hashlib.sha1(FETCH.encode(), usedforsecurity=False).hexdigest()  # Redis names scripts by SHA-1
-_HISTORY_PREFIX = DELIVERY_LOG_KEY.format(tag="")
+#: The fetch script (`fetch.lua`: its KEYS and ARGV layout are written at its top).
+FETCH = "fetch"
 
 
 def batch_size(channel: Any) -> int:
@@ -114,7 +57,7 @@ def batch_size(channel: Any) -> int:
 def args(
     channel: Any, queues: list[str], count: int, acks: list[str] | None = None, results: list[Stored] | None = None
 ) -> list[Any]:
-    """numkeys, KEYS and ARGV of `FETCH` for `queues` (kombu's key order), taking at most `count` messages after
+    """numkeys, KEYS and ARGV of `fetch.lua` for `queues` (kombu's key order), taking at most `count` messages after
     storing `results` and acknowledging `acks`."""
     keys = [channel._q_for_pri(queue, pri) for pri in channel.priority_steps for queue in queues]
     results = results or []
@@ -127,13 +70,13 @@ def args(
         DELIVERIES_KEY,
         *keys,
         repr(now := time.time()),
-        lease.owner(),
-        lease.node(),
+        channel.leases.owner(),
+        channel.leases.node(),
         f"{uuid.uuid4().hex}:",
-        _HISTORY_PREFIX,
+        HISTORY_PREFIX,
         DELIVERY_LOG_MAX,
         DELIVERY_LOG_TTL_S,
-        repr(now + lease.lease_seconds()),
+        repr(now + channel.leases.lease_seconds),
         count,
         len(results),
         *(x for _key, value, expires in results for x in (value, expires)),
@@ -149,14 +92,15 @@ def elements(reply: list[Any]) -> list[tuple[str, str, int, bytes, bool]]:
     ]
 
 
-def acknowledged(reply: list[Any], acks: list[str]) -> None:
-    """Forget the acknowledgements the fetch carried; log those it fenced (as `lease.settle` does)."""
-    lease.settled(acks, reply[0] if reply else [])
+def acknowledged(channel: Any, reply: list[Any], acks: list[str]) -> None:
+    """Forget the acknowledgements the fetch carried; log those it fenced (as `Leases.settle` does)."""
+    channel.leases.settled(acks, reply[0] if reply else [])
 
 
 def accept(channel: Any, key: str, tag: str, count: int, item: bytes, poison: bool, queue: str) -> Any:
     """The envelope to deliver for one fetched element, held under this worker's lease; None when there is none
     (dead-lettered, or a copy this worker still holds goes on instead)."""
+    leases = channel.leases
     payload = None
     if poison:
         undecodable.dead_letter(item, queue, undecodable.UndecodableMessage("not a message envelope"))
@@ -164,16 +108,16 @@ def accept(channel: Any, key: str, tag: str, count: int, item: bytes, poison: bo
         payload = undecodable.decode(channel, item, queue)
     if payload is None:  # dead-lettered: take it out of `unacked` (it was tracked by the fetch)
         with channel.conn_or_acquire() as client:
-            lease.ack(client, tag)
+            leases.ack(client, tag)
         return None
-    if lease.rehold(tag):
+    if leases.rehold(tag):
         # Its earlier delivery is still here (running or waiting): that copy goes on, under this fetch's lease.
         log.warning("delivery %s fetched again while this worker still holds it: the held copy goes on", tag)
         return None
     headers = payload.get("headers")
     if isinstance(headers, dict):
         headers[HEADER_DELIVERY_COUNT] = count
-    lease.hold(tag)
+    leases.hold(tag)
     return payload
 
 
@@ -199,10 +143,11 @@ def deliver(channel: Any, reply: list[Any]) -> None:
 
 def _put_back(channel: Any, tags: list[str]) -> None:
     """Deliveries fetched but never handed to kombu: back at the head of their queue (oldest nearest the head)."""
-    me = lease.owner()
+    leases = channel.leases
+    me = leases.owner()
     try:
         for tag in reversed(tags):
             channel.qos.restore_tag(tag, owner=me)
-            lease.release(tag)
+            leases.release(tag)
     except channel.connection_errors:
-        lease.drop(tags)  # still leased to this worker: given up, so a sweep restores them
+        leases.drop(tags)  # still leased to this worker: given up, so a sweep restores them

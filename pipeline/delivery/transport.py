@@ -1,19 +1,21 @@
 """The worker's Redis transport: an atomic fetch-and-track, leases, fenced acknowledgements and restores.
 
-Workers select it (`pipeline.runtime.worker` sets `broker_transport` to the class path
-`pipeline.config.celery.worker_broker_transport` gives); producers, beat and Flower keep kombu's own. Queue
+A worker consumes through it: its delivery bootstep (`pipeline.delivery.fencing.DeliveryStep`) sets the app's
+`broker_transport` to `bound(leases, ...)`, a subclass tied to that worker's `Leases`, which every channel reaches as
+`channel.leases`; producers, beat and Flower keep kombu's own. Queue
 elements that are not messages are dead-lettered (`pipeline.dlq.elements`).
 
 kombu 5.7 (`kombu/transport/redis.py`) fetches with BRPOP and records the delivery in a second round trip
 (`QoS.append`: HSET `unacked`, ZADD `unacked_index`). A worker killed, or a Redis stopping, between the two loses
 the message: it left the list and is recorded nowhere (issue 10; celery/kombu#305, celery/celery#1789). Here
-`_brpop_start` sends one Lua script (EVALSHA, through kombu's own poll cycle: `pipeline.runtime.fetch`) that pops
+`_brpop_start` sends one Lua script (EVALSHA of `fetch.lua`, through kombu's own poll cycle:
+`pipeline.delivery.fetch`) that pops
 up to as many elements as the channel's prefetch still allows over the consumed keys in kombu's order and, in the
 same script, records each exactly as `QoS.append` would (the element's bytes untouched), plus the lease owner
 (`pipeline:lease`), a delivery count (`pipeline:deliveries`, which survives kombu's restore: the tag is in the
 message) and a bounded delivery history (`pipeline:deliveries:<tag>`). `QoS.append` then keeps only kombu's
 in-memory bookkeeping. The count reaches the worker as the message header `x-delivery-count` (1 on the first
-delivery). The same script first applies the acknowledgements the event loop deferred (`pipeline.runtime.acks`).
+delivery). The same script first applies the acknowledgements the event loop deferred (`pipeline.delivery.acks`).
 
 A script cannot block, so when every key is empty the channel waits with a command that does not consume:
 `BLMOVE k k RIGHT RIGHT <timeout>` moves a list's last element onto itself (no change) and wakes as soon as
@@ -23,9 +25,9 @@ WAIT_MAX_S while nothing comes (an element on the key being waited on starts at 
 one wait). `_brpop_sent_at` is set for every command sent, so kombu's reply health check still applies.
 
 kombu's visibility timeout had to outlast the longest job, so a dead worker's jobs waited that long
-(celery/celery#5935, celery/celery#2599); leases (`pipeline.runtime.lease`) replace it. Acknowledgements are fenced
-(`pipeline.runtime.lease.SETTLE`: removed only while this worker owns the lease) and, on the event loop, written
-together within the loop iteration (`pipeline.runtime.acks`); one that cannot reach Redis is remembered and
+(celery/celery#5935, celery/celery#2599); leases (`pipeline.delivery.lease`) replace it. Acknowledgements are fenced
+(`settle.lua`: removed only while this worker owns the lease) and, on the event loop, written
+together within the loop iteration (`pipeline.delivery.acks`); one that cannot reach Redis is remembered and
 applied by the renewal thread. kombu's sweep (`restore_visible`) restores deliveries whose lease
 expired, only once this worker has been renewing for a whole lease (after an outage every lease looks expired), and
 clears the lease owner in the same transaction. A closed connection no longer restores what the channel delivered
@@ -50,11 +52,14 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
 from kombu.utils.encoding import bytes_to_str
 
-from pipeline.config.results import Stored
+from pipeline.compat.results import Stored
 from pipeline.constants import LEASE_KEY
+from pipeline.delivery import acks, fetch
+from pipeline.delivery.lease import Leases
 from pipeline.dlq import elements as undecodable
+from pipeline.lua import script, sha
+from pipeline.lua import source as lua_source
 from pipeline.observability import metrics
-from pipeline.runtime import acks, fetch, lease
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +68,7 @@ WAIT_MIN_S = 0.05
 WAIT_MAX_S = 0.1
 #: A delivery in `unacked` with no lease was fetched by a worker of a release without leases (kombu's BRPOP); the
 #: sweep leaves it for that release's visibility timeout, so a rolling upgrade does not restore its running jobs.
-#: A delivery this release gives up (`lease.RELEASE`) has no lease either, but is scored 0: restored at once.
+#: A delivery this release gives up (`release.lua`) has no lease either, but is scored 0: restored at once.
 LEGACY_TIMEOUT_S = 11400
 
 
@@ -77,6 +82,10 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
     def _channel(self) -> Any:
         return self.channel
 
+    @property
+    def leases(self) -> Leases:
+        return self.channel.leases  # type: ignore[no-any-return]
+
     def append(self, message: Any, delivery_tag: str) -> None:
         # The fetch script recorded it in Redis already: only kombu's in-memory bookkeeping.
         kombu_virtual.QoS.append(self, message, delivery_tag)
@@ -88,8 +97,8 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if requeue:
             try:
-                self.restore_tag(delivery_tag, leftmost=True, owner=lease.owner())
-                lease.release(delivery_tag)
+                self.restore_tag(delivery_tag, leftmost=True, owner=self.leases.owner())
+                self.leases.release(delivery_tag)
             except self._channel().connection_errors:
                 pass  # still leased: renewed, and acknowledged or restored later
         else:
@@ -103,9 +112,9 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
             if self._channel().closed or self._channel().connection is None:
                 raise redis.exceptions.ConnectionError("the channel is closed")
             with self._channel().conn_or_acquire() as client:
-                lease.ack(client, delivery_tag)
+                self.leases.ack(client, delivery_tag)
         except self._channel().connection_errors as exc:
-            lease.remember_ack(delivery_tag, exc)
+            self.leases.remember_ack(delivery_tag, exc)
 
     def restore_unacked_once(self, stderr: Any = None) -> Any:
         self.flush_acks(carry=False)
@@ -119,16 +128,16 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
 
     def restore_unacked(self, client: Any = None) -> Any:
         """At shutdown: put back the deliveries this worker still owns (kombu's restore_at_shutdown)."""
-        me = lease.owner()
+        me = self.leases.owner()
         with self._channel().conn_or_acquire(client) as conn:
             for tag in list(self._delivered or ()):
                 self.restore_tag(tag, conn, owner=me)
-                lease.release(tag)
+                self.leases.release(tag)
         if self._delivered is not None:
             self._delivered.clear()
 
     def restore_visible(self, start: int = 0, num: int | None = None, interval: int = 1) -> Any:
-        if not lease.sweep_allowed():
+        if not self.leases.sweep_allowed():
             return None  # not renewing for a whole lease yet: a live peer may not have renewed since Redis came back
         self._sweeps += 1
         if (self._sweeps - 1) % (interval or 1):
@@ -151,8 +160,8 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
         return None
 
     def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
-        self.restore_tag(tag, client, leftmost, owner=lease.owner())  # kombu's callers: only what I own
-        lease.release(tag)  # back on its queue (or a peer's): no longer held here
+        self.restore_tag(tag, client, leftmost, owner=self.leases.owner())  # kombu's callers: only what I own
+        self.leases.release(tag)  # back on its queue (or a peer's): no longer held here
 
     def restore_tag(
         self,
@@ -186,7 +195,8 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
                 done = 1
 
         # The holder's own requeue clears its lease: not lost to a renewal meanwhile (a sweep's restore holds none).
-        with lease.leaving([tag] if owner is not None else []), self._channel().conn_or_acquire(client) as conn:
+        leaving = self.leases.leaving([tag] if owner is not None else [])
+        with leaving, self._channel().conn_or_acquire(client) as conn:
             conn.transaction(restore_transaction, self.unacked_key, LEASE_KEY, self.unacked_index_key)
         return done
 
@@ -207,6 +217,14 @@ def _restore_record(channel: Any, raw: bytes, pipe: Any, leftmost: bool) -> None
 class _Leased:
     """The fetch and the guarded connection parameters, shared by the plain and the Sentinel channel."""
 
+    def __init__(self, connection: Any, *args: Any, **kwargs: Any) -> None:
+        # The worker's deliveries, from the transport class it was bound to (`bound`): kept, since kombu clears
+        # `connection` when it closes the channel.
+        if connection.leases is None:
+            raise RuntimeError("the worker transport is used unbound: consume through `transport.bound(leases)`")
+        self.leases: Leases = connection.leases
+        super().__init__(connection, *args, **kwargs)  # type: ignore[call-arg]  # kombu's Channel, after this mixin
+
     connection: Any
     _wait_s = WAIT_MIN_S
     _waiting = False  # the command in flight is a wait, not a fetch
@@ -226,7 +244,7 @@ class _Leased:
         """The fetch carrying acknowledgements (and results) got no reply: they may not have been applied."""
         carried, self._carried = self._carried, None
         if carried:
-            acks.remember(carried[0], exc, carried[1])
+            self.leases.remember(carried[0], exc, carried[1])
 
     def _connparams(self, asynchronous: bool = False) -> Any:
         if self.connection is None or self.connection.client is None:  # closed: kombu cleared it
@@ -250,8 +268,8 @@ class _Leased:
             if self._carried:  # the last fetch's reply never came: what it carried may not be applied
                 self._settle_carried(redis.exceptions.ConnectionError("no reply to the last fetch"))
             self._carried = tags, results = self.qos.take_acks()
-            lease.settling(tags)  # the script below removes their leases: not lost to a renewal meanwhile
-            command = ["EVALSHA", fetch.FETCH_SHA, *fetch.args(self, queues, fetch.batch_size(self), tags, results)]
+            self.leases.settling(tags)  # the script below removes their leases: not lost to a renewal meanwhile
+            command = ["EVALSHA", sha(fetch.FETCH), *fetch.args(self, queues, fetch.batch_size(self), tags, results)]
             self._waiting = False
         self._in_poll = self.client.connection
         self._brpop_sent_at = time.monotonic()
@@ -263,7 +281,7 @@ class _Leased:
                 reply = self.client.parse_response(self.client.connection, "EVALSHA", **options)
             except redis.exceptions.NoScriptError as exc:
                 self._settle_carried(exc)  # the script did not run: the renewal thread applies them
-                self.client.script_load(fetch.FETCH)  # Redis restarted (empty script cache): loaded for the next fetch
+                self.client.script_load(lua_source(fetch.FETCH))  # Redis restarted (empty script cache): loaded now
                 raise Empty() from None
             except self.connection_errors as exc:
                 self._settle_carried(exc)
@@ -273,7 +291,7 @@ class _Leased:
                 self._empty = False  # woken (or timed out): fetch next
                 raise Empty()
             carried, self._carried = self._carried, None
-            fetch.acknowledged(reply, carried[0] if carried else [])
+            fetch.acknowledged(self, reply, carried[0] if carried else [])
             if len(reply) <= 1:
                 self._empty = True
                 raise Empty()
@@ -288,7 +306,8 @@ class _Leased:
     # The synchronous path (`basic_get`, `drain_events` without a hub): the same script, one queue.
     def _get(self: Any, queue: str, timeout: float | None = None) -> Any:
         with self.conn_or_acquire() as client:
-            reply = client.eval(fetch.FETCH, *fetch.args(self, [queue], 1))
+            numkeys, *rest = fetch.args(self, [queue], 1)
+            reply = script(fetch.FETCH)(keys=rest[:numkeys], args=rest[numkeys:], client=client)
             self._maybe_update_queues_expire(client, queue)
         if len(reply) <= 1:
             raise Empty()
@@ -305,6 +324,8 @@ class Channel(_Leased, kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+    #: The worker's deliveries (`bound`); None on the unbound class, which no connection uses.
+    leases: Leases | None = None
 
 
 class SentinelChannel(_Leased, kombu_redis.SentinelChannel):
@@ -313,3 +334,10 @@ class SentinelChannel(_Leased, kombu_redis.SentinelChannel):
 
 class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
+    leases: Leases | None = None
+
+
+def bound(leases: Leases, sentinel: bool = False) -> type[Any]:
+    """The transport class a worker consumes through, tied to its `leases` (each of its channels reaches them)."""
+    base: type[Any] = SentinelTransport if sentinel else Transport
+    return type(base.__name__, (base,), {"leases": leases, "__module__": __name__})

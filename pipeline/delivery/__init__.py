@@ -1,0 +1,69 @@
+"""The delivery layer: how a worker takes jobs from Redis, holds them under a lease and settles them.
+
+One kombu transport (`transport`: the Redis `Channel` and `QoS` subclassed) with its fetch (`fetch`: one Lua script
+pops and records up to a prefetch of messages), leases and their renewal (`lease`: one `Leases` object per worker),
+acknowledgements written together (`acks`), and fencing (`fencing`: the worker bootstep that owns the `Leases`;
+`request`: the job request that refuses a lost delivery). Its Redis scripts are files in `pipeline.lua`
+(`fetch.lua`, `settle.lua`, `renew.lua`, `release.lua`).
+
+This package and `pipeline.compat` are the only places that reach into private parts of celery, kombu, billiard and
+redis-py (`tests/unit/test_seam.py` fails on any other). Each reach is an entry of `ENTRIES`: the upstream symbols,
+where, the libraries it was verified on (`pipeline.compat.versions.VERIFIED`) and the test that proves, against
+upstream at test time, that it still holds. All are delivery-critical: a worker on a version outside `VERIFIED`
+refuses to start (`fencing.DeliveryStep`).
+"""
+
+from __future__ import annotations
+
+from pipeline.compat.versions import Entry
+
+_KOMBU = ("kombu", "redis")
+_WORKER = ("celery", "kombu", "billiard")
+
+ENTRIES: tuple[Entry, ...] = (
+    Entry(
+        "kombu.transport.redis.Channel._brpop_start, _brpop_read, _get, _q_for_pri, _queue_cycle, "
+        "Transport._deliver (the fetch inside kombu's poll cycle)",
+        "pipeline.delivery.transport, pipeline.delivery.fetch",
+        _KOMBU,
+        "tests/faults/test_delivery_parity.py::test_the_fetch_delivers_and_records_what_kombu_does",
+        critical=True,
+    ),
+    Entry(
+        "kombu.transport.redis.QoS.restore_by_tag, restore_unacked, restore_unacked_once, restore_visible, "
+        "_delivered, _on_collect, _flush; Channel._do_restore_message",
+        "pipeline.delivery.transport",
+        _KOMBU,
+        "tests/faults/test_delivery_parity.py::test_a_requeued_delivery_is_back_as_kombu_puts_it_back",
+        critical=True,
+    ),
+    Entry(
+        "kombu.transport.redis.Channel._connparams, _create_client (a closed connection raises a connection error)",
+        "pipeline.delivery.transport, pipeline.delivery.acks",
+        _KOMBU,
+        "tests/faults/test_broker_outage.py::test_a_channel_closed_after_its_connection_keeps_its_deliveries_leased",
+        critical=True,
+    ),
+    Entry(
+        "kombu.asynchronous.hub.Hub._loop_thread (an acknowledgement is deferred only on the event loop's thread)",
+        "pipeline.delivery.acks",
+        ("kombu",),
+        "tests/faults/test_delivery_parity.py::test_the_loop_thread_is_the_hubs",
+        critical=True,
+    ),
+    Entry(
+        "celery.worker.request.Request._message, _eventer, _context, _body, _content_type, _content_encoding, "
+        "_already_cancelled, _announce_revoked, _announce_cancelled, _apply_result, _terminate_on_ack",
+        "pipeline.delivery.request, pipeline.delivery.fencing",
+        _WORKER,
+        "tests/faults/test_delivery_parity.py::test_celerys_request_has_what_the_delivery_layer_reads",
+        critical=True,
+    ),
+    Entry(
+        "billiard.pool.ApplyResult._ack, _set_terminated; the prefork pool's _pool.outbound_buffer",
+        "pipeline.delivery.fencing",
+        _WORKER,
+        "tests/faults/test_leases.py::test_a_worker_frozen_past_its_lease_neither_runs_nor_acknowledges_the_jobs_a_peer_took",
+        critical=True,
+    ),
+)

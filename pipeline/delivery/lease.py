@@ -1,0 +1,342 @@
+"""Leases on the deliveries a worker holds: renewal, fencing, and acknowledgements that wait out an outage.
+
+Every delivery a worker fetches (`pipeline.delivery.fetch`: one Lua script pops the messages and records them in
+kombu's `unacked`/`unacked_index`, plus `pipeline:lease` tag → the worker's incarnation id) is held in its
+`Leases` until it is acknowledged, requeued, or found lost. `Leases` is the whole of what the delivery layer knows
+about one worker's deliveries: the tags held, lost, settling, dropped, the acknowledgements and results waiting for
+Redis, and the renewal clock. The worker's delivery bootstep (`pipeline.delivery.fencing.DeliveryStep`) creates it,
+binds the worker's transport to it (`pipeline.delivery.transport.bound`) and starts and stops its renewal thread,
+so two workers in one process never share it.
+
+A daemon thread of the worker's main process (`Renewer`), with its own Redis client (so a busy event loop, a
+blocked pool child or the solo/threads pools never stop it), renews every held delivery each LEASE_SECONDS/3 with
+one Lua call (`renew.lua`: the index score becomes now + LEASE_SECONDS where `pipeline:lease` still names this
+worker), returning the tags it no longer owns. kombu's sweep (`restore_visible`) restores a tag whose index score
+(its lease's expiry) has passed: the holder died or was cut off.
+
+Fencing: a tag whose lease is gone was (or will be) delivered to a peer. The worker must neither run nor
+acknowledge it: the delivery step drops a reserved request without running it and terminates a running one;
+`Request.revoked` (`pipeline.delivery.request`) refuses a lost one that reaches the pool later; and every
+acknowledgement is the fenced `settle.lua`, which removes the delivery only while this worker owns it.
+
+An acknowledgement that cannot reach Redis (the connection dropped as the job finished) is remembered and applied,
+fenced, by the renewal thread once Redis answers again; the delivery is renewed meanwhile. So is a result that was to
+be stored with it (a solo worker stores a job's SUCCESS in the call that acknowledges the job), written first.
+
+After an outage every index score looks expired. `sweep_allowed` lets this worker sweep only once its renewals have
+succeeded for a whole lease without a failure (or a gap longer than the lease), so every live worker has renewed by
+then, and only while its last renewal is recent (a worker thawed after a freeze renews, and finds what it lost,
+before it sweeps).
+
+Celery forgets the requests it had prefetched or scheduled when the consumer's connection drops
+(`Consumer.on_close`); `drop` gives their leases up (`release.lua`), so a sweep puts them back on their queues.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pipeline.compat.results import Stored
+from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, LEASE_KEY, UNACKED_INDEX_KEY, UNACKED_KEY
+from pipeline.lua import script
+from pipeline.observability import metrics
+
+log = logging.getLogger(__name__)
+
+#: Tags renewed per Lua call (a worker holds its prefetch, so one call in practice).
+RENEW_BATCH = 500
+#: The delivery history's key prefix (`pipeline:deliveries:<tag>`).
+HISTORY_PREFIX = DELIVERY_LOG_KEY.format(tag="")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Leases:
+    """One worker's deliveries and their leases (see the module doc). Thread-safe: the event loop, pool threads and
+    the renewal thread share it."""
+
+    def __init__(self, lease_seconds: float = 30.0, node: str | None = None) -> None:
+        self.lease_seconds = float(lease_seconds)
+        self._node = node
+        self._lock = threading.Lock()
+        self._owner: str | None = None
+        #: Delivery tags this worker holds (fetched, not yet acknowledged, requeued or lost).
+        self._held: set[str] = set()
+        #: Tags whose lease a peer took: fenced by the event loop, refused by `Request.revoked`.
+        self._lost: set[str] = set()
+        #: Tags acknowledged while Redis was unreachable: applied (fenced) by the renewal thread.
+        self._pending_acks: set[str] = set()
+        #: Results that were to be stored with an acknowledgement while Redis was unreachable: stored first.
+        self._pending_results: list[Stored] = []
+        #: Tags Celery dropped without running (its consumer's `on_close` after a lost connection): released by the
+        #: renewal thread, so a sweep puts them back on their queues.
+        self._dropped: set[str] = set()
+        #: Tags a call is taking out of this worker's hands now, with their lease records (an acknowledgement, the
+        #: holder's requeue: `settling`): a renewal running after that call in Redis must not report them lost.
+        self._settling: set[str] = set()
+        self._streak_since: float | None = None  # monotonic time of the first renewal of the current unbroken run
+        self._renewed_at: float | None = None  # monotonic time of the last successful renewal
+        self._wake = threading.Event()
+        self._renewing = threading.Lock()  # one renewal at a time: the thread's, or the last one at shutdown
+
+    def owner(self) -> str:
+        """This worker process's incarnation id (hostname, pid, a random part): what `pipeline:lease` records."""
+        with self._lock:
+            if self._owner is None or self._owner.split(":")[1] != str(os.getpid()):  # a forked child is not it
+                self._owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+            return self._owner
+
+    def node(self) -> str:
+        """The worker's node name as Celery reports it (`name@host`), or the host name when it has none."""
+        return self._node or socket.gethostname()
+
+    def hold(self, tag: str) -> None:
+        with self._lock:
+            self._held.add(tag)
+            self._lost.discard(tag)
+
+    def rehold(self, tag: str) -> bool:
+        """True (and `tag` held again, no longer lost) when this worker already holds a delivery of `tag`, or one
+        awaiting its fence: fetched anew after its lease expired (this worker was frozen and a sweep put it back)."""
+        with self._lock:
+            if tag not in self._held and tag not in self._lost:
+                return False
+            self._held.add(tag)
+            self._lost.discard(tag)
+            return True
+
+    def release(self, tag: str) -> None:
+        with self._lock:
+            self._held.discard(tag)
+            self._pending_acks.discard(tag)
+            self._settling.discard(tag)
+
+    def settling(self, tags: Iterable[str]) -> None:
+        """`tags` leave this worker by a call sent now (a fetch carrying their acknowledgements, or `leaving`): until
+        `release` or the call's failure (`remember_ack`), a renewal does not report them lost."""
+        with self._lock:
+            self._settling.update(tags)
+
+    @contextmanager
+    def leaving(self, tags: list[str]) -> Iterator[None]:
+        """`settling` around a synchronous call (`settle`, the holder's requeue); if it fails, `tags` are held as
+        before."""
+        self.settling(tags)
+        try:
+            yield
+        except BaseException:
+            with self._lock:
+                self._settling.difference_update(tags)
+            raise
+
+    def held(self) -> set[str]:
+        with self._lock:
+            return set(self._held)
+
+    def is_lost(self, tag: str | None) -> bool:
+        with self._lock:
+            return tag is not None and tag in self._lost
+
+    def take_lost(self) -> set[str]:
+        """The tags found lost and not fenced yet (each kept until `forget_lost`, or held again)."""
+        with self._lock:
+            return set(self._lost)
+
+    def forget_lost(self, tags: Iterable[str]) -> None:
+        with self._lock:
+            self._lost.difference_update(tags)
+
+    def drop(self, tags: Iterable[str]) -> None:
+        """Stop holding `tags` (the worker forgot them unrun): their leases are given up for a sweep to restore."""
+        with self._lock:
+            # An acknowledged job is done: never given back.
+            tags = (set(tags) & self._held) - self._pending_acks - self._settling
+            self._held.difference_update(tags)
+            self._dropped.update(tags)
+        if tags:
+            self._wake.set()
+            metrics.leases.labels(outcome="released").inc(len(tags))
+            log.warning(
+                "released %d prefetched job(s) dropped with a lost connection: back on their queues soon", len(tags)
+            )
+
+    def pending_acks(self) -> int:
+        with self._lock:
+            return len(self._pending_acks)
+
+    def remember_ack(self, tag: str, exc: BaseException) -> None:
+        """An acknowledgement whose outcome is unknown: the renewal thread applies it (after remembered results)."""
+        with self._lock:
+            self._pending_acks.add(tag)
+            self._settling.discard(tag)  # renewed again until the renewal thread applies it
+        self._wake.set()
+        log.warning("could not acknowledge a job now (%r); acknowledging it (if still ours) on reconnect", exc)
+
+    def remember_results(self, results: Iterable[Stored], exc: BaseException) -> None:
+        """Results whose write had an unknown outcome: stored by the renewal thread (a SUCCESS is never
+        overwritten)."""
+        with self._lock:
+            self._pending_results.extend(results)
+        self._wake.set()
+        log.warning("could not store job results now (%r); storing them on reconnect", exc)
+
+    def remember(self, tags: list[str], exc: BaseException, results: list[Stored] | None = None) -> None:
+        """Acknowledgements (and the results to store before them) whose outcome is unknown: applied (fenced) by the
+        renewal thread."""
+        if results:
+            self.remember_results(results, exc)
+        for tag in tags:
+            self.remember_ack(tag, exc)
+
+    def sweep_allowed(self) -> bool:
+        """True once this worker's renewals have succeeded without a break for a whole lease (see the module doc),
+        the last one recently: a worker that was frozen renews (or finds its leases lost) before it sweeps."""
+        with self._lock:
+            now = time.monotonic()
+            return (
+                self._streak_since is not None
+                and now - self._streak_since >= self.lease_seconds
+                and self._renewed_at is not None
+                and now - self._renewed_at <= self.lease_seconds / 2
+            )
+
+    def renewed(self, ok: bool) -> None:
+        """Record a renewal's outcome: a failure, or a gap longer than the lease, starts the run over."""
+        now = time.monotonic()
+        with self._lock:
+            if not ok or (self._renewed_at is not None and now - self._renewed_at > self.lease_seconds):
+                self._streak_since = None
+            if ok and self._streak_since is None:
+                self._streak_since = now
+            self._renewed_at = now if ok else None
+
+    def ack(self, client: Any, tag: str) -> bool:
+        """Remove `tag` from Redis if this worker still holds its lease (fenced); forget it either way."""
+        return tag not in self.settle(client, [tag])
+
+    def settle(self, client: Any, tags: list[str], results: list[Stored] | None = None) -> set[str]:
+        """Store `results`, then `ack` every tag, in one call (`settle.lua`); returns the fenced tags (each
+        logged)."""
+        results = results or []
+        keys: list[Any] = [UNACKED_KEY, UNACKED_INDEX_KEY, LEASE_KEY, DELIVERIES_KEY, *(k for k, _v, _e in results)]
+        values = [x for _key, value, expires in results for x in (value, expires)]
+        with self.leaving(tags):
+            reply = script("settle")(
+                keys=keys, args=[self.owner(), HISTORY_PREFIX, len(results), *values, *tags], client=client
+            )
+        return self.settled(tags, reply)
+
+    def settled(self, tags: list[str], fenced_reply: list[Any]) -> set[str]:
+        """After a call that acknowledged `tags`: forget them, log the ones it fenced (`fenced_reply`); those."""
+        fenced = {_text(x) for x in fenced_reply}
+        for tag in tags:
+            self.release(tag)
+        for tag in sorted(fenced):
+            log.warning("delivery %s: lease lost to another worker; acknowledgement ignored (fenced)", tag)
+        return fenced
+
+    def has_pending(self) -> bool:
+        """Acknowledgements, results or given-up leases the renewal thread has still to write."""
+        with self._lock:
+            return bool(self._pending_acks or self._pending_results or self._dropped)
+
+    def renew_once(self, client: Any, now: float | None = None) -> set[str]:
+        """Apply remembered acknowledgements, renew every held lease; return the tags found lost."""
+        with self._renewing:
+            return self._renew(client, now)
+
+    def _renew(self, client: Any, now: float | None) -> set[str]:
+        with self._lock:
+            results, acks = list(self._pending_results), list(self._pending_acks)
+        if results or acks:
+            self.settle(client, acks, results)  # the results first, in the same call
+            with self._lock:
+                del self._pending_results[: len(results)]
+        if acks:
+            log.info("applied %d acknowledgement(s) made while the broker was unreachable", len(acks))
+        with self._lock:
+            dropped = list(self._dropped)
+        if dropped:
+            script("release")(keys=[UNACKED_INDEX_KEY, LEASE_KEY], args=[self.owner(), *dropped], client=client)
+            with self._lock:
+                self._dropped.difference_update(dropped)
+        tags = sorted(self.held())
+        stamp = repr((time.time() if now is None else now) + self.lease_seconds)  # the index holds each expiry
+        lost: set[str] = set()
+        renew = script("renew")
+        for start in range(0, len(tags), RENEW_BATCH):
+            batch = tags[start : start + RENEW_BATCH]
+            reply = renew(keys=[UNACKED_INDEX_KEY, LEASE_KEY], args=[self.owner(), stamp, *batch], client=client)
+            lost.update(_text(x) for x in reply)
+        with self._lock:
+            # A tag that left this worker since the snapshot (acknowledged or requeued by a call that ran in Redis
+            # before the renewal) has no lease left, yet is not lost: it is settling, or settled and no longer held.
+            lost = (lost & self._held) - self._settling
+            self._held.difference_update(lost)
+            self._lost.update(lost)
+        if lost:
+            metrics.leases.labels(outcome="lost").inc(len(lost))
+            log.error(
+                "lease lost on %d delivery(ies) (a peer may run them): they will not run or be acknowledged here",
+                len(lost),
+            )
+        return lost
+
+    def wait(self, delay: float) -> None:
+        """Sleep up to `delay` seconds, or until something is remembered for the renewal thread to write."""
+        self._wake.wait(delay)
+        self._wake.clear()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def ever_renewed(self) -> bool:
+        return self._renewed_at is not None
+
+
+class Renewer:
+    """The daemon thread renewing one worker's leases every LEASE_SECONDS/3 (and at once after a failure), until
+    `stop`."""
+
+    def __init__(self, leases: Leases, client_factory: Callable[[], Any]) -> None:
+        self.leases = leases
+        self._client_factory = client_factory
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pipeline-lease-renewer", daemon=True)
+
+    def start(self) -> Renewer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.leases.wake()
+
+    def _run(self) -> None:
+        leases = self.leases
+        period = leases.lease_seconds / 3
+        client: Any = None
+        while not self._stopped.is_set():
+            delay = period
+            try:
+                client = client or self._client_factory()
+                leases.renew_once(client)
+                leases.renewed(True)
+                delay = min(period, 1.0) if leases.has_pending() else period
+            except Exception as exc:  # noqa: BLE001  # a connection error, Redis loading its AOF: try again soon
+                if leases.ever_renewed():
+                    log.warning("lease renewal failed (%r); retrying every second", exc)
+                leases.renewed(False)
+                client = None
+                delay = 1.0
+            leases.wait(delay)

@@ -1,0 +1,168 @@
+"""The delivery layer's reaches into kombu and Celery, against upstream's own behaviour at test time.
+
+`pipeline.delivery` replaces kombu's Redis fetch and parts of its QoS, and reads private attributes of Celery's
+request and kombu's hub (`pipeline.delivery.ENTRIES`). Each test here runs upstream's own code on the same input as
+the pipeline's and compares the outcomes, so an upgrade that changes what kombu writes or Celery keeps fails here:
+the same messages delivered in the same order with the same `unacked` records as kombu's own transport, a requeued
+message put back as kombu puts it back, the hub's loop thread, and the request attributes the delivery layer reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.mocks import TaskMessage
+from celery.worker.request import Request as CeleryRequest
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+from kombu.asynchronous import Hub, get_event_loop, set_event_loop
+
+from pipeline.delivery import acks, transport
+from pipeline.delivery.lease import Leases
+from tests.support.procs import RedisServer
+
+pytestmark = [pytest.mark.faults, pytest.mark.parity]
+
+PRIORITIES = (0, 9, 5, 0, 3, 9, 6, 1)
+
+
+def _queues(key: str) -> list[Queue]:
+    return [Queue(f"{key}-{n}", Exchange(f"{key}-{n}", "direct"), f"{key}-{n}", max_priority=9) for n in (1, 2)]
+
+
+def _consume_all(conn: Connection, queues: list[Queue], n: int, prefetch: int) -> list[Any]:
+    got: list[Any] = []
+    channel = conn.channel()
+    channel.basic_qos(0, prefetch, False)
+    with Consumer(channel, queues, callbacks=[lambda body, message: got.append(message)]):
+        deadline = time.monotonic() + 10
+        while len(got) < n and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                conn.drain_events(timeout=0.5)
+    return got
+
+
+def _run(redis: RedisServer, transport_cls: Any, key: str) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+    """Publish the same messages to two queues, consume them all (prefetch 4) with `transport_cls`: the bodies in the
+    order each queue delivered them, and each delivered message's `unacked` record (keyed by its body)."""
+    queues = _queues(key)
+    with Connection(redis.url, transport=transport_cls) as conn:
+        producer = Producer(conn.channel())
+        for i, priority in enumerate(PRIORITIES):
+            queue = queues[i % 2]
+            producer.publish(
+                {"n": i}, exchange=queue.exchange, routing_key=queue.routing_key, priority=priority, declare=[queue]
+            )
+        got = _consume_all(conn, queues, len(PRIORITIES), prefetch=len(PRIORITIES))
+        client = redis.client()
+        order: dict[str, list[Any]] = {}
+        records: dict[str, Any] = {}
+        for message in got:
+            order.setdefault(message.delivery_info["routing_key"], []).append(message.payload["n"])
+            record = json.loads(client.hget("unacked", message.delivery_tag))
+            records[json.dumps(message.payload)] = record
+            message.ack()
+    return {k.rpartition("-")[2]: v for k, v in order.items()}, {
+        body: [record[0], *(x.rpartition("-")[2] for x in record[1:])] for body, record in records.items()
+    }
+
+
+def test_the_fetch_delivers_and_records_what_kombu_does(own_redis: RedisServer) -> None:
+    """Each queue's messages in kombu's order (priority steps, then first in first out), every one of them, and
+    each `unacked` record what kombu's `QoS.append` writes: [the message, its exchange, its routing key]."""
+    kombu_order, kombu_records = _run(own_redis, "redis", f"stock-{uuid.uuid4().hex[:6]}")
+    own_redis.client().flushall()
+    ours_order, ours_records = _run(own_redis, transport.bound(Leases()), f"ours-{uuid.uuid4().hex[:6]}")
+    assert sum(len(v) for v in kombu_order.values()) == len(PRIORITIES)
+    assert ours_order == kombu_order
+    assert ours_records.keys() == kombu_records.keys()
+    for body, record in kombu_records.items():
+        ours = ours_records[body]
+        # The delivery tag, exchange and routing key differ by the queue names' random part only.
+        for side in (record, ours):
+            side[0]["properties"]["delivery_tag"] = "tag"
+            side[0]["properties"]["delivery_info"] = {
+                k: str(v).rpartition("-")[2] for k, v in side[0]["properties"]["delivery_info"].items()
+            }
+        assert ours == record
+
+
+def _requeued(redis: RedisServer, transport_cls: Any) -> Any:
+    name = f"requeue-{uuid.uuid4().hex[:6]}"
+    queue = Queue(name, Exchange(name, "direct"), name)
+    with Connection(redis.url, transport=transport_cls) as conn:
+        Producer(conn.channel()).publish({"n": 1}, exchange=queue.exchange, routing_key=name, declare=[queue])
+        (message,) = _consume_all(conn, [queue], 1, prefetch=1)
+        message.requeue()
+        client = redis.client()
+        assert client.llen(name) == 1 and client.hlen("unacked") == 0
+        element = json.loads(client.lindex(name, 0))
+    element["properties"]["delivery_info"] = {
+        k: str(v).replace(name, "q") for k, v in element["properties"]["delivery_info"].items()
+    }
+    element["properties"]["delivery_tag"] = "tag"
+    return element
+
+
+def test_a_requeued_delivery_is_back_as_kombu_puts_it_back(own_redis: RedisServer) -> None:
+    """A delivery given back (`reject(requeue=True)`) is on its queue again, byte for byte what kombu's own restore
+    (`Channel._do_restore_message`) writes, the `redelivered` mark included."""
+    kombu_element = _requeued(own_redis, "redis")
+    ours = _requeued(own_redis, transport.bound(Leases()))
+    assert ours == kombu_element
+    assert ours["headers"].get("redelivered") is True or ours["properties"].get("redelivered") is True
+
+
+def test_the_loop_thread_is_the_hubs() -> None:
+    """An acknowledgement is deferred only on the thread that runs kombu's event loop (`Hub._loop_thread`)."""
+    hub = Hub()
+    previous = get_event_loop()
+    set_event_loop(hub)
+    seen: dict[str, Any] = {}
+
+    def run_loop() -> None:
+        loop = hub.create_loop()
+        next(loop)  # the loop records its thread before its first poll
+        seen["on the loop"] = acks.loop_hub()
+
+    try:
+        thread = threading.Thread(target=run_loop)
+        thread.start()
+        thread.join(10)
+        seen["elsewhere"] = acks.loop_hub()
+    finally:
+        set_event_loop(previous)
+        hub.close()
+    assert seen == {"on the loop": hub, "elsewhere": None}
+
+
+def test_celerys_request_has_what_the_delivery_layer_reads() -> None:
+    """Celery's own request, built from a task message, keeps what `pipeline.delivery.request` and `fencing` read
+    and call: the message, its body and content type, the eventer, the context, the cancel mark, the pool's result
+    and the methods it overrides."""
+    app = Celery("parity", set_as_current=False)
+
+    @app.task(name="parity.noop", shared=False)
+    def noop() -> None:
+        """A task for the request to name."""
+
+    message = TaskMessage("parity.noop", id=uuid.uuid4().hex)
+    eventer = object()
+    request = CeleryRequest(message, app=app, task=noop, eventer=eventer)
+    assert request._message is message
+    assert request._eventer is eventer
+    assert request._body == message.body
+    assert request._content_type == message.content_type
+    assert request._content_encoding == message.content_encoding
+    assert request._context.id == request.id
+    assert request._already_cancelled is False
+    assert request._apply_result is None
+    assert request._terminate_on_ack is None
+    for method in ("_announce_revoked", "_announce_cancelled", "revoked", "cancel", "on_failure", "send_event"):
+        assert callable(getattr(request, method)), method
