@@ -186,6 +186,13 @@ class Settings(BaseSettings):
     #: Seconds a request's whole body may take to arrive; past it the answer is 408 and the connection closes.
     api_body_timeout: float = Field(default=10.0, gt=0, le=600)
 
+    # --- Library versions -----------------------------------------------------------------------
+    #: Start beat, the worker, the API and the CLI even when Celery, kombu, billiard, celery-redbeat or redis-py is
+    #: a version the pipeline's replacements of their internals were not verified on (`pipeline.compat.versions`);
+    #: a WARNING names it. Off: such a process refuses to start, naming the library and both versions. The
+    #: replacements made only for speed stay off on such versions either way (Celery's and kombu's own code runs).
+    allow_unverified_versions: bool = False
+
     # --- Local stack and logs -----------------------------------------------------------------
     data_dir: Path = Path(".data")
     environment: str = "development"
