@@ -13,9 +13,9 @@ import threading
 
 from celery import Celery
 
+from pipeline.compat.results import BACKENDS
 from pipeline.config import get_settings
 from pipeline.config.celery import celery_conf
-from pipeline.config.results import BACKENDS
 from pipeline.constants import TASK_MODULES
 
 _lock = threading.Lock()
@@ -30,7 +30,7 @@ def get_app() -> Celery:
         if not _app:
             settings = get_settings()  # raises ConfigError (a SystemExit naming the variable) when invalid
             app = Celery("pipeline", include=list(TASK_MODULES), set_as_current=True)
-            # Celery's Redis result backends, storing a state in one round trip (`pipeline.config.results`).
+            # Celery's Redis result backends, storing a state in one round trip (`pipeline.compat.results`).
             app.loader.override_backends = dict(BACKENDS)
             app.conf.update(celery_conf(settings))
             _app.append(app)

@@ -12,15 +12,15 @@ never given to a worker early:
   MULTI. `pipeline.scheduling.delayed`
   releases it to its queue when due, exactly once.
 * **Capture** (`capture`, `capture_many`). What Celery would write to Redis for a publish, recorded instead
-  of sent: parking uses it, and so does `pipeline.producer`, which writes typed jobs (and their records) in
-  one round trip.
+  of sent (through kombu's batch hook: `pipeline.compat.batch`): parking uses it, and so does
+  `pipeline.producer`, which writes typed jobs (and their records) in one round trip.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,25 +29,13 @@ from kombu import Producer
 
 from pipeline.broker import broker_redis
 from pipeline.celery_app import get_app
+from pipeline.compat import batch
+from pipeline.compat.batch import Command
 from pipeline.config import get_settings
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
 
 #: Sends the job through `producer` (None: the app's pool) with this ETA.
 Send = Callable[[Producer | None, datetime | None], Any]
-
-
-@dataclass
-class _Recorder:
-    """Stands in for a kombu publish batch: the Redis transport routes the message and hands this object
-    its final Redis commands (``add("lpush", key, envelope)``), which are recorded instead of sent."""
-
-    commands: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
-
-    def publish(self, channel: Any, message: Any, **kwargs: Any) -> None:
-        channel.basic_publish(message, _publish_batch=self, **kwargs)
-
-    def add(self, name: str, *args: Any) -> None:
-        self.commands.append((name, args))
 
 
 @dataclass(frozen=True)
@@ -65,30 +53,15 @@ def capture(send: Callable[[Producer], Any]) -> Captured:
 
 
 def capture_many(sends: Iterable[Callable[[Producer], Any]]) -> list[Captured]:
-    """Record what each `send(producer)` would write to Redis, on one producer, publishing nothing.
-
-    Uses kombu 5.7's batch hook on the producer (the per-thread slot `Producer.batch()` fills), so each
-    envelope is byte for byte kombu's own: routing, priority, serialization and body encoding included.
-    """
-    captured = []
+    """Record what each `send(producer)` would write to Redis, on one producer, publishing nothing: each
+    envelope byte for byte kombu's own (`pipeline.compat.batch.record`)."""
     # Celery's Redis result backend subscribes to each new task's result channel when it is sent (two
     # round trips per job); a recorded message is not sent yet, and `result()` fetches stored results.
     with denied_join_result(), get_app().producer_or_acquire() as producer:
-        slot = producer._batch_local
-        previous = getattr(slot, "current", None)
-        try:
-            for send in sends:
-                recorder = slot.current = _Recorder()
-                send(producer)
-                captured.append(_one_message(recorder.commands))
-        finally:
-            slot.current = previous
-            if previous is None:
-                del slot.current
-    return captured
+        return [_one_message(commands) for commands in batch.record(producer, sends)]
 
 
-def _one_message(commands: list[tuple[str, tuple[Any, ...]]]) -> Captured:
+def _one_message(commands: list[Command]) -> Captured:
     pushes = [args for name, args in commands if name == "lpush"]
     extra = tuple((name, args) for name, args in commands if name != "lpush")
     if len(pushes) != 1 or any(name != "publish" for name, _ in extra):

@@ -1,11 +1,18 @@
 """Celery's task `Context`, built for every job: its custom headers found without rebuilding Celery's key set.
 
 The tracer builds a `Context` from the request (`celery/app/trace.py`); when the message carries no `headers`
-entry, `Context.__init__` calls `_get_custom_headers`, which rebuilds the set of Celery's own keys from
-`Context.__dict__` (about 60) and pops each from a copy of the request, on every job (celery/celery#10212, closed
-unmerged). `install` replaces that method with one that keeps the key set until `Context`'s class attributes change
-(their number, read in O(1), is the cache key: attributes are added, never renamed) and returns the same headers:
-every key of the request that is not Celery's, in the request's order, or None when there is none.
+entry, `Context.__init__` calls `_get_custom_headers`, which rebuilds the set of Celery's own keys (`Context`'s
+attributes, about 60, and a few more it names) and pops each from a copy of the request, on every job
+(celery/celery#10212, closed unmerged). `install` replaces that method with one that returns the same headers
+(every key of the request that is not Celery's, in the request's order, or None when there is none) and asks
+Celery's own method which keys are Celery's: once per key name, with a request holding that key alone, keeping
+the answer. No list of Celery's keys is copied here, so a key a newer Celery adds is Celery's here too. The
+answers are kept until `Context`'s class attributes change (their number, read in O(1), is checked on every call:
+attributes are added, never renamed) and are dropped when more than `MAX_KEYS` names were asked about (a producer
+sending ever new header names cannot grow them without bound).
+
+Outside the Celery versions this was verified on (`pipeline.compat.versions`), `install` leaves Celery's method in
+place.
 """
 
 from __future__ import annotations
@@ -14,33 +21,44 @@ from typing import Any
 
 from celery.app.task import Context
 
-#: Keys of a request that are Celery's, besides `Context`'s attributes (`Context._get_custom_headers`, 5.7).
-_MORE_KEYS = ("lang", "task", "argsrepr", "kwargsrepr", "compression")
-_keys: tuple[int, frozenset[str]] = (-1, frozenset())
+from pipeline import compat
 
-
-def celery_keys() -> frozenset[str]:
-    """Celery's own request keys, as `Context._get_custom_headers` computes them."""
-    global _keys
-    size = len(Context.__dict__)
-    if _keys[0] != size:
-        _keys = (size, frozenset({*Context.__dict__.keys(), *_MORE_KEYS}))
-    return _keys[1]
-
-
-def custom_headers(self: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
-    headers: dict[str, Any] = {}
-    headers.update(*args, **kwargs)
-    keys = celery_keys()
-    return {key: value for key, value in headers.items() if key not in keys} or None
-
-
+#: Most key names whose answer is kept.
+MAX_KEYS = 4096
 #: Celery's own method, kept for tests and `uninstall`.
 CELERY_CUSTOM_HEADERS = Context._get_custom_headers  # type: ignore[attr-defined]  # untyped in celery-types
 
+_answers: dict[str, bool] = {}  # key name -> True when Celery keeps it as a custom header
+_size = [-1]  # len(Context.__dict__) when `_answers` was started
+
+
+def _kept() -> dict[str, bool]:
+    size = len(Context.__dict__)
+    if _size[0] != size or len(_answers) > MAX_KEYS:
+        _answers.clear()
+        _size[0] = size
+    return _answers
+
+
+def custom_headers(self: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+    """What `Context._get_custom_headers(self, *args, **kwargs)` returns."""
+    headers: dict[str, Any] = {}
+    headers.update(*args, **kwargs)
+    kept = _kept()
+    found = {}
+    for key, value in headers.items():
+        keep = kept.get(key)
+        if keep is None:
+            keep = kept[key] = CELERY_CUSTOM_HEADERS(self, {key: None}) is not None
+        if keep:
+            found[key] = value
+    return found or None
+
 
 def install() -> None:
-    Context._get_custom_headers = custom_headers  # type: ignore[attr-defined]  # untyped in celery-types
+    """`Context` finds its custom headers with `custom_headers` (idempotent); not on an unverified Celery."""
+    if compat.enabled(__name__):
+        Context._get_custom_headers = custom_headers  # type: ignore[attr-defined]  # untyped in celery-types
 
 
 def uninstall() -> None:

@@ -21,6 +21,13 @@ swallows it, leaving `scheduler.lock` None, and the next `tick` fails on `None.e
   past its lease does not send what the new leader may already have sent;
 - a slot that fell due during the outage is sent once afterwards: its last run (redbeat's `reserve`,
   written to Redis before the send) never advanced while Redis was away.
+
+It copies the second half of redbeat's `tick` and its `maybe_due`, reads redbeat's `_maybe_due_kwargs`, and builds
+the lock as redbeat's `acquire_distributed_beat_lock` does (its extend-to script on redis-py's `Lock`). So beat
+refuses to start, when its scheduler is built, on a Celery, kombu, celery-redbeat or redis-py this was not verified
+on (`pipeline.compat.BEAT_LIBRARIES`, `pipeline.compat.versions.require`), unless ALLOW_UNVERIFIED_VERSIONS=true.
+kombu is among them for what beat writes besides: the delayed jobs it releases go onto kombu's queues as kombu
+lays them out.
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ import redis
 from redbeat import RedBeatScheduler
 from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, get_redis
 from redis.exceptions import LockError
+
+from pipeline.compat import BEAT_LIBRARIES, versions
+from pipeline.config import get_settings
 
 log = logging.getLogger("celery.beat")
 
@@ -49,6 +59,10 @@ class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no typ
 
     lock: Any = None
     _lease_until = 0.0
+
+    def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
+        versions.require("beat", BEAT_LIBRARIES, get_settings().allow_unverified_versions)
+        super().__init__(app, *args, **kwargs)
 
     def setup_schedule(self) -> None:
         """redbeat's, retried until Redis answers: a beat started during an outage waits instead of exiting

@@ -12,6 +12,7 @@ gives, except that strings are escaped as Python escapes them (`saferepr` writes
 else (other types, a cycle, a deeper, bigger or longer result) goes to Celery's own `saferepr`, unchanged.
 
 `install()` puts it in the tracer's module; the worker calls it before its pool starts (`pipeline.runtime.worker`).
+Outside the Celery versions it was verified on (`pipeline.compat.versions`), it leaves Celery's `saferepr` there.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any
 
 from celery.app import trace
 from celery.utils.saferepr import saferepr as celery_saferepr
+
+from pipeline import compat
 
 #: Items (scalars and containers) a result may hold and still be written by `repr`.
 PLAIN_ITEMS = 256
@@ -65,5 +68,6 @@ def result_repr(o: Any, maxlen: int | None = None, maxlevels: int = 3, seen: Any
 
 
 def install() -> None:
-    """The tracer writes results with `result_repr` (idempotent)."""
-    trace.saferepr = result_repr  # type: ignore[attr-defined]  # the tracer's module global, looked up per job
+    """The tracer writes results with `result_repr` (idempotent); not on an unverified Celery."""
+    if compat.enabled(__name__):
+        trace.saferepr = result_repr  # type: ignore[attr-defined]  # the tracer's module global, looked up per job

@@ -4,14 +4,21 @@ Celery's key-value backends read the stored state before every write and skip th
 SUCCESS (`celery/backends/base.py: BaseKeyValueStoreBackend._store_result`: a redelivered job must not
 overwrite a result that is already final). On Redis that is a GET, then a MULTI with SETEX and PUBLISH:
 two round trips in the process that runs the job, for every state it stores (FAILURE, RETRY, PROGRESS,
-STARTED where tracked, SUCCESS). `_store_result` here does the same in one Lua call: read the stored
-state, leave a SUCCESS alone, else SETEX and PUBLISH the new one. What is stored (the encoded meta, with
-`result_extended` fields), the key, its expiry and the message published are Celery's own, so every
-reader (`AsyncResult`, `pipeline.status`, the job browser) is unchanged.
+STARTED where tracked, SUCCESS). `_store_result` here does the same in one Lua call (`pipeline/lua/store.lua`):
+read the stored state, leave a SUCCESS alone, else SETEX and PUBLISH the new one. What is stored (the encoded
+meta, with `result_extended` fields), the key, its expiry and the message published are Celery's own, so every
+reader (`AsyncResult`, `pipeline.status`, the job browser) is unchanged. The meta is built and encoded as
+Celery's `_get_result_meta` and `encode` do, without a settings search, a timezone round trip and kombu's
+registry per state stored.
 
-A worker whose event loop runs the job itself (a solo worker) can take a SUCCESS off the backend's hands
-(`OneTripStore.carrier`, set by `pipeline.runtime.acks`): the same `STORE_LUA` then runs inside the script that
-acknowledges the job, so the result and the acknowledgement land together, in one round trip and atomically.
+A worker whose event loop runs the job itself (a solo worker) can take a SUCCESS off the backend's hands: it sets
+`carrier` on the app's backend (`app.backend.carrier`, by `pipeline.delivery`), and the same `store` function
+(written out in the delivery layer's scripts) then runs inside the script that acknowledges the job, so the result
+and the acknowledgement land together, in one round trip and atomically.
+
+Outside the Celery, kombu and redis-py versions this was verified on (`pipeline.compat.versions`), each backend
+takes Celery's own `_store_result`, `_get_result_meta` and `encode` (decided once per backend), and no carrier
+is asked.
 
 `pipeline.celery_app` makes the app use these classes for `redis://`, `rediss://` and `sentinel://` URLs
 (`Celery.loader.override_backends`).
@@ -21,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 from celery import states
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
@@ -32,30 +39,11 @@ from kombu.exceptions import EncodeError
 from kombu.utils import json as kombu_json
 from kombu.utils.encoding import bytes_to_str, ensure_bytes
 
-#: Lua defining `store(key, value, expires)`: read the stored state, leave a SUCCESS alone (returns 0), else
-#: SETEX (SET when `expires` is 0) and PUBLISH the encoded meta (returns 1). Scripts that store results embed it.
-STORE_LUA = """
-local function store(key, value, expires)
-  local current = redis.call('GET', key)
-  if current then
-    local ok, meta = pcall(cjson.decode, current)
-    if ok and type(meta) == 'table' and meta['status'] == 'SUCCESS' then return 0 end
-  end
-  if tonumber(expires) > 0 then
-    redis.call('SETEX', key, expires, value)
-  else
-    redis.call('SET', key, value)
-  end
-  redis.call('PUBLISH', key, value)
-  return 1
-end
-"""
+from pipeline import compat
+from pipeline.lua import script
 
 #: kombu's JSON encoder (`kombu.utils.json.dumps` builds one per call, with these same defaults).
 _JSON = kombu_json.JSONEncoder()
-
-# KEYS[1]: the task's key. ARGV: the encoded meta, its expiry in seconds (0: none).
-_STORE = STORE_LUA + "return store(KEYS[1], ARGV[1], ARGV[2])\n"
 
 #: A stored result as a carrier takes it: the task's key, the encoded meta, its expiry in seconds (0: none).
 Stored = tuple[bytes, Any, int]
@@ -65,18 +53,26 @@ class OneTripStore:
     """`_store_result` in one Lua call (mixed into Celery's Redis backends), and Celery's result meta built
     without a settings search and a timezone round trip per state stored."""
 
-    _store_script: Any = None
+    #: Whether this backend runs the replacements (verified versions), read once per backend.
+    _verified: bool | None = None
     #: Whether `encode` may skip kombu's registry: JSON, uncompressed, kombu's own encoder (read once per backend).
     _plain_json: bool | None = None
     #: `result_extended`, read once per backend (Celery searches the settings for it on every store).
     _extended: bool | None = None
     #: Called with a SUCCESS about to be stored; True when it took the write over (it stores the result with the
-    #: job's acknowledgement). Set by the worker's runtime; None elsewhere.
-    carrier: ClassVar[Callable[[Stored, Any], bool] | None] = None
+    #: job's acknowledgement). Set on the worker's backend by the delivery layer; None elsewhere.
+    carrier: Callable[[Stored, Any], bool] | None = None
+
+    def _fast(self: Any) -> bool:
+        if self._verified is None:
+            self._verified = compat.enabled(__name__)
+        return bool(self._verified)
 
     def _store_result(
         self: Any, task_id: str, result: Any, state: str, traceback: Any = None, request: Any = None, **kwargs: Any
     ) -> Any:
+        if not self._fast():
+            return super()._store_result(task_id, result, state, traceback, request, **kwargs)  # type: ignore[misc]  # the Celery backend it is mixed into
         meta = self._get_result_meta(result=result, state=state, traceback=traceback, request=request)
         meta["task_id"] = bytes_to_str(task_id)
         value = self.encode(meta)
@@ -84,7 +80,7 @@ class OneTripStore:
             raise BackendStoreError("value too large for Redis backend", state=state, task_id=task_id)  # type: ignore[call-arg]  # celery-types lags: Celery passes both
         expires = self.failure_expires if state == states.FAILURE else self.expires
         key = self.get_key_for_task(task_id)
-        carrier = OneTripStore.carrier
+        carrier = self.carrier
         if state == states.SUCCESS and carrier is not None and carrier((key, value, int(expires or 0)), request):
             return result
         self.ensure(self._store_once, (key, value, int(expires or 0)))
@@ -92,11 +88,13 @@ class OneTripStore:
 
     def encode(self: Any, data: Any) -> Any:
         """Celery's `Backend.encode`: the same text, without kombu's registry lookup, its error-wrapping context
-        manager and a new encoder per call, when the result serializer is kombu's JSON, uncompressed."""
+        manager and a new encoder per call, when the result serializer is kombu's JSON, uncompressed (and the
+        versions are verified)."""
         if self._plain_json is None:
             registered = cast(Any, serialization).registry._encoders.get("json")  # kombu's own; untyped
             self._plain_json = (
-                self.serializer == "json"
+                self._fast()
+                and self.serializer == "json"
                 and not self.compression
                 and registered is not None
                 and registered[2] is kombu_json.dumps
@@ -120,6 +118,8 @@ class OneTripStore:
         """What `celery.backends.base.Backend._get_result_meta` (5.7) returns, field for field (tested against it):
         `date_done` is the app's now (`datetime.now(app.timezone)`, the instant `Celery.now()` gives through
         two conversions), `result_extended` is read once."""
+        if not self._fast():
+            return super()._get_result_meta(result, state, traceback, request, format_date, encode)  # type: ignore[misc, no-any-return]  # the Celery backend it is mixed into
         if self._extended is None:
             self._extended = bool(self.app.conf.find_value_for_key("extended", "result"))
         date_done: Any = None
@@ -158,9 +158,7 @@ class OneTripStore:
         return meta
 
     def _store_once(self: Any, key: bytes, value: Any, expires: int) -> None:
-        if self._store_script is None:
-            self._store_script = self.client.register_script(_STORE)
-        self._store_script(keys=[key], args=[value, expires])
+        script("store")(keys=[key], args=[value, expires], client=self.client)
 
 
 class RedisBackend(OneTripStore, CeleryRedisBackend):

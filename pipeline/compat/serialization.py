@@ -7,16 +7,22 @@ come from text that holds `"__type__"` literally or writes a key with a `\\u` es
 the same value with the standard decoder alone. `loads` checks that and otherwise calls kombu's.
 
 `install` (the worker's runtime) makes it kombu's decoder of `application/json` in the worker process (the
-encoder stays kombu's), so Celery's decoding of message bodies uses it too.
+encoder stays kombu's), so Celery's decoding of message bodies uses it too; the worker's check of popped queue
+elements (`pipeline.dlq.elements`) takes its decoder from `decoder()`. Outside the kombu versions this was verified
+on (`pipeline.compat.versions`), both keep kombu's own `loads`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from kombu import serialization as kombu_serialization
 from kombu.utils import json as kombu_json
+
+from pipeline import compat
 
 
 def loads(s: Any) -> Any:
@@ -30,10 +36,16 @@ def loads(s: Any) -> Any:
     return json.loads(s)
 
 
+@cache
+def decoder() -> Callable[[Any], Any]:
+    """`loads`, or kombu's own on an unverified kombu (decided once per process)."""
+    return loads if compat.enabled(__name__) else kombu_json.loads
+
+
 def install() -> None:
-    """kombu's registry decodes `application/json` with `loads` (idempotent)."""
+    """kombu's registry decodes `application/json` with `decoder()` (idempotent)."""
     kombu_serialization.register(
-        "json", kombu_json.dumps, loads, content_type="application/json", content_encoding="utf-8"
+        "json", kombu_json.dumps, decoder(), content_type="application/json", content_encoding="utf-8"
     )
 
 

@@ -14,8 +14,10 @@ no rate-limit bucket for its task) makes the same calls in a row: the request (t
 log line and signal, `task_reserved`, then the request's revoke check, `on_accepted`, the tracer Celery would call
 (`apply_target`, the solo pool's own function, runs it) and `on_success`. The `task-received` event is built only
 when the worker sends task events (Celery builds its fields and the dispatcher drops them while the `task` group is
-off: `pipeline.runtime.events`). Anything else (an ETA or countdown, a rate limit, a protocol-1 message, another
-pool, a worker with an autoscaler) takes Celery's own handler, unchanged.
+off: `pipeline.compat.events`). Anything else (an ETA or countdown, a rate limit, a protocol-1 message, another
+pool, a worker with an autoscaler) takes Celery's own handler, unchanged, and so does every message when the
+installed Celery is not a version this was verified on (`pipeline.compat.versions`: checked once, when the first
+task's strategy is built).
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ from celery.worker import strategy as celery_strategy
 from celery.worker.state import task_reserved
 from celery.worker.worker import WorkController
 
+from pipeline import compat
+from pipeline.compat.events import task_events_on
 from pipeline.pools import is_solo
-from pipeline.runtime.events import task_events_on
 
 #: `Task.Strategy` of every pipeline task.
-STRATEGY = "pipeline.runtime.strategy:default"
+STRATEGY = "pipeline.compat.strategy:default"
 
 
 def _hands_straight_to_the_pool(consumer: Any) -> bool:
@@ -49,7 +52,7 @@ def _hands_straight_to_the_pool(consumer: Any) -> bool:
 def default(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
     """Celery's strategy for `task`; in a solo worker, with the direct path in front of it (see the module doc)."""
     celery_handler = celery_strategy.default(task, app, consumer, **kwargs)
-    if not _hands_straight_to_the_pool(consumer):
+    if not _hands_straight_to_the_pool(consumer) or not compat.enabled(__name__):
         return celery_handler
 
     hostname = consumer.hostname

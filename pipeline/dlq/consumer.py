@@ -29,6 +29,7 @@ from kombu.utils.json import dumps
 from vine import promise
 
 from pipeline.broker import broker_redis
+from pipeline.compat.message import raw_envelope
 from pipeline.config import get_settings
 from pipeline.constants import DEAD_LETTER_QUEUE, HEADER_DELIVERY_COUNT
 from pipeline.dlq import poison
@@ -113,7 +114,7 @@ class DeadLetteringConsumer(Consumer):
         the dead-letter index points at, and push it to the other end of the list.
         """
         log.error("refusing to consume the dead-letter queue %r: its envelopes are left in place", DEAD_LETTER_QUEUE)
-        raw = dict(message._raw)
+        raw = dict(raw_envelope(message))
         if isinstance(raw.get("headers"), dict):  # the worker transport added it after the fetch: not stored
             raw["headers"] = {k: v for k, v in raw["headers"].items() if k != HEADER_DELIVERY_COUNT}
         with broker_redis() as client:

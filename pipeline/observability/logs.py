@@ -19,7 +19,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from celery._state import get_current_task
+from celery import current_task
 
 from pipeline.config import get_settings
 from pipeline.observability import payloads
@@ -43,8 +43,8 @@ class TaskContextFilter(logging.Filter):
     """Bind the current task's id, name, queue and attempt to every record (None outside tasks)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        task = get_current_task()
-        request = getattr(task, "request", None) if task is not None else None
+        task = current_task  # Celery's proxy to the task this thread runs: no attributes outside one
+        request = getattr(task, "request", None)
         if request is not None and getattr(request, "id", None):
             info = getattr(request, "delivery_info", None) or {}
             name, attempt = getattr(task, "name", None), int(getattr(request, "retries", 0) or 0) + 1

@@ -13,7 +13,8 @@ arrived and turns task events off again once nobody has asked for EVENTS_IDLE_TI
 stopped, or was started with `--enable_events=false`). With TASK_EVENTS=true they are on from the start
 and stay on (for another consumer of events than Flower, e.g. an exporter that does not ask). A worker
 started with both `--without-heartbeat` and `--without-gossip` has no event dispatcher at all unless
-TASK_EVENTS is on, so Flower cannot turn its events on.
+TASK_EVENTS is on, so Flower cannot turn its events on. Whether a task event sent now would be published (so
+that its fields are worth building) is `pipeline.compat.events.task_events_on`.
 """
 
 from __future__ import annotations
@@ -41,15 +42,6 @@ def _recording(handler: Callable[..., Any]) -> Callable[..., Any]:
 
     enable_events.recording = True  # type: ignore[attr-defined]  # marks the wrapper: installed once
     return enable_events
-
-
-def task_events_on(eventer: Any) -> bool:
-    """A task event sent now would be published: the dispatcher is on and sends the `task` group
-    (`EventDispatcher.send` drops an event of a group it does not send, after its caller built the event's fields)."""
-    if eventer is None or not eventer.enabled:
-        return False
-    groups = eventer.groups
-    return not groups or "task" in groups
 
 
 def install() -> None:

@@ -1,6 +1,6 @@
-"""A solo worker starts a plain job with Celery's own calls in a row (`pipeline.runtime.strategy`): the job is
-received, reserved, run, stored and accounted for as through Celery's pool, and what the direct path does not take
-(a countdown, a revoked id) still goes Celery's way.
+"""A solo worker starts a plain job with Celery's own calls in a row (`pipeline.compat.strategy`): the job is
+received, reserved, run, stored and accounted for as through Celery's pool (the parity test runs one job each way and
+compares), and what the direct path does not take (a countdown, a revoked id) still goes Celery's way.
 
 The embedded session worker is a solo worker in this process: its signals and its state are read here directly.
 """
@@ -17,8 +17,10 @@ from celery import signals
 from celery.result import AsyncResult
 from celery.worker import state as worker_state
 
+from pipeline import compat
 from pipeline.celery_app import get_app
-from pipeline.runtime import strategy
+from pipeline.compat import strategy
+from tests.support.compat import verified_as_installed
 from tests.support.procs import wait_for
 from tests.support.worker_app import attempts, ledger
 
@@ -59,6 +61,59 @@ def lifecycle() -> Iterator[list[tuple[str, str]]]:
     yield seen
     for signal, hook in hooks:
         signal.disconnect(hook)
+
+
+@pytest.fixture
+def direct_path(session_worker: Any) -> Iterator[None]:
+    """The direct path on in the session worker, whatever the installed Celery: the parity tier also runs on versions
+    not verified yet (`make upgrade-check`), where the worker started with Celery's own strategy."""
+    if compat.enabled(strategy.__name__):
+        yield
+        return
+    consumer = session_worker.controller.consumer
+    with verified_as_installed():
+        consumer.update_strategies()  # what the worker does when it starts consuming: each task's strategy, again
+    yield
+    consumer.update_strategies()
+
+
+def _run(session_worker: Any, lifecycle: list[tuple[str, str]]) -> tuple[str, tuple[Any, ...]]:
+    """Run one plain job; its id and what the worker did with it."""
+    before = worker_state.total_count.get(ledger.name, 0)
+    key = uuid.uuid4().hex
+    task_id = ledger.enqueue({"key": key})
+    attempt = ledger.result(task_id, timeout=30).attempt
+    wait_for(lambda: task_id not in {r.id for r in worker_state.active_requests}, 10, 0.05, what="the job to be done")
+    log = session_worker.log()
+    return task_id, (
+        [name for name, tid in lifecycle if tid == task_id],
+        attempt,
+        len(attempts(key)),
+        worker_state.total_count[ledger.name] - before,
+        task_id in {r.id for r in worker_state.reserved_requests},
+        AsyncResult(task_id, app=get_app()).state,
+        f"[{task_id}] received" in log,
+        f"[{task_id}] succeeded" in log,
+    )
+
+
+@pytest.mark.parity
+def test_the_direct_path_runs_a_job_as_celerys_handler_does(
+    session_worker: Any,
+    direct_path: None,
+    direct_calls: list[str],
+    lifecycle: list[tuple[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One plain job on the direct path, one through Celery's own handler (which the direct path hands every message
+    to while the pool logs each job it applies): the same signals in the same order, one run, counted once, no longer
+    reserved, stored, and the same log lines."""
+    direct_id, direct = _run(session_worker, lifecycle)
+    monkeypatch.setattr(session_worker.controller.consumer.pool, "_does_debug", True, raising=False)
+    celery_id, celerys = _run(session_worker, lifecycle)
+    assert (direct_calls.count(direct_id), direct_calls.count(celery_id)) == (1, 0)
+    assert direct == celerys
+    assert direct == (["received", "prerun", "postrun SUCCESS"], 1, 1, 1, False, "SUCCESS", True, True)
 
 
 def test_a_plain_job_takes_the_direct_path_and_is_received_run_stored_and_counted(

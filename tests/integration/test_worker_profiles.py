@@ -108,7 +108,7 @@ def test_task_events_are_off_until_asked_for_and_stop_when_nobody_asks(make_work
 
 
 def test_a_solo_worker_sends_task_events_once_asked(make_worker: Any) -> None:
-    """A solo worker starts plain jobs on its direct path (`pipeline.runtime.strategy`): no task event while they
+    """A solo worker starts plain jobs on its direct path (`pipeline.compat.strategy`): no task event while they
     are off, Celery's three once Flower asks, with the fields Flower reads."""
     queue = f"events-solo-{uuid.uuid4().hex[:6]}"
     make_worker("events-solo", queues=queue, concurrency=1, pool="solo")
@@ -246,7 +246,7 @@ def test_io_profile_honours_a_cluster_rate_limit(io_profile: tuple[str, int, Pat
 
 
 def test_results_are_stored_in_one_round_trip_and_a_success_is_never_overwritten(redis_server: RedisServer) -> None:
-    from pipeline.config.results import RedisBackend
+    from pipeline.compat.results import RedisBackend
 
     backend = get_app().backend
     assert isinstance(backend, RedisBackend)

@@ -1,23 +1,41 @@
-"""The task context's custom headers (`pipeline.runtime.context`) are the ones Celery's own method finds."""
+"""The task context's custom headers (`pipeline.compat.context`) are the ones Celery's own method finds.
+
+Requests are drawn from the keys the installed Celery knows, read from it now: `Context`'s attributes and every
+string its own `_get_custom_headers` names, plus keys of no one; each is compared with what Celery's method returns.
+"""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import random
 import string
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from celery.app.task import Context
 
-from pipeline.runtime import context
+from pipeline.compat import context
+from tests.support.compat import verified_as_installed
 
-CELERY_KEYS = sorted({*Context.__dict__.keys(), "lang", "task", "argsrepr", "kwargsrepr", "compression"})
+pytestmark = pytest.mark.parity
+
+
+def _named_by(function: Any) -> set[str]:
+    """Every string constant in `function`'s source."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+
+
+CELERY_KEYS = sorted({*Context.__dict__.keys(), *_named_by(context.CELERY_CUSTOM_HEADERS)})
 
 
 @pytest.fixture
 def installed() -> Iterator[None]:
-    context.install()
+    with verified_as_installed():
+        context.install()
     yield
     context.uninstall()
 
@@ -58,3 +76,10 @@ def test_an_attribute_added_to_context_later_is_a_celery_key_again(installed: No
     finally:
         del Context.late_attr  # type: ignore[attr-defined]
     assert context.custom_headers(ctx, {"late_attr": 1}) == {"late_attr": 1}
+
+
+def test_the_answers_kept_stay_bounded() -> None:
+    ctx = Context()
+    for n in range(context.MAX_KEYS + 10):
+        assert context.custom_headers(ctx, {f"x-header-{n}": n}) == {f"x-header-{n}": n}
+    assert len(context._answers) <= context.MAX_KEYS + 1

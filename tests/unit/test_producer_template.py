@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import pytest
 from celery.utils.saferepr import saferepr
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,7 @@ JSON = st.recursive(
 )
 
 
+@pytest.mark.parity
 @settings(max_examples=400, deadline=None)
 @given(payload=st.dictionaries(st.text(max_size=20), JSON, max_size=8), maxsize=st.sampled_from([1024, 200, 40]))
 def test_argsrepr_is_celerys_saferepr(payload: dict[str, Any], maxsize: int) -> None:

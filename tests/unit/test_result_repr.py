@@ -1,4 +1,5 @@
-"""The tracer's text of a result: Celery's `saferepr` text for plain data, Celery's own function for the rest."""
+"""The tracer's text of a result (`pipeline.compat.resultrepr`): Celery's `saferepr` text for plain data, Celery's own
+function for the rest. Every expected text is Celery's `saferepr`, called here."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import pytest
 from celery.app import trace
 from celery.utils.saferepr import saferepr
 
-from pipeline.runtime import resultrepr
-from pipeline.runtime.resultrepr import PLAIN_ITEMS, result_repr
+from pipeline.compat import resultrepr
+from pipeline.compat.resultrepr import PLAIN_ITEMS, result_repr
+from tests.support.compat import verified_as_installed
+
+pytestmark = pytest.mark.parity
 
 SAFE = string.ascii_letters + string.digits + " @.:-_/<>+="
 
@@ -97,5 +101,6 @@ def test_a_cycle_goes_to_celerys_saferepr() -> None:
 
 def test_install_puts_it_in_the_tracer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trace, "saferepr", saferepr)
-    resultrepr.install()
+    with verified_as_installed():
+        resultrepr.install()
     assert trace.saferepr is result_repr

@@ -16,7 +16,7 @@ def test_maintenance_entries_run_nightly_at_midnight_utc() -> None:
     conf = celery_conf(load_settings())
     assert conf["timezone"] == "UTC"
     assert conf["enable_utc"] is True
-    assert conf["beat_scheduler"] == "pipeline.scheduling.beat:Scheduler"
+    assert conf["beat_scheduler"] == "pipeline.compat.redbeat:Scheduler"
     entries = conf["beat_schedule"]
     nightly = entries["pipeline.dlq-retention"]
     assert nightly["task"] == "pipeline.dlq_retention"
