@@ -2,7 +2,9 @@
 
 Job-kind routes come from `pipeline.task.REGISTRY` after every task module is imported, so a kind added
 to TASK_MODULES gets its `POST /jobs/<kind>` route (and OpenAPI schema) without touching this package.
-The server refuses to start without API_TOKEN: there is no unauthenticated mode.
+The server refuses to start without API_TOKEN: there is no unauthenticated mode. It writes jobs itself (kombu's
+envelope, Redis layout), so it also refuses to start on a Celery, kombu or redis-py the producer was not verified
+on (`pipeline.compat.versions.require`), unless ALLOW_UNVERIFIED_VERSIONS=true.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from fastapi import FastAPI
 
 from pipeline.api import docs, errors, events, jobs, ops, page
 from pipeline.api.limits import BodyLimit
+from pipeline.compat import PRODUCER_LIBRARIES, versions
 from pipeline.config import Settings, get_settings
 from pipeline.errors import ConfigError
 from pipeline.task import load_task_modules
@@ -37,6 +40,7 @@ async def lifespan(_: FastAPI) -> AsyncIterator[None]:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    versions.require("API", PRODUCER_LIBRARIES, settings.allow_unverified_versions)
     registry = {kind: typed for kind, typed in load_task_modules().items() if typed.public}
     app = FastAPI(
         title="pipeline",

@@ -13,6 +13,7 @@ import typer
 
 from pipeline.cli import dlq as cli_dlq
 from pipeline.cli.output import broker_errors, emit_json, fail, parse_time, read_payload, read_payloads
+from pipeline.compat import PRODUCER_LIBRARIES, versions
 from pipeline.config import get_settings
 from pipeline.errors import PayloadInvalid
 from pipeline.status import JobState, JobStatus, job_status
@@ -27,8 +28,9 @@ app.add_typer(cli_dlq.app, name="dlq")
 
 @app.callback()
 def _start() -> None:
-    """Read and validate the settings once, before any command: a bad value stops here, naming the variable."""
-    get_settings()
+    """Read and validate the settings once, before any command: a bad value stops here, naming the variable. The
+    command writes jobs itself, so a Celery, kombu or redis-py it was not verified on stops it here too (exit 2)."""
+    versions.require("CLI", PRODUCER_LIBRARIES, get_settings().allow_unverified_versions)
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
