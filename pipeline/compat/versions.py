@@ -105,7 +105,7 @@ def enabled(replacement: str, distributions: tuple[str, ...]) -> bool:
     found = mismatches(distributions)
     if found:
         log.warning(
-            "%s left off: %s; Celery's own path runs instead (run `make upgrade-check` to verify this version)",
+            "%s left off: %s; the library's own code runs instead (`make upgrade-check` verifies this version)",
             replacement,
             ", ".join(map(str, found)),
         )
