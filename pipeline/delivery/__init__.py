@@ -63,7 +63,7 @@ ENTRIES: tuple[Entry, ...] = (
         "billiard.pool.ApplyResult._ack, _set_terminated; the prefork pool's _pool.outbound_buffer",
         "pipeline.delivery.fencing",
         _WORKER,
-        "tests/faults/test_leases.py::test_a_worker_frozen_past_its_lease_neither_runs_nor_acknowledges_the_jobs_a_peer_took",
+        "tests/faults/test_delivery_parity.py::test_billiards_result_is_accepted_and_terminated_as_fencing_drives_it",
         critical=True,
     ),
 )

@@ -137,4 +137,4 @@ def carry(stored: Stored, request: Any) -> bool:
 
 def enable_carried_results() -> None:
     """In a solo worker: its jobs' results are stored with their acknowledgements."""
-    OneTripStore.carrier = staticmethod(carry)  # type: ignore[assignment]  # a plain function, not a method
+    OneTripStore.carrier = staticmethod(carry)  # a plain function, not a method of the backend

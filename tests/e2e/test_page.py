@@ -18,8 +18,8 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
-from tasks.probe import probe
 from pipeline.status import job_status
+from tasks.probe import probe
 from tests.support.api import ApiServer
 from tests.support.inproc import InProcessWorker
 from tests.support.media import make_clip

@@ -247,6 +247,7 @@ def test_exporter_serves_through_an_outage_and_recovers(own_redis: RedisServer, 
     assert proc.returncode == 0
 
 
+@pytest.mark.parity
 def test_a_channel_closed_after_its_connection_keeps_its_deliveries_leased(own_redis: RedisServer, leases: Any) -> None:
     """The crash a Redis restart under load caused: kombu closes the transport (`transport.client = None`)
     before a channel still holding delivered jobs, whose restore then read `client.hostname`. Now a channel

@@ -166,3 +166,24 @@ def test_celerys_request_has_what_the_delivery_layer_reads() -> None:
     assert request._terminate_on_ack is None
     for method in ("_announce_revoked", "_announce_cancelled", "revoked", "cancel", "on_failure", "send_event"):
         assert callable(getattr(request, method)), method
+
+
+def test_billiards_result_is_accepted_and_terminated_as_fencing_drives_it() -> None:
+    """`fencing._unqueue` takes a job out of the prefork pool's outbound buffer and settles its billiard result as
+    the pool would have: accepted (`ApplyResult._ack`, which calls the request's accept callback) and terminated
+    (`_set_terminated`, which calls its error callback with `Terminated`); the asynchronous pool keeps that buffer."""
+    from billiard.exceptions import Terminated
+    from billiard.pool import ApplyResult
+    from celery.concurrency.asynpool import AsynPool
+
+    accepted: list[int] = []
+    errors: list[Any] = []
+    cache: dict[Any, Any] = {}
+    result = ApplyResult(
+        cache, None, accept_callback=lambda pid, at: accepted.append(pid), error_callback=errors.append
+    )
+    result._ack(None, time.time(), 4242, None)
+    result._set_terminated(9)
+    assert accepted == [4242] and result.ready() and not result.successful()
+    assert len(errors) == 1 and errors[0].type is Terminated
+    assert "outbound_buffer" in AsynPool.__init__.__code__.co_names  # the attribute `_unqueue` reads

@@ -78,8 +78,8 @@ def test_two_beats_fire_each_slot_once_and_the_standby_takes_over(
 def test_artifact_purge_removes_outputs_past_their_age(session_worker: Any) -> None:
     import os
 
-    from pipeline.runtime.housekeeping import artifact_purge
     from pipeline.storage import LocalStorage, get_storage
+    from tasks.housekeeping import artifact_purge
 
     storage = get_storage()
     assert isinstance(storage, LocalStorage)  # the tests' STORAGE_BACKEND
