@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from queue import Empty
 from typing import Any
 
@@ -337,7 +338,11 @@ class SentinelTransport(kombu_redis.SentinelTransport):
     leases: Leases | None = None
 
 
-def bound(leases: Leases, sentinel: bool = False) -> type[Any]:
-    """The transport class a worker consumes through, tied to its `leases` (each of its channels reaches them)."""
+def bound(leases: Leases, sentinel: bool = False) -> str:
+    """The class path of a transport tied to `leases` (each of its channels reaches them): a subclass registered in
+    this module under a name of its own. A path, not the class, is what `broker_transport` holds: Celery's `stats`
+    and `conf` replies carry it as JSON, and the worker logs it as the broker URL's scheme."""
     base: type[Any] = SentinelTransport if sentinel else Transport
-    return type(base.__name__, (base,), {"leases": leases, "__module__": __name__})
+    name = f"{base.__name__}_{uuid.uuid4().hex[:12]}"
+    globals()[name] = type(name, (base,), {"leases": leases, "__module__": __name__, "__qualname__": name})
+    return f"{__name__}:{name}"

@@ -7,9 +7,12 @@ The version guard reads the installed versions from the distributions' metadata 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,3 +48,19 @@ def test_a_worker_that_accepts_the_risk_starts_and_says_so(redis_server: RedisSe
         assert "runs on unverified versions" in worker.log() and "kombu 5.8.0" in worker.log()
     finally:
         worker.stop()
+
+
+def test_a_worker_answers_stats_and_conf_with_its_transport_named_by_path(make_worker: Any) -> None:
+    """Flower and `celery inspect` ask every worker for `stats` and `conf`: the replies are JSON, so the worker's
+    transport, bound to its leases, is named by a class path, never held as a class (which made each reply fail)."""
+    from pipeline.celery_app import get_app
+
+    worker = make_worker("inspected", queues=f"inspected-{uuid.uuid4().hex[:6]}", concurrency=1, pool="solo")
+    node = f"inspected@{socket.gethostname()}"
+    inspect = get_app().control.inspect(destination=[node], timeout=5)
+    stats, conf = inspect.stats(), inspect.conf()
+    assert stats and conf, worker.log()[-2000:]
+    transport = conf[node]["broker_transport"]
+    assert isinstance(transport, str) and transport.startswith("pipeline.delivery.transport:Transport_")
+    assert stats[node]["broker"]["transport"] == transport
+    assert "Control command error" not in worker.log()
