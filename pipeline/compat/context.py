@@ -7,9 +7,10 @@ attributes, about 60, and a few more it names) and pops each from a copy of the 
 (every key of the request that is not Celery's, in the request's order, or None when there is none) and asks
 Celery's own method which keys are Celery's: once per key name, with a request holding that key alone, keeping
 the answer. No list of Celery's keys is copied here, so a key a newer Celery adds is Celery's here too. The
-answers are kept until `Context`'s class attributes change (their number, read in O(1), is checked on every call:
-attributes are added, never renamed) and are dropped when more than `MAX_KEYS` names were asked about (a producer
-sending ever new header names cannot grow them without bound).
+answers, and which keys of a request of a given shape (its key names in order) are custom, are kept until
+`Context`'s class attributes change (their number, read in O(1), is checked on every call: attributes are added,
+never renamed) and are dropped when more than `MAX_KEYS` names or shapes were seen (a producer sending ever new
+header names cannot grow them without bound).
 
 Outside the Celery versions this was verified on (`pipeline.compat.versions`), `install` leaves Celery's method in
 place.
@@ -29,30 +30,42 @@ MAX_KEYS = 4096
 CELERY_CUSTOM_HEADERS = Context._get_custom_headers  # type: ignore[attr-defined]  # untyped in celery-types
 
 _answers: dict[str, bool] = {}  # key name -> True when Celery keeps it as a custom header
-_size = [-1]  # len(Context.__dict__) when `_answers` was started
+_shapes: dict[tuple[str, ...], tuple[str, ...]] = {}  # a request's keys, in order -> its custom ones
+_size = [-1]  # len(Context.__dict__) when the answers were started
 
 
-def _kept() -> dict[str, bool]:
+def _kept() -> tuple[dict[str, bool], dict[tuple[str, ...], tuple[str, ...]]]:
     size = len(Context.__dict__)
-    if _size[0] != size or len(_answers) > MAX_KEYS:
+    if _size[0] != size or len(_answers) > MAX_KEYS or len(_shapes) > MAX_KEYS:
         _answers.clear()
+        _shapes.clear()
         _size[0] = size
-    return _answers
+    return _answers, _shapes
+
+
+def _custom(self: Any, names: tuple[str, ...], answers: dict[str, bool]) -> tuple[str, ...]:
+    """The names among `names` Celery keeps as custom headers, asking Celery once per name."""
+    custom = []
+    for key in names:
+        keep = answers.get(key)
+        if keep is None:
+            keep = answers[key] = CELERY_CUSTOM_HEADERS(self, {key: None}) is not None
+        if keep:
+            custom.append(key)
+    return tuple(custom)
 
 
 def custom_headers(self: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
-    """What `Context._get_custom_headers(self, *args, **kwargs)` returns."""
+    """What `Context._get_custom_headers(self, *args, **kwargs)` returns. Requests of one task have the same keys
+    in the same order: their custom ones are found once per such shape."""
     headers: dict[str, Any] = {}
     headers.update(*args, **kwargs)
-    kept = _kept()
-    found = {}
-    for key, value in headers.items():
-        keep = kept.get(key)
-        if keep is None:
-            keep = kept[key] = CELERY_CUSTOM_HEADERS(self, {key: None}) is not None
-        if keep:
-            found[key] = value
-    return found or None
+    answers, shapes = _kept()
+    names = tuple(headers)
+    custom = shapes.get(names)
+    if custom is None:
+        custom = shapes[names] = _custom(self, names, answers)
+    return {key: headers[key] for key in custom} or None
 
 
 def install() -> None:
