@@ -12,7 +12,8 @@ Celery's `_get_result_meta` and `encode` do, without a settings search, a timezo
 registry per state stored.
 
 A worker whose event loop runs the job itself (a solo worker) can take a SUCCESS off the backend's hands: it sets
-`carrier` on the app's backend (`app.backend.carrier`, by `pipeline.delivery`), and the same `store` function
+`carrier` on these backend classes (`pipeline.delivery.acks.enable_carried_results`; a test may set it on one
+backend), and the same `store` function
 (written out in the delivery layer's scripts) then runs inside the script that acknowledges the job, so the result
 and the acknowledgement land together, in one round trip and atomically.
 
@@ -60,7 +61,7 @@ class OneTripStore:
     #: `result_extended`, read once per backend (Celery searches the settings for it on every store).
     _extended: bool | None = None
     #: Called with a SUCCESS about to be stored; True when it took the write over (it stores the result with the
-    #: job's acknowledgement). Set on the worker's backend by the delivery layer; None elsewhere.
+    #: job's acknowledgement). Set by a solo worker's delivery layer, as a static hook; None elsewhere.
     carrier: Callable[[Stored, Any], bool] | None = None
 
     def _fast(self: Any) -> bool:
