@@ -143,6 +143,7 @@ def test_a_job_with_a_countdown_goes_celerys_way_and_runs_once(
     started = time.time()
     assert ledger.result(task_id, timeout=30).attempt == 1
     assert time.time() - started >= 0.4
+    wait_for(lambda: task_id not in {r.id for r in worker_state.active_requests}, 10, 0.05, what="the job to be done")
     assert task_id not in direct_calls  # Celery's strategy held it for its ETA, then its pool ran it
     assert [name for name, tid in lifecycle if tid == task_id] == ["received", "prerun", "postrun SUCCESS"]
     assert len(attempts(key)) == 1
