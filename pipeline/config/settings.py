@@ -62,6 +62,12 @@ class Settings(BaseSettings):
     redis_sentinel_password: SecretStr | None = None
     redis_tls_cert_reqs: Literal["required", "optional", "none"] = "required"
     redis_tls_ca_file: Path | None = None
+    #: Replicas that must hold a write before it counts (Redis's WAIT): an enqueue returns, a job is acknowledged
+    #: and a result is stored only once this many replicas have it (docs/operations.md). 0: the primary alone.
+    redis_wait_replicas: int = Field(default=0, ge=0, le=16)
+    #: Longest wait for those replicas (milliseconds); past it the write is reported as not durable (an enqueue
+    #: fails: the API answers 503 with Retry-After).
+    redis_wait_timeout_ms: int = Field(default=1000, ge=10, le=60000)
     #: A worker's lease on each job it holds, renewed every third of it while the worker lives; a dead
     #: worker's jobs go back to their queues within a lease plus UNACKED_RESTORE_INTERVAL (docs/leases.md).
     lease_seconds: int = Field(default=30, ge=5, le=3600)
