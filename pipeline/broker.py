@@ -30,6 +30,7 @@ from pipeline.constants import (
     UNACKED_KEY,
     WORK_QUEUES,
 )
+from pipeline.errors import NotReplicated
 
 #: `scheme://user:` of a URL with a password, and the password (up to the `@`); never across whitespace.
 _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/@:]*:)[^\s/@]+@")
@@ -80,6 +81,36 @@ def direct_redis(timeout: float) -> redis.Redis | None:
         if settings.redis_tls_ca_file is not None:
             options["ssl_ca_certs"] = str(settings.redis_tls_ca_file)
     return redis.Redis.from_url(url, **options)
+
+
+def replicas_wanted() -> int:
+    """REDIS_WAIT_REPLICAS: how many replicas must hold a write before it counts (0: the primary alone)."""
+    return get_settings().redis_wait_replicas
+
+
+def add_wait(pipe: Any) -> bool:
+    """Queue Redis's `WAIT` on `pipe` (a redis-py pipeline with `transaction=False`: WAIT inside MULTI, or inside
+    a script, returns at once) after the writes it holds, when REDIS_WAIT_REPLICAS asks for it; True if queued.
+    WAIT covers every earlier write of the pipeline's one connection. Pass the reply to `check_replicas`."""
+    wanted = replicas_wanted()
+    if wanted <= 0:
+        return False
+    pipe.execute_command("WAIT", wanted, get_settings().redis_wait_timeout_ms)
+    return True
+
+
+def check_replicas(reached: Any) -> None:
+    """Raise `NotReplicated` when WAIT's reply (`reached`) is fewer replicas than REDIS_WAIT_REPLICAS."""
+    settings = get_settings()
+    if int(reached) < settings.redis_wait_replicas:
+        raise NotReplicated(int(reached), settings.redis_wait_replicas, settings.redis_wait_timeout_ms)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for Redis's refusal of a write at `maxmemory` (`OOM command not allowed ...`)."""
+    return isinstance(exc, redis.exceptions.OutOfMemoryError) or (
+        isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("OOM ")
+    )
 
 
 def queue_keys(queue: str) -> list[str]:

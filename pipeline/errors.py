@@ -8,6 +8,10 @@
         ├── PayloadInvalid    the payload failed validation (at enqueue, or on the worker for foreign clients)
         └── DeliveryLimitExceeded  delivered more than MAX_DELIVERIES times without an outcome (a worker-killing job)
 
+    BrokerWriteRefused        the broker did not take a write as durable (an enqueue fails; nothing is retried
+    ├── NotReplicated         fewer replicas than REDIS_WAIT_REPLICAS confirmed it within REDIS_WAIT_TIMEOUT_MS
+    └── BrokerFull            Redis is at maxmemory (policy noeviction) and refused it
+
     ConfigError               the process's settings are invalid; it stops at start with one clear message
 
 Tasks raise these from their pure logic (or declare third-party exceptions as transient in their
@@ -57,6 +61,34 @@ class PayloadInvalid(PermanentError):
 class DeliveryLimitExceeded(PermanentError):
     """The message was delivered more than MAX_DELIVERIES times and no delivery ended with an outcome: each time,
     the worker holding it stopped (out of memory, a native crash, kill -9). It is dead-lettered, not run again."""
+
+
+class BrokerWriteRefused(PipelineError):
+    """The broker did not take a producer's write as durable: the caller gets an error, never a job id."""
+
+
+class NotReplicated(BrokerWriteRefused):
+    """Fewer than REDIS_WAIT_REPLICAS replicas confirmed a write within REDIS_WAIT_TIMEOUT_MS. The write reached the
+    primary and may survive, or be lost with it in a failover: retry with the same idempotency key, which never
+    makes a second job."""
+
+    def __init__(self, reached: int, wanted: int, timeout_ms: int) -> None:
+        super().__init__(reached, wanted, timeout_ms)
+        self.reached, self.wanted, self.timeout_ms = reached, wanted, timeout_ms
+
+    def __str__(self) -> str:
+        return (
+            f"only {self.reached} of {self.wanted} Redis replica(s) confirmed the write within {self.timeout_ms} ms "
+            "(REDIS_WAIT_REPLICAS): it may be lost in a failover; retry (with the same idempotency key)"
+        )
+
+
+class BrokerFull(BrokerWriteRefused):
+    """Redis is at `maxmemory` and refused a write (OOM): nothing was stored. Workers drain the backlog meanwhile."""
+
+    def __str__(self) -> str:
+        detail = f" ({self.args[0]})" if self.args else ""
+        return f"the broker is out of memory (Redis maxmemory reached){detail}; nothing was stored, retry later"
 
 
 class ConfigError(SystemExit):
