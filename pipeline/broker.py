@@ -108,9 +108,9 @@ def check_replicas(reached: Any) -> None:
 
 def is_oom(exc: BaseException) -> bool:
     """True for Redis's refusal of a write at `maxmemory` (`OOM command not allowed ...`)."""
-    return isinstance(exc, redis.exceptions.OutOfMemoryError) or (
-        isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("OOM ")
-    )
+    # Redis 7 answers `OOM command not allowed ...` (redis-py's OutOfMemoryError); 6.2 wraps a script's refusal in
+    # `ERR Error running script ... -OOM command not allowed ...`.
+    return isinstance(exc, redis.exceptions.ResponseError) and "OOM command not allowed" in str(exc)
 
 
 def queue_keys(queue: str) -> list[str]:
