@@ -66,4 +66,12 @@ ENTRIES: tuple[Entry, ...] = (
         "tests/faults/test_delivery_parity.py::test_billiards_result_is_accepted_and_terminated_as_fencing_drives_it",
         critical=True,
     ),
+    Entry(
+        "kombu.connection.Connection.switch (resets transport_cls to the next URL's scheme; the transport is built "
+        "anew from transport_cls), Connection.clone, celery.app.amqp.AMQP.Connection",
+        "pipeline.delivery.failover",
+        ("celery", "kombu"),
+        "tests/integration/test_transport_switch.py::test_a_switch_keeps_the_bound_transport_and_is_kombus_otherwise",
+        critical=True,
+    ),
 )

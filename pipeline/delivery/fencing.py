@@ -135,6 +135,9 @@ class DeliveryStep(bootsteps.StartStopStep):
         if getattr(parent, "consumes_through_leases", False):
             versions.require("worker", LIBRARIES, settings.allow_unverified_versions)
             parent.app.conf.broker_transport = transport.bound(self.leases, is_sentinel(settings.broker_url))
+            from pipeline.delivery import failover  # the transport kept when kombu switches to the next URL
+
+            failover.install(parent.app)
 
     def start(self, parent: Any) -> None:
         self.worker = parent
