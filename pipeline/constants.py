@@ -91,3 +91,6 @@ DELIVERIES_KEY: Final = KEY_PREFIX + "deliveries"
 DELIVERY_LOG_KEY: Final = KEY_PREFIX + "deliveries:{tag}"
 #: Message header: how many times this message was delivered, 1 the first time (as RabbitMQ quorum queues set).
 HEADER_DELIVERY_COUNT: Final = "x-delivery-count"
+#: The lease owner a worker's fetch wrote for a delivery, set on the message it delivers: a result of that job is
+#: stored only while this owner still holds the job's lease (`store.lua`).
+HEADER_LEASE_OWNER: Final = "x-lease-owner"

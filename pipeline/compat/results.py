@@ -27,6 +27,7 @@ is asked.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, cast
@@ -41,13 +42,29 @@ from kombu.utils import json as kombu_json
 from kombu.utils.encoding import bytes_to_str, ensure_bytes
 
 from pipeline import compat
+from pipeline.config import get_settings
+from pipeline.constants import HEADER_LEASE_OWNER, LEASE_KEY
 from pipeline.lua import script
+
+log = logging.getLogger(__name__)
 
 #: kombu's JSON encoder (`kombu.utils.json.dumps` builds one per call, with these same defaults).
 _JSON = kombu_json.JSONEncoder()
 
-#: A stored result as a carrier takes it: the task's key, the encoded meta, its expiry in seconds (0: none).
-Stored = tuple[bytes, Any, int]
+#: A stored result as a carrier takes it: the task's key, the encoded meta, its expiry in seconds (0: none), and the
+#: delivery tag of the job ('' when it was not a leased delivery: stored unfenced).
+Stored = tuple[bytes, Any, int, str]
+
+
+def lease_of(request: Any) -> tuple[str, str]:
+    """(delivery tag, lease owner) of the job `request` stores a state for, from its delivery info and the header the
+    worker's fetch set (`HEADER_LEASE_OWNER`); ('', '') when it was not a leased delivery (nothing to fence)."""
+    info = getattr(request, "delivery_info", None)
+    tag = info.get("delivery_tag") if isinstance(info, dict) else None
+    owner = getattr(request, HEADER_LEASE_OWNER, None)
+    if not tag or not owner:
+        return "", ""
+    return str(tag), str(owner)
 
 
 class OneTripStore:
@@ -81,10 +98,11 @@ class OneTripStore:
             raise BackendStoreError("value too large for Redis backend", state=state, task_id=task_id)  # type: ignore[call-arg]  # celery-types lags: Celery passes both
         expires = self.failure_expires if state == states.FAILURE else self.expires
         key = self.get_key_for_task(task_id)
+        tag, owner = lease_of(request)
         carrier = self.carrier
-        if state == states.SUCCESS and carrier is not None and carrier((key, value, int(expires or 0)), request):
+        if state == states.SUCCESS and carrier is not None and carrier((key, value, int(expires or 0), tag), request):
             return result
-        self.ensure(self._store_once, (key, value, int(expires or 0)))
+        self.ensure(self._store_once, (key, value, int(expires or 0), tag, owner))
         return result
 
     def encode(self: Any, data: Any) -> Any:
@@ -158,8 +176,31 @@ class OneTripStore:
             meta.update(extended)
         return meta
 
-    def _store_once(self: Any, key: bytes, value: Any, expires: int) -> None:
-        script("store")(keys=[key], args=[value, expires], client=self.client)
+    def _store_once(self: Any, key: bytes, value: Any, expires: int, tag: str = "", owner: str = "") -> None:
+        """`store.lua`: fenced by the job's lease (a worker that lost it stores nothing) and, with
+        REDIS_WAIT_REPLICAS, followed by WAIT on the same connection."""
+        args = [value, expires, tag, owner]
+        wanted = get_settings().redis_wait_replicas
+        if wanted <= 0:
+            stored = script("store")(keys=[key, LEASE_KEY], args=args, client=self.client)
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            script("store")(keys=[key, LEASE_KEY], args=args, client=pipe)
+            pipe.execute_command("WAIT", wanted, get_settings().redis_wait_timeout_ms)
+            stored, reached = pipe.execute()
+            if int(reached) < wanted:
+                log.warning(
+                    "result of %s reached %d of %d Redis replica(s) (REDIS_WAIT_REPLICAS): a failover could lose it",
+                    bytes_to_str(key),
+                    int(reached),
+                    wanted,
+                )
+        if stored == -1:
+            log.warning(
+                "result of %s not stored: this worker lost the job's lease (%s) to another worker (fenced)",
+                bytes_to_str(key),
+                tag,
+            )
 
 
 class RedisBackend(OneTripStore, CeleryRedisBackend):

@@ -30,7 +30,7 @@ from pipeline.broker import broker_redis, direct_redis
 from pipeline.compat import versions
 from pipeline.config import get_settings
 from pipeline.config.celery import is_sentinel
-from pipeline.delivery import transport
+from pipeline.delivery import replicas, transport
 from pipeline.delivery.lease import Leases, Renewer
 from pipeline.delivery.request import delivery_tag, drop_lost
 
@@ -55,6 +55,11 @@ class _PoolClient:
     def script_load(self, source: Any) -> Any:
         with broker_redis() as client:
             return client.script_load(source)
+
+    def run_replicated(self, name: str, keys: list[Any], args: list[Any], what: str) -> Any:
+        """A script and its WAIT on one connection of the pool (`pipeline.delivery.replicas.run`)."""
+        with broker_redis() as client:
+            return replicas.run(client, name, keys, args, what)
 
 
 def _client() -> Any:

@@ -21,14 +21,13 @@ their queue, or, when Redis cannot be reached, are given up for a sweep to resto
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from typing import Any
 
 from kombu.utils.encoding import bytes_to_str
 
 from pipeline.compat.results import Stored
-from pipeline.constants import DELIVERIES_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
+from pipeline.constants import DELIVERIES_KEY, HEADER_DELIVERY_COUNT, HEADER_LEASE_OWNER, LEASE_KEY
 from pipeline.delivery import acks
 from pipeline.delivery.lease import HISTORY_PREFIX
 from pipeline.dlq import elements as undecodable
@@ -45,6 +44,10 @@ FIELDS = 5
 
 #: The fetch script (`fetch.lua`: its KEYS and ARGV layout are written at its top).
 FETCH = "fetch"
+#: What a fetched element is (the script's fifth field): a message envelope held under this worker's lease; an
+#: element that is not one (held, dead-lettered here); a message of a queue consumed without acknowledgement
+#: (Celery's control replies), not recorded in Redis and not held.
+ENVELOPE, NOT_AN_ENVELOPE, UNTRACKED = 0, 1, 2
 
 
 def batch_size(channel: Any) -> int:
@@ -59,9 +62,11 @@ def args(
 ) -> list[Any]:
     """numkeys, KEYS and ARGV of `fetch.lua` for `queues` (kombu's key order), taking at most `count` messages after
     storing `results` and acknowledging `acks`."""
-    keys = [channel._q_for_pri(queue, pri) for pri in channel.priority_steps for queue in queues]
+    untracked = channel.untracked
+    steps = [(channel._q_for_pri(queue, pri), queue in untracked) for pri in channel.priority_steps for queue in queues]
+    keys = [key for key, _untracked in steps]
     results = results or []
-    keys += [key for key, _value, _expires in results]
+    keys += [key for key, _value, _expires, _tag in results]
     return [
         4 + len(keys),
         channel.unacked_key,
@@ -69,25 +74,26 @@ def args(
         LEASE_KEY,
         DELIVERIES_KEY,
         *keys,
-        repr(now := time.time()),
+        repr(channel.leases.lease_seconds),
         channel.leases.owner(),
         channel.leases.node(),
         f"{uuid.uuid4().hex}:",
         HISTORY_PREFIX,
         DELIVERY_LOG_MAX,
         DELIVERY_LOG_TTL_S,
-        repr(now + channel.leases.lease_seconds),
+        "".join("1" if untracked else "0" for _key, untracked in steps),
         count,
         len(results),
-        *(x for _key, value, expires in results for x in (value, expires)),
+        *(x for _key, value, expires, tag in results for x in (value, expires, tag)),
         *(acks or ()),
     ]
 
 
-def elements(reply: list[Any]) -> list[tuple[str, str, int, bytes, bool]]:
-    """The script's fetched elements as (key, tag, delivery count, element, not an envelope), oldest first."""
+def elements(reply: list[Any]) -> list[tuple[str, str, int, bytes, int]]:
+    """The script's fetched elements as (key, tag, delivery count, element, kind: ENVELOPE, NOT_AN_ENVELOPE or
+    UNTRACKED), oldest first."""
     return [
-        (bytes_to_str(reply[i]), bytes_to_str(reply[i + 1]), int(reply[i + 2]), reply[i + 3], bool(int(reply[i + 4])))
+        (bytes_to_str(reply[i]), bytes_to_str(reply[i + 1]), int(reply[i + 2]), reply[i + 3], int(reply[i + 4]))
         for i in range(1, len(reply), FIELDS)
     ]
 
@@ -97,12 +103,14 @@ def acknowledged(channel: Any, reply: list[Any], acks: list[str]) -> None:
     channel.leases.settled(acks, reply[0] if reply else [])
 
 
-def accept(channel: Any, key: str, tag: str, count: int, item: bytes, poison: bool, queue: str) -> Any:
+def accept(channel: Any, key: str, tag: str, count: int, item: bytes, kind: int, queue: str) -> Any:
     """The envelope to deliver for one fetched element, held under this worker's lease; None when there is none
     (dead-lettered, or a copy this worker still holds goes on instead)."""
     leases = channel.leases
+    if kind == UNTRACKED:  # nothing recorded, nothing to hold or acknowledge: as kombu delivers it
+        return undecodable.decode(channel, item, queue)
     payload = None
-    if poison:
+    if kind == NOT_AN_ENVELOPE:
         undecodable.dead_letter(item, queue, undecodable.UndecodableMessage("not a message envelope"))
     else:
         payload = undecodable.decode(channel, item, queue)
@@ -117,6 +125,7 @@ def accept(channel: Any, key: str, tag: str, count: int, item: bytes, poison: bo
     headers = payload.get("headers")
     if isinstance(headers, dict):
         headers[HEADER_DELIVERY_COUNT] = count
+        headers[HEADER_LEASE_OWNER] = leases.owner()  # what a result store checks the lease against
     leases.hold(tag)
     return payload
 
@@ -124,10 +133,10 @@ def accept(channel: Any, key: str, tag: str, count: int, item: bytes, poison: bo
 def deliver(channel: Any, reply: list[Any]) -> None:
     """Hold every fetched message, then hand each to kombu in order (see the module doc)."""
     ready: list[tuple[str, str, Any]] = []
-    for key, tag, count, item, poison in elements(reply):
+    for key, tag, count, item, kind in elements(reply):
         dest = key.rsplit(channel.sep, 1)[0]
         channel._queue_cycle.rotate(dest)
-        payload = accept(channel, key, tag, count, item, poison, dest)
+        payload = accept(channel, key, tag, count, item, kind, dest)
         if payload is not None:
             ready.append((tag, dest, payload))
     done = 0
@@ -138,7 +147,7 @@ def deliver(channel: Any, reply: list[Any]) -> None:
             done += 1
     finally:
         if done < len(ready):
-            _put_back(channel, [tag for tag, _dest, _payload in ready[done:]])
+            _put_back(channel, [tag for tag, _dest, _payload in ready[done:] if tag])
 
 
 def _put_back(channel: Any, tags: list[str]) -> None:

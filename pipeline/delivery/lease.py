@@ -10,9 +10,10 @@ so two workers in one process never share it.
 
 A daemon thread of the worker's main process (`Renewer`), with its own Redis client (so a busy event loop, a
 blocked pool child or the solo/threads pools never stop it), renews every held delivery each LEASE_SECONDS/3 with
-one Lua call (`renew.lua`: the index score becomes now + LEASE_SECONDS where `pipeline:lease` still names this
-worker), returning the tags it no longer owns. kombu's sweep (`restore_visible`) restores a tag whose index score
-(its lease's expiry) has passed: the holder died or was cut off.
+one Lua call (`renew.lua`: the index score becomes Redis's clock (TIME) + LEASE_SECONDS where `pipeline:lease`
+still names this worker), returning the tags it no longer owns. kombu's sweep (`restore_visible`) restores a tag
+whose index score (its lease's expiry) has passed by Redis's clock: the holder died or was cut off. No host's clock
+enters a lease, so a worker whose clock is off neither loses its jobs nor takes a peer's.
 
 Fencing: a tag whose lease is gone was (or will be) delivered to a peer. The worker must neither run nor
 acknowledge it: the delivery step drops a reserved request without running it and terminates a running one;
@@ -46,6 +47,7 @@ from typing import Any
 
 from pipeline.compat.results import Stored
 from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, LEASE_KEY, UNACKED_INDEX_KEY, UNACKED_KEY
+from pipeline.delivery import replicas
 from pipeline.lua import script
 from pipeline.observability import metrics
 
@@ -228,12 +230,11 @@ class Leases:
         """Store `results`, then `ack` every tag, in one call (`settle.lua`); returns the fenced tags (each
         logged)."""
         results = results or []
-        keys: list[Any] = [UNACKED_KEY, UNACKED_INDEX_KEY, LEASE_KEY, DELIVERIES_KEY, *(k for k, _v, _e in results)]
-        values = [x for _key, value, expires in results for x in (value, expires)]
+        keys: list[Any] = [UNACKED_KEY, UNACKED_INDEX_KEY, LEASE_KEY, DELIVERIES_KEY, *(r[0] for r in results)]
+        values = [x for _key, value, expires, tag in results for x in (value, expires, tag)]
+        args = [self.owner(), HISTORY_PREFIX, len(results), *values, *tags]
         with self.leaving(tags):
-            reply = script("settle")(
-                keys=keys, args=[self.owner(), HISTORY_PREFIX, len(results), *values, *tags], client=client
-            )
+            reply = replicas.run(client, "settle", keys, args, "an acknowledgement")
         return self.settled(tags, reply)
 
     def settled(self, tags: list[str], fenced_reply: list[Any]) -> set[str]:
@@ -250,12 +251,12 @@ class Leases:
         with self._lock:
             return bool(self._pending_acks or self._pending_results or self._dropped)
 
-    def renew_once(self, client: Any, now: float | None = None) -> set[str]:
+    def renew_once(self, client: Any) -> set[str]:
         """Apply remembered acknowledgements, renew every held lease; return the tags found lost."""
         with self._renewing:
-            return self._renew(client, now)
+            return self._renew(client)
 
-    def _renew(self, client: Any, now: float | None) -> set[str]:
+    def _renew(self, client: Any) -> set[str]:
         with self._lock:
             results, acks = list(self._pending_results), list(self._pending_acks)
         if results or acks:
@@ -271,12 +272,12 @@ class Leases:
             with self._lock:
                 self._dropped.difference_update(dropped)
         tags = sorted(self.held())
-        stamp = repr((time.time() if now is None else now) + self.lease_seconds)  # the index holds each expiry
+        lease = repr(self.lease_seconds)  # the script adds it to Redis's clock: the index holds each expiry
         lost: set[str] = set()
         renew = script("renew")
         for start in range(0, len(tags), RENEW_BATCH):
             batch = tags[start : start + RENEW_BATCH]
-            reply = renew(keys=[UNACKED_INDEX_KEY, LEASE_KEY], args=[self.owner(), stamp, *batch], client=client)
+            reply = renew(keys=[UNACKED_INDEX_KEY, LEASE_KEY], args=[self.owner(), lease, *batch], client=client)
             lost.update(_text(x) for x in reply)
         with self._lock:
             # A tag that left this worker since the snapshot (acknowledged or requeued by a call that ran in Redis

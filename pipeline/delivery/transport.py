@@ -53,9 +53,10 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
 from kombu.utils.encoding import bytes_to_str
 
+from pipeline.broker import is_oom
 from pipeline.compat.results import Stored
 from pipeline.constants import LEASE_KEY
-from pipeline.delivery import acks, fetch
+from pipeline.delivery import acks, fetch, replicas
 from pipeline.delivery.lease import Leases
 from pipeline.dlq import elements as undecodable
 from pipeline.lua import script, sha
@@ -67,6 +68,10 @@ log = logging.getLogger(__name__)
 #: Bounds of the wait on one key when a worker consumes several queues (seconds).
 WAIT_MIN_S = 0.05
 WAIT_MAX_S = 0.1
+#: After Redis refused a command for memory, how long the channel waits with BRPOP on FULL_WAIT_KEY (a key nothing
+#: writes: a pause Redis runs at maxmemory, where BLMOVE is refused) instead of BLMOVE (seconds).
+FULL_WAIT_S = 5.0
+FULL_WAIT_KEY = "pipeline:full-wait"
 #: A delivery in `unacked` with no lease was fetched by a worker of a release without leases (kombu's BRPOP); the
 #: sweep leaves it for that release's visibility timeout, so a rolling upgrade does not restore its running jobs.
 #: A delivery this release gives up (`release.lua`) has no lease either, but is scored 0: restored at once.
@@ -145,7 +150,7 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
             return None
         restored = 0
         with self._channel().conn_or_acquire() as client:
-            ceil = time.time()  # index scores are lease expiries, set by each holder from its own LEASE_SECONDS
+            ceil = redis_now(client)  # index scores are lease expiries on Redis's clock (fetch.lua, renew.lua)
             try:
                 with kombu_redis.Mutex(client, self.unacked_mutex_key, self.unacked_mutex_expire):
                     visible = client.zrange(
@@ -188,7 +193,7 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
                 return
             if ceil is not None and score is not None and score > ceil:
                 return  # renewed since the sweep read the index
-            if ceil is not None and holder is None and score is not None and score > time.time() - LEGACY_TIMEOUT_S:
+            if ceil is not None and holder is None and score is not None and score > ceil - LEGACY_TIMEOUT_S:
                 return  # fetched by a worker without leases (a rolling upgrade): its old visibility timeout applies
             pipe.zrem(self.unacked_index_key, tag).hdel(self.unacked_key, tag).hdel(LEASE_KEY, tag)
             if raw:
@@ -200,6 +205,12 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
         with leaving, self._channel().conn_or_acquire(client) as conn:
             conn.transaction(restore_transaction, self.unacked_key, LEASE_KEY, self.unacked_index_key)
         return done
+
+
+def redis_now(client: Any) -> float:
+    """Redis's clock (TIME), in seconds: what every lease expiry is written on and judged against."""
+    seconds, micros = client.time()
+    return float(seconds) + float(micros) / 1e6
 
 
 def _restore_record(channel: Any, raw: bytes, pipe: Any, leftmost: bool) -> None:
@@ -224,7 +235,14 @@ class _Leased:
         if connection.leases is None:
             raise RuntimeError("the worker transport is used unbound: consume through `transport.bound(leases)`")
         self.leases: Leases = connection.leases
+        #: Queues consumed without acknowledgement (Celery's control replies): the fetch leaves their messages
+        #: unrecorded, as kombu's `basic_consume` leaves them out of its QoS.
+        self.untracked: set[str] = set()
         super().__init__(connection, *args, **kwargs)  # type: ignore[call-arg]  # kombu's Channel, after this mixin
+
+    def basic_consume(self: Any, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
+        (self.untracked.add if no_ack else self.untracked.discard)(queue)
+        return super().basic_consume(queue, no_ack, *args, **kwargs)  # type: ignore[misc]  # kombu Channel, after this mixin
 
     connection: Any
     _wait_s = WAIT_MIN_S
@@ -232,6 +250,8 @@ class _Leased:
     _empty = False  # the last fetch found nothing: wait before the next one
     _wait_turn = 0
     _carried: tuple[list[str], list[Stored]] | None = None  # acknowledgements and results the fetch in flight carries
+    _replicas_due = False  # a WAIT was sent after the fetch in flight: its reply is read after the fetch's
+    _full_until = 0.0  # monotonic time until which the channel waits as on a full Redis (`_on_full`)
 
     def _fetch_soon(self: Any) -> bool:
         """True when a fetch is in flight, or kombu's next poll start sends one (not a wait) on this channel."""
@@ -264,6 +284,8 @@ class _Leased:
                 key, wait = queues[self._wait_turn], self._wait_s
                 self._wait_s = min(WAIT_MAX_S, self._wait_s * 2)
             command: list[Any] = ["BLMOVE", key, key, "RIGHT", "RIGHT", f"{wait:.3f}"]
+            if time.monotonic() < self._full_until:  # BLMOVE may grow memory: refused at maxmemory
+                command = ["BRPOP", FULL_WAIT_KEY, f"{wait:.3f}"]
             self._waiting = True
         else:
             if self._carried:  # the last fetch's reply never came: what it carried may not be applied
@@ -274,7 +296,13 @@ class _Leased:
             self._waiting = False
         self._in_poll = self.client.connection
         self._brpop_sent_at = time.monotonic()
-        self.client.connection.send_command(*command)
+        durable = None if self._waiting else replicas.wait_command()
+        self._replicas_due = durable is not None
+        if durable is None:
+            self.client.connection.send_command(*command)
+        else:  # the fetch's records and the acknowledgements it carries reach the replicas before a job starts
+            conn = self.client.connection
+            conn.send_packed_command(conn.pack_commands([command, durable]))
 
     def _brpop_read(self: Any, **options: Any) -> bool:
         try:
@@ -286,8 +314,18 @@ class _Leased:
                 raise Empty() from None
             except self.connection_errors as exc:
                 self._settle_carried(exc)
+                self._replicas_due = False  # nothing more to read on a connection that is gone
                 self.client.connection.disconnect()
                 raise
+            except redis.exceptions.ResponseError as exc:
+                if not is_oom(exc):
+                    raise
+                self._on_full(exc)
+                raise Empty() from None
+            finally:
+                if self._replicas_due:  # WAIT's reply follows the fetch's, on the same connection
+                    self._replicas_due = False
+                    self._read_replicas(options)
             if self._waiting:
                 self._empty = False  # woken (or timed out): fetch next
                 raise Empty()
@@ -304,6 +342,26 @@ class _Leased:
             self._in_poll = None
             self._flush_brpop_reauth()
 
+    def _read_replicas(self: Any, options: dict[str, Any]) -> None:
+        """WAIT's reply after a fetch: fewer replicas than REDIS_WAIT_REPLICAS is logged and counted (the jobs go on:
+        a failover now could deliver them again)."""
+        try:
+            reached = self.client.parse_response(self.client.connection, "WAIT", **options)
+        except redis.exceptions.ResponseError:
+            return
+        replicas.check(reached, "a fetch")
+
+    def _on_full(self: Any, exc: BaseException) -> None:
+        """Redis refused a command for memory: the fetch carried nothing it applied (a script refused at its first
+        write writes nothing); until FULL_WAIT_S has passed the channel waits with a command Redis runs at maxmemory.
+        Logged once per FULL_WAIT_S, not as a lost connection: the fetch and the acknowledgements drain Redis."""
+        self._settle_carried(exc)
+        now = time.monotonic()
+        if now >= self._full_until:
+            log.warning("Redis is at maxmemory (%s): waiting with BRPOP while the backlog drains", exc)
+        self._full_until = now + FULL_WAIT_S
+        self._empty = False
+
     # The synchronous path (`basic_get`, `drain_events` without a hub): the same script, one queue.
     def _get(self: Any, queue: str, timeout: float | None = None) -> Any:
         with self.conn_or_acquire() as client:
@@ -312,8 +370,8 @@ class _Leased:
             self._maybe_update_queues_expire(client, queue)
         if len(reply) <= 1:
             raise Empty()
-        ((key, tag, count, item, poison),) = fetch.elements(reply)
-        payload = fetch.accept(self, key, tag, count, item, poison, queue)
+        ((key, tag, count, item, kind),) = fetch.elements(reply)
+        payload = fetch.accept(self, key, tag, count, item, kind, queue)
         if payload is None:
             raise Empty()
         return payload

@@ -238,7 +238,7 @@ def test_results_held_for_an_acknowledgement_that_failed_are_stored_before_it_on
     client.zadd("unacked_index", {"tag-x": 1})
     client.hset(LEASE_KEY, "tag-x", leases.owner())
     leases.hold("tag-x")
-    leases.remember(["tag-x"], ConnectionError("reply lost"), [(key, meta, 60)])
+    leases.remember(["tag-x"], ConnectionError("reply lost"), [(key, meta, 60, "tag-x")])
     leases.renew_once(client)
     assert carried_backend.get_task_meta("job-x", cache=False)["result"] == 1
     assert not client.hexists("unacked", "tag-x") and leases.held() == set() and leases.pending_acks() == 0

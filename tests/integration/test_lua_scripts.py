@@ -9,6 +9,7 @@ worker of the session.
 from __future__ import annotations
 
 import itertools
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from pipeline.broker import is_oom
 from pipeline.lua import names, script, sha, source
 from tests.support.procs import RedisServer
 
@@ -167,51 +169,135 @@ def test_a_server_that_lost_the_script_is_sent_it_again(client: redis.Redis) -> 
     assert client.script_exists(sha("once_cas")) == [True]
 
 
-def _store_function(name: str) -> str:
+def _function(name: str, function: str) -> str:
     text = source(name).decode()
-    start = text.index("local function store(")
+    start = text.index(f"local function {function}(")
     return text[start : text.index("\nend\n", start) + 5]
 
 
-def test_every_script_that_stores_a_result_has_the_same_store_function() -> None:
-    """`store` (the result backend's write, leaving a stored SUCCESS alone) is written out in each script that stores
-    results, never assembled at run time: the copies must not drift."""
-    copies = {name: _store_function(name) for name in ("store", "settle", "fetch")}
-    assert len(set(copies.values())) == 1, copies
+def test_every_script_that_stores_a_result_has_the_same_store_and_held_functions() -> None:
+    """`store` (the result backend's write, leaving a stored SUCCESS alone) and `held` (its lease check) are written
+    out in each script that stores results, never assembled at run time: the copies must not drift."""
+    for function in ("store", "held"):
+        copies = {name: _function(name, function) for name in ("store", "settle", "fetch")}
+        assert len(set(copies.values())) == 1, copies
 
 
-def test_settle_stores_the_results_then_acknowledges_only_what_the_owner_holds(client: redis.Redis) -> None:
-    """`settle.lua` on a real Redis: results written (a stored SUCCESS left alone), the owner's tags acknowledged
-    with every record of theirs, a peer's tag fenced and untouched."""
-    keys = ["unacked", "unacked_index", "pipeline:lease", "pipeline:deliveries"]
-    for tag, owner in (("mine", "me"), ("theirs", "peer")):
+def _lease(client: redis.Redis, tags: dict[str, str]) -> None:
+    """Leased deliveries as the fetch records them: `unacked`, the index, the owner, the count and a history."""
+    for tag, owner in tags.items():
         client.hset("unacked", tag, "[]")
         client.zadd("unacked_index", {tag: 1})
         client.hset("pipeline:lease", tag, owner)
         client.hset("pipeline:deliveries", tag, 1)
         client.rpush(f"hist:{tag}", "x")
+
+
+def test_settle_stores_the_results_then_acknowledges_only_what_the_owner_holds(client: redis.Redis) -> None:
+    """`settle.lua` on a real Redis: results written (a stored SUCCESS left alone), the owner's tags acknowledged
+    with every record of theirs, a peer's tag fenced and untouched, and a result of a delivery the owner lost not
+    written."""
+    keys = ["unacked", "unacked_index", "pipeline:lease", "pipeline:deliveries"]
+    _lease(client, {"mine": "me", "theirs": "peer"})
     client.set("result-done", '{"status": "SUCCESS"}')
-    results = [("result-new", '{"status": "SUCCESS", "result": 1}', 60), ("result-done", '{"status": "FAILURE"}', 0)]
+    results = [
+        ("result-new", '{"status": "SUCCESS", "result": 1}', 60, "mine"),
+        ("result-done", '{"status": "FAILURE"}', 0, ""),
+        ("result-theirs", '{"status": "SUCCESS", "result": 2}', 60, "theirs"),
+    ]
     fenced = script("settle")(
-        keys=[*keys, *(key for key, _v, _e in results)],
-        args=["me", "hist:", len(results), *(x for _k, v, e in results for x in (v, e)), "mine", "theirs"],
+        keys=[*keys, *(r[0] for r in results)],
+        args=["me", "hist:", len(results), *(x for _k, v, e, t in results for x in (v, e, t)), "mine", "theirs"],
         client=client,
     )
     assert fenced == [b"theirs"]
     assert client.get("result-new") == b'{"status": "SUCCESS", "result": 1}' and 0 < client.ttl("result-new") <= 60
     assert client.get("result-done") == b'{"status": "SUCCESS"}'
+    assert client.get("result-theirs") is None  # the lease is a peer's: this worker stores nothing for it
     assert [client.hexists(key, "mine") for key in ("unacked", "pipeline:lease", "pipeline:deliveries")] == [0, 0, 0]
     assert client.zscore("unacked_index", "mine") is None and not client.exists("hist:mine")
     assert client.hget("pipeline:lease", "theirs") == b"peer" and client.exists("hist:theirs")
 
 
-def test_renew_and_release_touch_only_the_owners_leases(client: redis.Redis) -> None:
+def test_store_is_fenced_by_the_jobs_lease(client: redis.Redis) -> None:
+    _lease(client, {"mine": "me", "theirs": "peer"})
+    store = script("store")
+    assert store(keys=["r1", "pipeline:lease"], args=['{"status": "STARTED"}', 0, "mine", "me"], client=client) == 1
+    assert store(keys=["r2", "pipeline:lease"], args=['{"status": "SUCCESS"}', 0, "theirs", "me"], client=client) == -1
+    assert store(keys=["r3", "pipeline:lease"], args=['{"status": "SUCCESS"}', 60, "", ""], client=client) == 1
+    assert client.get("r1") == b'{"status": "STARTED"}' and client.get("r2") is None and client.ttl("r3") > 0
+
+
+def test_renew_and_release_touch_only_the_owners_leases_on_redis_clock(client: redis.Redis) -> None:
+    """The new expiry is Redis's TIME plus the lease: whatever the caller's clock says."""
     for tag, owner in (("mine", "me"), ("theirs", "peer")):
         client.zadd("unacked_index", {tag: 1})
         client.hset("pipeline:lease", tag, owner)
-    lost = script("renew")(keys=["unacked_index", "pipeline:lease"], args=["me", 500, "mine", "theirs"], client=client)
+    seconds, micros = client.time()
+    lost = script("renew")(keys=["unacked_index", "pipeline:lease"], args=["me", 30, "mine", "theirs"], client=client)
     assert lost == [b"theirs"]
-    assert client.zscore("unacked_index", "mine") == 500 and client.zscore("unacked_index", "theirs") == 1
+    expiry = client.zscore("unacked_index", "mine")
+    assert expiry is not None and 0 <= expiry - (seconds + micros / 1e6 + 30) < 2
+    assert client.zscore("unacked_index", "theirs") == 1
     script("release")(keys=["unacked_index", "pipeline:lease"], args=["me", "mine", "theirs"], client=client)
     assert client.zscore("unacked_index", "mine") == 0 and not client.hexists("pipeline:lease", "mine")
     assert client.hget("pipeline:lease", "theirs") == b"peer" and client.zscore("unacked_index", "theirs") == 1
+
+
+def _fetch(client: redis.Redis, queues: list[str], untracked: str, count: int = 10) -> list[object]:
+    keys = ["unacked", "unacked_index", "pipeline:lease", "pipeline:deliveries", *queues]
+    args = [30, "me", "node", "x:", "hist:", 20, 60, untracked, count, 0]
+    reply = script("fetch")(keys=keys, args=args, client=client)
+    assert isinstance(reply, list)
+    return reply
+
+
+def _envelope(tag: str) -> str:
+    return json.dumps(
+        {"body": "", "properties": {"delivery_tag": tag, "delivery_info": {"exchange": "", "routing_key": "q"}}}
+    )
+
+
+def test_fetch_leases_on_redis_clock_and_leaves_a_queue_consumed_without_acknowledgement_unrecorded(
+    client: redis.Redis,
+) -> None:
+    client.lpush("jobs", _envelope("job-1"))
+    client.lpush("reply.celery.pidbox", _envelope("reply-1"))
+    seconds, _micros = client.time()
+    reply = _fetch(client, ["jobs", "reply.celery.pidbox"], "01")
+    assert reply[1:6] == [b"jobs", b"job-1", 1, _envelope("job-1").encode(), 0]
+    assert reply[6:11] == [b"reply.celery.pidbox", b"", 0, _envelope("reply-1").encode(), 2]
+    assert client.hkeys("unacked") == [b"job-1"] and client.hkeys("pipeline:lease") == [b"job-1"]
+    expiry = client.zscore("unacked_index", "job-1")
+    assert expiry is not None and 29 <= expiry - seconds <= 32
+
+
+@pytest.mark.parametrize("first_write", ["fetch", "settle", "store", "renew", "release"])
+def test_the_delivery_scripts_run_on_a_redis_at_maxmemory(client: redis.Redis, first_write: str) -> None:
+    """At maxmemory (noeviction) Redis refuses a script whose first write may grow memory: each script that takes or
+    settles jobs writes one that frees memory first, so a full Redis is drained by its workers."""
+    _lease(client, {"mine": "me"})
+    client.lpush("jobs", _envelope("job-1"))
+    client.rpush("filler", *("x" * 10_000 + str(i) for i in range(100)))
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - 256 * 1024)  # well past it: full
+    try:
+        with pytest.raises(redis.exceptions.ResponseError, match="maxmemory") as refused:
+            client.set("probe", "x")  # a plain write is refused
+        assert is_oom(refused.value)
+        lease = ["unacked_index", "pipeline:lease"]
+        result = ("result-1", '{"status": "SUCCESS"}', 60, "mine")
+        if first_write == "fetch":
+            assert _fetch(client, ["jobs"], "0")[2] == b"job-1"
+        elif first_write == "settle":
+            keys = ["unacked", "unacked_index", "pipeline:lease", "pipeline:deliveries", "result-1"]
+            assert script("settle")(keys=keys, args=["me", "hist:", 1, *result[1:], "mine"], client=client) == []
+            assert client.get("result-1") == b'{"status": "SUCCESS"}'
+        elif first_write == "store":
+            args = [result[1], 60, "mine", "me"]
+            assert script("store")(keys=["result-1", "pipeline:lease"], args=args, client=client) == 1
+        elif first_write == "renew":
+            assert script("renew")(keys=lease, args=["me", 30, "mine"], client=client) == []
+        else:
+            assert script("release")(keys=lease, args=["me", "mine"], client=client) == 0
+    finally:
+        client.config_set("maxmemory", 0)
