@@ -12,7 +12,7 @@ import base64
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -25,12 +25,14 @@ from pipeline.config.celery import is_sentinel
 from pipeline.constants import (
     DEAD_LETTER_QUEUE,
     HEADER_PUBLISHED_AT,
+    KEY_PREFIX,
     PRIORITY_SEPARATOR,
     PRIORITY_STEPS,
     UNACKED_KEY,
     WORK_QUEUES,
 )
-from pipeline.errors import NotReplicated
+from pipeline.errors import BrokerFull, NotReplicated
+from pipeline.lua import script, sha, source
 
 #: `scheme://user:` of a URL with a password, and the password (up to the `@`); never across whitespace.
 _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/@:]*:)[^\s/@]+@")
@@ -108,9 +110,120 @@ def check_replicas(reached: Any) -> None:
 
 def is_oom(exc: BaseException) -> bool:
     """True for Redis's refusal of a write at `maxmemory` (`OOM command not allowed ...`)."""
-    # Redis 7 answers `OOM command not allowed ...` (redis-py's OutOfMemoryError); 6.2 wraps a script's refusal in
-    # `ERR Error running script ... -OOM command not allowed ...`.
-    return isinstance(exc, redis.exceptions.ResponseError) and "OOM command not allowed" in str(exc)
+    # Redis answers `OOM command not allowed when used memory > 'maxmemory'.` (redis-py's OutOfMemoryError, its text
+    # without the code); Redis 6.2 wraps a script's refusal in `ERR Error running script ... -OOM command ...`.
+    return isinstance(exc, redis.exceptions.OutOfMemoryError) or (
+        isinstance(exc, redis.exceptions.ResponseError) and "used memory > 'maxmemory'" in str(exc)
+    )
+
+
+#: The channel `confirm_replicated` PUBLISHes an empty message on (nobody subscribes). PUBLISH is replicated, so it
+#: moves its connection's replication offset to the primary's current one: a WAIT after it covers every write the
+#: primary took before it, from any connection (the replication stream is one ordered log).
+REPLICATION_BARRIER = f"{KEY_PREFIX}replication-barrier"
+
+
+def run_script_waited(
+    client: redis.Redis, name: str, keys: Sequence[Any], args: Sequence[Any], *, barrier: bool = False
+) -> tuple[Any, int | None]:
+    """Run script `name` (`pipeline.lua`) and, when REDIS_WAIT_REPLICAS asks, Redis's WAIT after it on the same
+    connection, in one round trip (a pipeline without MULTI: [EVALSHA, WAIT]); return the script's reply and the
+    replicas WAIT reached (None when nothing was waited for; pass it to `check_replicas`).
+
+    With REDIS_WAIT_REPLICAS=0 this is the plain script call, nothing more. `barrier` adds a replication barrier
+    (`REPLICATION_BARRIER`) between the two, for a script that may answer with an earlier write instead of making
+    one (an idempotency key already claimed): the WAIT then covers that earlier write too. A script Redis does not
+    know yet (NOSCRIPT: a restarted or new server) is loaded and the round trip made again."""
+    if replicas_wanted() <= 0:
+        return script(name)(keys=keys, args=args, client=client), None
+    for _ in range(2):
+        pipe = client.pipeline(transaction=False)
+        pipe.evalsha(sha(name), len(keys), *keys, *args)
+        if barrier:
+            pipe.publish(REPLICATION_BARRIER, "")
+        add_wait(pipe)
+        replies = pipe.execute(raise_on_error=False)
+        reply = replies[0]
+        if not isinstance(reply, redis.exceptions.NoScriptError):
+            break
+        client.script_load(source(name))
+    if isinstance(reply, Exception):
+        raise reply
+    return reply, int(replies[-1])
+
+
+def confirm_replicated(client: redis.Redis) -> None:
+    """Return once REDIS_WAIT_REPLICAS replicas hold every write the primary took so far (a replication barrier,
+    then WAIT, one round trip), else raise `NotReplicated`; nothing at all with REDIS_WAIT_REPLICAS=0.
+
+    For writes made on another connection (a MULTI, which cannot hold a WAIT) or earlier (an idempotency key's
+    first job, answered again to a retry)."""
+    if replicas_wanted() <= 0:
+        return
+    pipe = client.pipeline(transaction=False)
+    pipe.publish(REPLICATION_BARRIER, "")
+    add_wait(pipe)
+    check_replicas(pipe.execute()[-1])
+
+
+def oom_cause(exc: BaseException) -> BaseException | None:
+    """Redis's refusal of a write at `maxmemory` (`is_oom`) that is `exc` or caused it, or None. kombu re-raises
+    Redis's errors as its own `OperationalError` (a queue declared on a producer's first publish) from the original."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if is_oom(seen):
+            return seen
+        seen = seen.__cause__
+    return None
+
+
+def full(exc: BaseException) -> BrokerFull:
+    """`BrokerFull` for Redis's OOM refusal `exc` (`is_oom`), its message without the script's name."""
+    text = str(exc).split(". script:")[0]
+    return BrokerFull(" ".join(text.split(" caused error: ")[-1].split()))
+
+
+@contextmanager
+def memory_refusals() -> Iterator[None]:
+    """Raise `BrokerFull` for Redis's refusal of a write at `maxmemory` inside the block (`oom_cause`); other
+    errors pass as they are."""
+    try:
+        yield
+    except Exception as exc:
+        refusal = oom_cause(exc)
+        if refusal is None or isinstance(exc, BrokerFull):
+            raise
+        raise full(refusal) from exc
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """Redis's memory against its limit (`INFO memory`): `max_bytes` 0 means no limit."""
+
+    used_bytes: int
+    max_bytes: int
+    policy: str
+
+    @property
+    def used_ratio(self) -> float | None:
+        """Used over maxmemory (None without a limit)."""
+        return self.used_bytes / self.max_bytes if self.max_bytes else None
+
+    @property
+    def policy_warning(self) -> str | None:
+        """Why the policy is wrong for a queue (anything but `noeviction` lets Redis delete jobs), or None."""
+        if self.policy == "noeviction":
+            return None
+        return f"maxmemory-policy is {self.policy}: at maxmemory Redis evicts keys, jobs included; use noeviction"
+
+
+def memory_stats() -> MemoryStats:
+    """The broker's memory use, limit and eviction policy (one `INFO memory`: allowed on managed Redis too)."""
+    with broker_redis() as client:
+        info = client.info("memory")
+    return MemoryStats(
+        int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)), str(info.get("maxmemory_policy", ""))
+    )
 
 
 def queue_keys(queue: str) -> list[str]:

@@ -3,7 +3,9 @@
 A key is claimed with `SET NX` (TTL ENQUEUE_IDEMPOTENCY_TTL) holding the new job's id; a later enqueue with
 the key gets that id back. A job due now claims its key in the same atomic call that stores it
 (`pipeline.producer.script`), so a failed publish claims nothing. A job with an ETA claims it here first; if
-publishing then fails, the claim is released so a retry of the enqueue can succeed.
+publishing then fails, the claim is released so a retry of the enqueue can succeed. A job that was written but
+not confirmed by REDIS_WAIT_REPLICAS replicas (`NotReplicated`, raised after the claim's block) keeps its claim:
+the retry gets that job's id, once it is replicated, and never makes a second job.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """How failures become HTTP answers: broker unreachable → 503 + Retry-After, bad input → 422 field errors.
 
 A request never turns a broker outage into a 500, and never gets a 202 for a job that was not stored:
-the enqueue path raises before answering, and these handlers translate what it raised.
+the enqueue path raises before answering, and these handlers translate what it raised. A write the broker
+refused as durable (`BrokerWriteRefused`: fewer replicas than REDIS_WAIT_REPLICAS confirmed it, or Redis is at
+maxmemory) is a 503 with Retry-After too, its detail saying which: retry, with the same Idempotency-Key.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from kombu.exceptions import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.api.strict import documented_methods
+from pipeline.broker import full, oom_cause
 from pipeline.config import get_settings
-from pipeline.errors import PayloadInvalid
+from pipeline.errors import BrokerWriteRefused, PayloadInvalid
 
 #: What producer and status calls raise when Redis cannot be reached (or is still loading its AOF).
 BROKER_ERRORS: tuple[type[Exception], ...] = (
@@ -32,9 +35,9 @@ BROKER_ERRORS: tuple[type[Exception], ...] = (
 BROKER_DOWN = "the broker is unreachable; nothing was stored, retry later"
 
 
-def broker_unavailable() -> JSONResponse:
+def broker_unavailable(detail: str = BROKER_DOWN) -> JSONResponse:
     return JSONResponse(
-        {"detail": BROKER_DOWN},
+        {"detail": detail},
         status_code=503,
         headers={"Retry-After": str(get_settings().api_retry_after)},
     )
@@ -54,7 +57,16 @@ def _field_errors(errors: list[Any]) -> list[dict[str, Any]]:
 
 
 async def _on_broker_error(request: Request, exc: Exception) -> JSONResponse:
-    return broker_unavailable()
+    refusal = oom_cause(exc)  # kombu re-raises Redis's OOM refusal as a connection error
+    return broker_unavailable(str(full(refusal))) if refusal is not None else broker_unavailable()
+
+
+async def _on_write_refused(request: Request, exc: Exception) -> JSONResponse:
+    """`NotReplicated` or `BrokerFull` (or Redis's own OOM refusal from a path that did not wrap it)."""
+    refusal = oom_cause(exc)
+    if not isinstance(exc, BrokerWriteRefused) and refusal is not None:
+        exc = full(refusal)
+    return broker_unavailable(str(exc))
 
 
 async def _on_payload_invalid(request: Request, exc: Exception) -> JSONResponse:
@@ -78,5 +90,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     for error in BROKER_ERRORS:
         app.add_exception_handler(error, _on_broker_error)
+    app.add_exception_handler(BrokerWriteRefused, _on_write_refused)
+    app.add_exception_handler(redis.exceptions.OutOfMemoryError, _on_write_refused)
     app.add_exception_handler(PayloadInvalid, _on_payload_invalid)
     app.add_exception_handler(RequestValidationError, _on_validation_error)

@@ -25,7 +25,11 @@ from pipeline.task import TypedTask
 JobId = Annotated[str, Path(min_length=1, max_length=255, description="The job's id (a Celery task id).")]
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "Missing or invalid bearer token."},
-    503: {"model": Problem, "description": "The broker is unreachable; see Retry-After."},
+    503: {
+        "model": Problem,
+        "description": "The broker is unreachable, out of memory, or its replicas did not confirm the write "
+        "(REDIS_WAIT_REPLICAS): nothing is accepted; retry after Retry-After (with the same Idempotency-Key).",
+    },
 }
 
 

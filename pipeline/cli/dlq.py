@@ -6,8 +6,9 @@ from typing import Annotated
 
 import typer
 
-from pipeline.cli.output import emit_json, fail, parse_duration, parse_time
+from pipeline.cli.output import BROKER_EXIT, emit_json, fail, parse_duration, parse_time
 from pipeline.dlq import admin as dlq_admin
+from pipeline.errors import BrokerWriteRefused
 
 app = typer.Typer(help="Inspect and operate the dead-letter queue.", no_args_is_help=True)
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
@@ -77,7 +78,10 @@ def replay(
     exception: ExcOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run dead-lettered jobs again (new task id, original queue); each entry is removed once republished."""
+    """Run dead-lettered jobs again (new task id, original queue); each entry is removed once republished.
+
+    A write the broker refuses (replicas did not confirm it in time, Redis at maxmemory) stops the run there, exit
+    3: that entry stays, and replaying it again answers with the same new task id, never a second job."""
     if sum(bool(x) for x in (ident, all_, task or exception)) != 1:
         raise fail("give exactly one of: an ID, --all, or --task/--exception filters", 2, as_json)
     targets = (
@@ -85,12 +89,16 @@ def replay(
         if ident
         else [e.id for e in dlq_admin.list_entries(dlq_admin.Filters(task=task, exception=exception)) if e.replayable]
     )
-    done, errors = [], []
+    done, errors, code = [], [], 1
     for target in targets:
         try:
             done.append({"id": target, "new_task_id": dlq_admin.replay(target)})
         except (dlq_admin.DeadLetterNotFound, dlq_admin.NotReplayable) as exc:
             errors.append({"id": target, "error": str(exc) or "not found"})
+        except BrokerWriteRefused as exc:  # every next write would be refused too
+            errors.append({"id": target, "error": str(exc)})
+            code = BROKER_EXIT
+            break
     if as_json:
         emit_json({"replayed": done, "errors": errors})
     else:
@@ -101,7 +109,7 @@ def replay(
         if not targets:
             typer.echo("nothing to replay")
     if errors:
-        raise typer.Exit(1)
+        raise typer.Exit(code)
 
 
 @app.command()

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from pipeline.cli import dlq as cli_dlq
-from pipeline.cli.output import broker_errors, emit_json, fail, parse_time, read_payload, read_payloads
+from pipeline.cli.output import broker_errors, emit_json, fail, parse_time, read_payload, read_payloads, refused
 from pipeline.compat import PRODUCER_LIBRARIES, versions
 from pipeline.config import get_settings
-from pipeline.errors import PayloadInvalid
+from pipeline.errors import BrokerWriteRefused, PayloadInvalid
 from pipeline.status import JobState, JobStatus, job_status
+
+if TYPE_CHECKING:
+    from pipeline.broker import MemoryStats
 
 app = typer.Typer(
     help="Operate the job pipeline. Celery itself stays `celery -A pipeline ...`.",
@@ -67,6 +70,8 @@ def enqueue(
         )
     except PayloadInvalid as exc:
         raise _invalid(exc, as_json) from None
+    except BrokerWriteRefused as exc:
+        raise refused(exc, as_json) from None
     if not wait:
         emit_json({"id": task_id, "task": typed.name}) if as_json else typer.echo(task_id)
         return
@@ -99,6 +104,8 @@ def enqueue_many(
         ids = typed.enqueue_many(read_payloads(payloads))
     except PayloadInvalid as exc:
         raise _invalid(exc, as_json) from None
+    except BrokerWriteRefused as exc:
+        raise refused(exc, as_json) from None
     if as_json:
         emit_json({"task": typed.name, "ids": ids})
     else:
@@ -167,19 +174,54 @@ def status(task_id: Annotated[str, typer.Argument(metavar="ID")], as_json: JsonO
 
 @app.command()
 def queues(as_json: JsonOpt = False) -> None:
-    """Depth (all priorities) and oldest waiting job per queue, plus jobs in flight."""
-    from pipeline.broker import queue_stats, unacked_count
+    """Depth (all priorities) and oldest waiting job per queue, jobs in flight, and Redis's memory against maxmemory."""
+    from pipeline.broker import memory_stats, queue_stats, unacked_count
 
     stats = queue_stats()
     in_flight = unacked_count()
+    memory = memory_stats()
     if as_json:
-        emit_json({"queues": [s.__dict__ for s in stats], "in_flight": in_flight})
+        emit_json({"queues": [s.__dict__ for s in stats], "in_flight": in_flight, "memory": _memory_json(memory)})
         return
     typer.echo(f"{'QUEUE':12} {'DEPTH':>7} {'OLDEST':>10}")
     for s in stats:
         age = f"{s.oldest_age_s:.1f}s" if s.oldest_age_s is not None else "-"
         typer.echo(f"{s.name:12} {s.depth:>7} {age:>10}")
     typer.echo(f"in flight (delivered, not yet acknowledged): {in_flight}")
+    typer.echo(memory_line(memory))
+    if memory.policy_warning:
+        typer.secho(f"warning: {memory.policy_warning}", fg=typer.colors.YELLOW, err=True)
+
+
+def _memory_json(memory: MemoryStats) -> dict[str, Any]:
+    return {
+        "used_bytes": memory.used_bytes,
+        "max_bytes": memory.max_bytes,
+        "used_ratio": memory.used_ratio,
+        "policy": memory.policy,
+        "warning": memory.policy_warning,
+    }
+
+
+def memory_line(memory: MemoryStats) -> str:
+    """`redis memory: 9.8 MiB of 12.0 MiB maxmemory (81.6 %), policy noeviction` (or `no maxmemory`)."""
+    used = _size(memory.used_bytes)
+    if not memory.max_bytes:
+        return f"redis memory: {used} (no maxmemory set), policy {memory.policy}"
+    return (
+        f"redis memory: {used} of {_size(memory.max_bytes)} maxmemory ({memory.used_ratio:.1%}), policy {memory.policy}"
+    )
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value = n / 1024
+    for unit in ("KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
 
 
 @app.command()

@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from pipeline.broker import redact_url
+from pipeline.broker import full, oom_cause, redact_url
 from pipeline.dlq import filters
 
 
@@ -45,6 +45,16 @@ def fail(message: str, code: int = 1, as_json: bool = False) -> typer.Exit:
     return typer.Exit(code)
 
 
+#: Exit status of a command whose write the broker refused as durable (`BrokerWriteRefused`), as for an
+#: unreachable Redis: nothing was accepted, retry later.
+BROKER_EXIT = 3
+
+
+def refused(exc: Exception, as_json: bool = False) -> typer.Exit:
+    """One line for a write the broker refused (replicas did not confirm it, or Redis is at maxmemory): exit 3."""
+    return fail(str(exc), BROKER_EXIT, as_json)
+
+
 @contextmanager
 def broker_errors() -> Iterator[None]:
     """Turn 'Redis is unreachable' (from kombu, redis-py or Celery's result backend) into one clear error."""
@@ -59,13 +69,17 @@ def broker_errors() -> Iterator[None]:
     except (OperationalError, RedisConnectionError, RedisTimeoutError, RuntimeError) as exc:
         if isinstance(exc, RuntimeError) and "result store" not in str(exc):
             raise
+        refusal = oom_cause(exc)  # kombu re-raises Redis's OOM refusal as a connection error
+        if refusal is not None:
+            typer.secho(f"error: {full(refusal)}", fg=typer.colors.RED, err=True)
+            raise SystemExit(BROKER_EXIT) from None
         reason = " ".join(str(exc).split()) or type(exc).__name__
         typer.secho(
             f"error: cannot reach Redis at {redact_url(get_settings().broker_url)}: {reason}",
             fg=typer.colors.RED,
             err=True,
         )
-        raise SystemExit(3) from None
+        raise SystemExit(BROKER_EXIT) from None
 
 
 def _set_path(target: dict[str, Any], dotted: str, value: Any) -> None:

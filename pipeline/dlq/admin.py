@@ -5,22 +5,34 @@ showing, replaying or deleting one entry (by entry id or original task id) is O(
 list; listing and purging with filters scan it. Reading never consumes it. Replay republishes the
 original payload to the original queue under a new task id and removes the entry only after that
 publish returned; a replay that fails leaves the entry where it was.
+
+A replay is written like a typed enqueue: Celery's message for it, captured (`pipeline.publish.capture`), stored
+with its accepted-job record by the producer's script (`pipeline.producer.script`) in one round trip, which also
+claims an idempotency key named after the entry (`dlq-replay:<entry id>`). With REDIS_WAIT_REPLICAS=N >= 1 the
+same round trip waits for N replicas; if they do not confirm in time the replay raises `NotReplicated` and the
+entry stays, and replaying it again (within ENQUEUE_IDEMPOTENCY_TTL) answers with the same new task id, once
+replicated, and removes the entry: never a second job. At maxmemory it raises `BrokerFull` and stores nothing.
 """
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import redis
 from celery.utils import uuid
 
-from pipeline import records
-from pipeline.broker import broker_redis, decode_message
+from pipeline import idempotency, records
+from pipeline.broker import broker_redis, decode_message, memory_refusals
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
-from pipeline.constants import KEY_PREFIX
+from pipeline.constants import KEY_PREFIX, PRIORITY_SEPARATOR
 from pipeline.dlq import store
 from pipeline.dlq.envelope import DeadLetter, DeadLetterRow
 from pipeline.dlq.filters import EVERYTHING, Filters
+from pipeline.producer.script import store_jobs
+from pipeline.publish import capture
 
 __all__ = [
     "DeadLetter",
@@ -94,20 +106,43 @@ def replay(ident: str) -> str:
         try:
             if store.lookup(entry.id) is None:  # replayed or deleted since it was read
                 raise DeadLetterNotFound(ident)
-            new_id = uuid()
-            records.record_accepted(new_id, entry.task_name, queue=entry.queue)
-            get_app().send_task(
-                entry.task_name,
-                args=entry.args,
-                kwargs=entry.kwargs or {},
-                queue=entry.queue,
-                task_id=new_id,
-                headers=entry.headers,
-            )
+            with memory_refusals():
+                new_id = _republish(client, entry, entry.task_name)
             store.remove_one(client, raw)
         finally:
             client.delete(lock)
     return new_id
+
+
+def _republish(client: redis.Redis, entry: DeadLetter, name: str) -> str:
+    """Store the entry's job (task `name`) again under a new task id, or, when it was replayed before but not
+    confirmed, answer with the id it got then; return the id."""
+    new_id = uuid()
+
+    def send(producer: Any) -> Any:
+        options = {"queue": entry.queue, "task_id": new_id, "headers": entry.headers, "producer": producer}
+        return get_app().send_task(name, args=entry.args, kwargs=entry.kwargs or {}, **options)
+
+    message = capture(send)
+    record, ttl = records.accepted_entry(name)
+    events = [
+        (str(args[0]), str(args[1].decode() if isinstance(args[1], bytes) else args[1])) for _, args in message.extra
+    ]
+    claim = (idempotency.redis_key(name, f"dlq-replay:{entry.id}"), get_settings().enqueue_idempotency_ttl)
+    first = store_jobs(
+        client,
+        queue=entry.queue or message.dest.split(PRIORITY_SEPARATOR)[0],
+        dest=message.dest,
+        record=record,
+        record_ttl=ttl,
+        now=time.time(),
+        ids=[new_id],
+        messages=[message.body],
+        channel=events[0][0] if events else "",
+        events=[body for _, body in events],
+        claim=claim,
+    )
+    return first or new_id
 
 
 def delete(ident: str) -> DeadLetter:

@@ -5,6 +5,13 @@ A MULTI of the same commands is one round trip too, but answers once per command
 The script is `pipeline/lua/enqueue.lua` (its KEYS and ARGV layout are documented there), called through
 `pipeline.lua.script`: it runs by SHA (EVALSHA) and is sent whole only when Redis does not know it yet (after a
 restart or SCRIPT FLUSH).
+
+With REDIS_WAIT_REPLICAS=N >= 1 the same round trip carries Redis's WAIT after the script, on its connection
+(`pipeline.broker.run_script_waited`): the call returns once N replicas hold the jobs, else raises `NotReplicated`
+(the jobs are on the primary and may survive, or be lost with it in a failover). A claimed idempotency key adds a
+replication barrier before the WAIT, so a retry that finds the key answers with the first job's id only once that
+job is replicated too. Redis at `maxmemory` refuses the script's first write (the claim, or the first record):
+nothing is stored and `BrokerFull` is raised (`pipeline.broker.full`).
 """
 
 from __future__ import annotations
@@ -13,9 +20,9 @@ from collections.abc import Sequence
 
 import redis
 
+from pipeline.broker import check_replicas, full, is_oom, run_script_waited
 from pipeline.config import get_settings
 from pipeline.constants import JOB_RECORD_KEY, RECENT_JOBS_KEY
-from pipeline.lua import script
 
 
 def store_jobs(
@@ -34,12 +41,20 @@ def store_jobs(
 ) -> str | None:
     """Store jobs `ids` (their `messages` LPUSHed on `dest` in order, `events` PUBLISHed on `channel`), in one
     call. With `claim` (idempotency key, ttl) and a single job: None if the key was free (now held by the job),
-    else the id holding it, and nothing is written."""
+    else the id holding it, and nothing is written. `NotReplicated` when REDIS_WAIT_REPLICAS replicas did not
+    confirm the jobs (or the claimed key's job) in time; `BrokerFull` when Redis is at maxmemory."""
     claim_key, claim_ttl = claim if claim is not None else (dest, "")
     keys = (RECENT_JOBS_KEY.format(queue=queue), dest, claim_key)
     head = (JOB_RECORD_KEY.format(id=""), record, record_ttl, repr(now), get_settings().recent_jobs_max)
     args: tuple[str | int, ...] = (*head, len(ids), channel, claim_ttl, *ids, *messages, *events)
-    reply = script("enqueue")(keys=keys, args=args, client=client)
+    try:
+        reply, reached = run_script_waited(client, "enqueue", keys, args, barrier=claim is not None)
+    except redis.RedisError as exc:
+        if is_oom(exc):
+            raise full(exc) from exc
+        raise
+    if reached is not None:
+        check_replicas(reached)
     if isinstance(reply, bytes):
         return reply.decode()
     return reply if isinstance(reply, str) else None

@@ -11,6 +11,13 @@ the store when someone asks (`TypedTask.result`, `AsyncResult.get`, `pipeline st
 
 `enqueue_many` validates a whole batch in one pydantic call and stores records and messages CHUNK jobs per
 script call.
+
+Durability (REDIS_WAIT_REPLICAS=N >= 1): a script call carries WAIT in its round trip
+(`pipeline.producer.script`); a MULTI cannot, so a job built by Celery is confirmed by one more round trip after
+it (`pipeline.broker.confirm_replicated`), outside the claim of its idempotency key: a job not confirmed keeps its
+claim, and a retry with the key answers with its id once it is replicated, never with a second job. A batch of
+more than CHUNK jobs is confirmed chunk by chunk: `NotReplicated` or `BrokerFull` on a later chunk leaves the
+earlier chunks stored (a batch has no idempotency key). With N = 0 nothing is added.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from pipeline import idempotency
+from pipeline.broker import confirm_replicated, full, memory_refusals, oom_cause
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.constants import (
@@ -89,6 +97,18 @@ def _templated(
     return ids, outs
 
 
+def _template(name: str, send: Send, keyed: bool = False) -> Template:
+    """The task's template (`template_for`). Building it publishes through Celery once, which declares the queue
+    (a write): at maxmemory that is refused, and the producer gets `BrokerFull`, not kombu's connection error."""
+    try:
+        return template_for(name, lambda p, i, d, h: send(p, i, d, h, None), keyed=keyed)
+    except Exception as exc:
+        refusal = oom_cause(exc)
+        if refusal is None:
+            raise
+        raise full(refusal) from exc
+
+
 def _store(name: str, queue: str, ids: list[str], outs: list[Outgoing], now: float, claim: Any = None) -> str | None:
     """Store jobs due now in one script call (see `pipeline.producer.script.store_jobs`)."""
     record, ttl = accepted_entry(name)
@@ -121,19 +141,23 @@ def enqueue_one(
     idempotency_key: str | None = None,
 ) -> str:
     """Publish one job of task `name` (its payload, and `text` its JSON); return its id, or with an
-    `idempotency_key` already claimed (within ENQUEUE_IDEMPOTENCY_TTL) the id of the job that claimed it."""
+    `idempotency_key` already claimed (within ENQUEUE_IDEMPOTENCY_TTL) the id of the job that claimed it.
+
+    Raises `NotReplicated` (fewer than REDIS_WAIT_REPLICAS replicas confirmed the job in time) or `BrokerFull`
+    (Redis at maxmemory: nothing stored)."""
     now = time.time()
     if (due is None or due <= now) and not publish_hooked():
-        template = template_for(name, lambda p, i, d, h: send(p, i, d, h, None), keyed=bool(idempotency_key))
+        template = _template(name, send, keyed=bool(idempotency_key))
         (task_id,), (out,) = _templated(template, [(payload, text)], now, idempotency_key or None)
         claim = None
         if idempotency_key:
             claim = (idempotency.redis_key(name, idempotency_key), get_settings().enqueue_idempotency_ttl)
         return _store(name, queue, [task_id], [out], now, claim) or task_id
-    with idempotency.claim(name, idempotency_key) as claimed:
+    with memory_refusals(), idempotency.claim(name, idempotency_key) as claimed:
         if claimed.existing_id is None:
             _write_captured(name, queue, send, claimed.task_id, payload, idempotency_key, due, now)
-        return claimed.existing_id or claimed.task_id
+    confirm_replicated(producer_redis())  # outside the claim: a job not confirmed keeps its key
+    return claimed.existing_id or claimed.task_id
 
 
 def _write_captured(
@@ -201,7 +225,7 @@ def enqueue_many(
     """Validate every payload (one call), then store records and messages `chunk` jobs per round trip; return
     the task ids in order. One bad payload: `PayloadInvalid` naming its index, nothing published."""
     items = dump_checked(name, adapter, validate_many(name, adapter, list(payloads)))
-    template = template_for(name, lambda p, i, d, h: send(p, i, d, h, None))
+    template = _template(name, send)
     hooked = publish_hooked()
     ids: list[str] = []
     for start in range(0, len(items), chunk):

@@ -7,6 +7,12 @@ releaser thread (`Releaser`) polling each DELAYED_POLL_INTERVAL seconds, so ther
 failure and no leader to elect. Released jobs keep their ETA, so the worker's timer starts them at the due
 time; a worker holds a released job at most DELAYED_RELEASE_AHEAD seconds before it is due
 (`Settings.release_ahead`), renewing its lease meanwhile.
+
+With REDIS_WAIT_REPLICAS=N >= 1 the release carries Redis's WAIT in its round trip (`run_script_waited`). A
+release that N replicas do not confirm in time is logged and left as it is: it is already whole on the primary,
+and the script's effects replicate as one block, so a replica holds either the release or the parked entry,
+never both and never neither. If a failover loses the release, the new primary still has the job parked and a
+releaser releases it again: nothing is lost or doubled, it only runs up to a poll interval later.
 """
 
 from __future__ import annotations
@@ -19,20 +25,29 @@ from collections.abc import Iterator
 
 import redis
 
-from pipeline.broker import broker_redis
+from pipeline.broker import broker_redis, replicas_wanted, run_script_waited
 from pipeline.config import get_settings
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
-from pipeline.lua import script
 
 log = logging.getLogger(__name__)
 
 
 def release_due(now: float | None = None, limit: int = 500) -> int:
-    """Move up to `limit` jobs due within DELAYED_RELEASE_AHEAD onto their queues; return how many."""
+    """Move up to `limit` jobs due within DELAYED_RELEASE_AHEAD onto their queues; return how many (a release
+    fewer than REDIS_WAIT_REPLICAS replicas confirmed is logged, not undone: see the module docstring)."""
     horizon = (time.time() if now is None else now) + get_settings().release_ahead
     with broker_redis() as client:
         keys = [DELAYED_KEY, DELAYED_MESSAGE_KEY, DELAYED_DEST_KEY]
-        released = script("delayed_release")(keys=keys, args=[horizon, limit], client=client)
+        released, reached = run_script_waited(client, "delayed_release", keys, [horizon, limit])
+    if released and reached is not None and reached < replicas_wanted():
+        log.warning(
+            "released %d delayed job(s); only %d of %d replica(s) confirmed it within %d ms (REDIS_WAIT_REPLICAS): "
+            "a failover now would park them again, to be released once more",
+            released,
+            reached,
+            replicas_wanted(),
+            get_settings().redis_wait_timeout_ms,
+        )
     return int(released)
 
 
