@@ -2,9 +2,10 @@
 
 Serves `QUEUE_FAMILIES` of `pipeline.observability.metrics`: depth per queue (all priority sub-queues), jobs in
 flight (kombu's `unacked` hash), age of the oldest waiting job per queue, the dead-letter queue's size,
-the jobs parked until they are due (`pipeline:delayed`) with how overdue the earliest one is, and whether
-the broker could be read. Run exactly one per deployment (any number is harmless, but
-every one reads Redis on every scrape). It is a custom collector on a registry of its own, so it
+the jobs parked until they are due (`pipeline:delayed`) with how overdue the earliest one is, the broker's
+memory used against its `maxmemory` (0 when unlimited: the project's own figures, so an alert on a full broker
+needs no redis_exporter), and whether the broker could be read. Run exactly one per deployment (any number is
+harmless, but every one reads Redis on every scrape). It is a custom collector on a registry of its own, so it
 never mixes with the multiprocess files a worker writes.
 """
 
@@ -45,6 +46,7 @@ class QueueCollector(Collector):
             stats = broker.queue_stats((*self.queues, DEAD_LETTER_QUEUE))
             in_flight = broker.unacked_count()
             parked = publish.parked_stats(self.clock())
+            memory = broker.memory_stats()
         except (redis.RedisError, OSError) as exc:
             log.warning("exporter could not read the broker: %s", exc)
             up.add_metric([], 0)
@@ -63,8 +65,11 @@ class QueueCollector(Collector):
         delayed, overdue = _family("pipeline_delayed_jobs"), _family("pipeline_delayed_overdue_seconds")
         delayed.add_metric([], parked.count)
         overdue.add_metric([], parked.overdue_s)
+        used, limit = _family("pipeline_redis_memory_used_bytes"), _family("pipeline_redis_memory_max_bytes")
+        used.add_metric([], memory.used_bytes)
+        limit.add_metric([], memory.max_bytes)
         up.add_metric([], 1)
-        yield from (depth, age, dlq, flight, delayed, overdue, up)
+        yield from (depth, age, dlq, flight, delayed, overdue, used, limit, up)
 
 
 def registry_for(queues: Sequence[str]) -> CollectorRegistry:

@@ -102,5 +102,10 @@ QUEUE_FAMILIES: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "pipeline_dlq_size": ("Envelopes in the dead-letter queue.", ()),
     "pipeline_delayed_jobs": ("Jobs parked in Redis until they are due (delays, deferrals, long retries).", ()),
     "pipeline_delayed_overdue_seconds": ("How long ago the most overdue parked job was due (0 when none is).", ()),
+    "pipeline_redis_memory_used_bytes": ("Memory the broker's Redis uses (INFO memory: used_memory).", ()),
+    "pipeline_redis_memory_max_bytes": (
+        "The broker's maxmemory (0: no limit). At it, with noeviction, Redis refuses new jobs.",
+        (),
+    ),
     "pipeline_broker_up": ("1 when the exporter could read the broker on this scrape, else 0.", ()),
 }
