@@ -15,11 +15,9 @@ processes). Reps are interleaved (system order alternates), medians printed.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -30,7 +28,7 @@ from typing import Any
 import redis
 
 from bench import job
-from bench.procs import ROOT, Workers
+from bench.procs import Workers, bench_env, run_producer
 
 SYSTEMS = ("stock", "pipeline")
 PARTS = ("enqueue", "bulk", "drain", "latency")
@@ -65,27 +63,11 @@ class Bench:
         self.url = url
         self.options = options
         self.client = redis.Redis.from_url(url)
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "REDIS_", "PIPELINE_"))}
         #: Every process gets the throwaway Redis; only the pipeline's read REDIS_URL (and its settings).
-        self.env = {**base, "BENCH_REDIS_URL": url, "REDIS_URL": url, "ENV_FILE": "", "SECRETS_DIR": "/nonexistent"}
-        self.env.update(
-            LOG_LEVEL="WARNING", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), base.get("PYTHONPATH")]))
-        )
+        self.env = bench_env(url)
 
     def producer(self, system: str, *args: object) -> dict[str, Any]:
-        done = subprocess.run(
-            [sys.executable, "-m", "bench.producer", system, *map(str, args)],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=600,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"producer {system} {args}: {done.stderr[-3000:]}")
-        result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-        return result
+        return run_producer(self.env, system, *args)
 
     def workers(self, system: str) -> Workers:
         commands = [shlex.split(c) for c in self.options.workers[system]]

@@ -3,20 +3,49 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from pipeline.cli.redis_bin import redis_binary
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench_env(url: str) -> dict[str, str]:
+    """The environment of a benchmark's processes: the throwaway Redis at `url`, none of the caller's Redis, Celery
+    or pipeline settings (only the pipeline's processes read REDIS_URL and its settings)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "REDIS_", "PIPELINE_"))}
+    env = {**base, "BENCH_REDIS_URL": url, "REDIS_URL": url, "ENV_FILE": "", "SECRETS_DIR": "/nonexistent"}
+    env.update(LOG_LEVEL="WARNING", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), base.get("PYTHONPATH")])))
+    return env
+
+
+def run_producer(env: dict[str, str], system: str, *args: object) -> dict[str, Any]:
+    """One `bench.producer` measurement in a process of its own; its JSON line."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.producer", system, *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"producer {system} {args}: {done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def free_port() -> int:

@@ -2,6 +2,7 @@
 
     python -m bench.producer {stock|pipeline} single N RUN     N sequential one-job calls (delay / enqueue)
     python -m bench.producer {stock|pipeline} bulk N RUN       one multi-job call (group / enqueue_many)
+    python -m bench.producer {stock|pipeline} batches N SIZE RUN   N sequential multi-job calls of SIZE jobs each
     python -m bench.producer {stock|pipeline} paced RATE SECONDS RUN   one-job calls at a fixed rate, each
                                                                carrying its enqueue time (start latency)
 
@@ -50,6 +51,13 @@ def main(argv: list[str]) -> dict[str, Any]:
         began = time.perf_counter()
         many([job.payload(run) for _ in range(count)])
         return {"jobs": count, "seconds": time.perf_counter() - began}
+    if mode == "batches":
+        count, size, run = int(rest[0]), int(rest[1]), rest[2]
+        batch = [job.payload(run) for _ in range(size)]
+        began = time.perf_counter()
+        for _ in range(count):
+            many(batch)
+        return {"jobs": count * size, "calls": count, "seconds": time.perf_counter() - began}
     if mode == "paced":
         rate, seconds, run = float(rest[0]), float(rest[1]), rest[2]
         count = int(rate * seconds)
