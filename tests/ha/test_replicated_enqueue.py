@@ -80,6 +80,16 @@ def keyed(client: redis.Redis, key: str, idempotency_key: str) -> list[str]:
     return [h["id"] for h in messages(client, key) if h.get(HEADER_IDEMPOTENCY_KEY) == idempotency_key]
 
 
+def carrying(client: redis.Redis, key: str, message: str) -> list[str]:
+    """Ids of the messages on list `key` whose payload's `message` is this one."""
+    found = []
+    for raw in client.lrange(key, 0, -1):
+        envelope = decode_message(raw)
+        if envelope["body"][0][0].get("message") == message:
+            found.append(envelope["headers"]["id"])
+    return found
+
+
 def claim_holder(client: redis.Redis, idempotency_key: str) -> str | None:
     held = client.get(ENQUEUE_IDEMPOTENCY_KEY.format(task=PROBE, key=idempotency_key))
     return held.decode() if held is not None else None
@@ -182,19 +192,27 @@ def test_the_api_answers_503_with_retry_after_and_a_retry_makes_one_job(
 
 
 def test_a_dlq_replay_waits_and_a_retried_replay_makes_one_job(
-    redis_pair: Replicated, producer: ProducerProcess, queue: str
+    redis_pair: Replicated, producer: ProducerProcess, api: ApiServer, queue: str
 ) -> None:
     primary, replica = redis_pair.primary.client(), redis_pair.replica.client()
-    entry = producer.call("dead_letter", task=PROBE, payload={"message": "replayed"}, queue=queue)
+    text = f"replayed-{uuid.uuid4().hex}"
+    entry = producer.call("dead_letter", task=PROBE, payload={"message": text}, queue=queue)
     with redis_pair.frozen():
         with pytest.raises(CallFailed) as failed:
             producer.call("replay", ident=entry)
         refused_in_time(failed.value)
+        by_cli = producer.call("cli", args=["dlq", "replay", entry, "--json"])
+        with api.client() as http:
+            by_api = http.post(f"/dlq/{entry}/replay")
         assert primary.hget(DLQ_INDEX_KEY, entry) is not None, "a replay not confirmed leaves the entry"
+    assert by_cli["code"] == 3, by_cli
+    (error,) = json.loads(by_cli["stdout"])["errors"]
+    assert error["id"] == entry and "replica" in error["error"]
+    assert by_api.status_code == 503 and "replica" in by_api.json()["detail"] and "Retry-After" in by_api.headers
     new_id = producer.call("replay", ident=entry)
     assert primary.hget(DLQ_INDEX_KEY, entry) is None
     for client in (primary, replica):
-        assert ids_on(client, queue).count(new_id) == 1
+        assert carrying(client, queue, text) == [new_id], "four replays, one job"
         assert client.get(JOB_RECORD_KEY.format(id=new_id)) is not None
 
 
