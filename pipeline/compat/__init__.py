@@ -97,6 +97,14 @@ ENTRIES: tuple[Entry, ...] = (
         critical=True,
     ),
     Entry(
+        upstream="redbeat.schedulers.RedBeatSchedulerEntry._next_instance (an entry's run: its `meta` field and its"
+        " score in the schedule ZSET), RedBeatScheduler.reserve; redis.lock.Lock.lua_extend, .local.token",
+        where="pipeline.compat.redbeat",
+        libraries=("celery-redbeat", "redis"),
+        test=f"{_INTEGRATION}/test_beat_replicas.py::test_a_run_and_a_renewal_are_written_as_redbeat_writes_them",
+        critical=True,
+    ),
+    Entry(
         upstream="kombu.messaging.Producer._batch_local, kombu.transport.redis.Channel._put(_publish_batch=)",
         where="pipeline.compat.batch",
         libraries=("kombu",),

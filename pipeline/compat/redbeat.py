@@ -20,29 +20,44 @@ swallows it, leaving `scheduler.lock` None, and the next `tick` fails on `None.e
   than `lock_timeout - LEASE_MARGIN_S` ago by this process's monotonic clock), so a beat that stalls
   past its lease does not send what the new leader may already have sent;
 - a slot that fell due during the outage is sent once afterwards: its last run (redbeat's `reserve`,
-  written to Redis before the send) never advanced while Redis was away.
+  written to Redis before the send) never advanced while Redis was away;
+- with REDIS_WAIT_REPLICAS >= 1, the lock's renewal (or its acquisition) and a slot's reservation are confirmed by
+  that many replicas before the entry is sent (Redis's `WAIT`, on the connection that wrote them: redbeat writes
+  both with no WAIT, so a failover could give the promoted replica a free lock or an older `last_run_at`, and a
+  second beat, or this one, would fire the slot again). The renewal runs redbeat's extend-to script and WAIT in one
+  pipeline without MULTI; the reservation is redbeat's, then the entry's new `meta` and score written again with
+  WAIT (the same values: whichever primary the second write reaches holds the advanced slot). Unconfirmed, nothing
+  is sent: a reservation is rolled back to the entry's previous run and the tick is tried again `OUTAGE_RETRY_S`
+  later. The rollback itself is not confirmed: if the primary is lost right after it, the promoted replica may
+  keep the advanced slot, which is then skipped (never sent twice).
 
-It copies the second half of redbeat's `tick` and its `maybe_due`, reads redbeat's `_maybe_due_kwargs`, and builds
-the lock as redbeat's `acquire_distributed_beat_lock` does (its extend-to script on redis-py's `Lock`). So beat
-refuses to start, when its scheduler is built, on a Celery, kombu, celery-redbeat or redis-py this was not verified
-on (`pipeline.compat.BEAT_LIBRARIES`, `pipeline.compat.versions.require`), unless ALLOW_UNVERIFIED_VERSIONS=true.
+It copies the second half of redbeat's `tick` and its `maybe_due`, reads redbeat's `_maybe_due_kwargs`, builds
+the lock as redbeat's `acquire_distributed_beat_lock` does (its extend-to script on redis-py's `Lock`) and writes an
+entry's run as redbeat's `RedBeatSchedulerEntry._next_instance` does (the `meta` field, the schedule ZSET's score).
+So beat refuses to start, when its scheduler is built, on a Celery, kombu, celery-redbeat or redis-py this was not
+verified on (`pipeline.compat.BEAT_LIBRARIES`, `pipeline.compat.versions.require`), unless
+ALLOW_UNVERIFIED_VERSIONS=true.
 kombu is among them for what beat writes besides: the delayed jobs it releases go onto kombu's queues as kombu
 lays them out.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
 
 import redis
 from redbeat import RedBeatScheduler
+from redbeat.decoder import RedBeatJSONEncoder
 from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, get_redis
-from redis.exceptions import LockError
+from redis.exceptions import LockError, LockNotOwnedError
 
+from pipeline.broker import add_wait, check_replicas, replicas_wanted
 from pipeline.compat import BEAT_LIBRARIES, versions
 from pipeline.config import get_settings
+from pipeline.errors import NotReplicated
 
 log = logging.getLogger("celery.beat")
 
@@ -81,6 +96,9 @@ class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no typ
             if self.lock_key and not self._hold_lock():
                 return float(self.max_interval)
             return float(self._send_due(min))
+        except NotReplicated as exc:
+            log.warning("beat: %s; nothing sent, retrying in %.0fs", exc, OUTAGE_RETRY_S)
+            return float(min(OUTAGE_RETRY_S, self.max_interval))
         except _REDIS_DOWN as exc:
             self._lease_until = 0.0  # unknown whether the renewal reached Redis: assume the lease is gone
             log.warning("beat: Redis error in a tick, retrying in %.0fs: %r", OUTAGE_RETRY_S, exc)
@@ -110,7 +128,7 @@ class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no typ
         log.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
         try:
             result = self.apply_async(entry, **kwargs)
-        except _REDIS_DOWN:
+        except (*_REDIS_DOWN, NotReplicated):
             raise
         except Exception as exc:
             log.exception("Scheduler: Message Error: %s", exc)
@@ -118,14 +136,55 @@ class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no typ
             log.debug("Scheduler: %s sent. id->%s", entry.task, getattr(result, "id", None))
         return next_time_to_run
 
+    def reserve(self, entry: Any) -> Any:
+        """redbeat's reservation of the slot (the entry's next run, written before the send); with
+        REDIS_WAIT_REPLICAS, confirmed by the replicas, else rolled back and NotReplicated raised (nothing sent)."""
+        if replicas_wanted() <= 0:
+            return super().reserve(entry)
+        client = get_redis(self.app)
+        previous = client.hget(entry.key, "meta"), client.zscore(self.app.redbeat_conf.schedule_key, entry.key)
+        new_entry = super().reserve(entry)
+        try:
+            self._write_run(new_entry, wait=True)
+        except NotReplicated:
+            self._restore_run(entry.key, *previous)  # the slot is due again: the next tick retries it
+            raise
+        return new_entry
+
+    def _write_run(self, entry: Any, wait: bool) -> None:
+        """Write `entry`'s run as redbeat's `_next_instance` does (`meta`, the schedule's score) in a pipeline
+        without MULTI, followed by WAIT on its connection when `wait`."""
+        pipe = get_redis(self.app).pipeline(transaction=False)
+        meta = {"last_run_at": entry.last_run_at, "total_run_count": entry.total_run_count}
+        pipe.hset(entry.key, "meta", json.dumps(meta, cls=RedBeatJSONEncoder))
+        pipe.zadd(self.app.redbeat_conf.schedule_key, {entry.key: entry.score})
+        waited = wait and add_wait(pipe)
+        replies = pipe.execute()
+        if waited:
+            check_replicas(replies[-1])
+
+    def _restore_run(self, key: str, meta: Any, score: Any) -> None:
+        """Put back an entry's `meta` and score as they were read (absent ones removed)."""
+        pipe = get_redis(self.app).pipeline(transaction=False)
+        if meta is None:
+            pipe.hdel(key, "meta")
+        else:
+            pipe.hset(key, "meta", meta)
+        if score is None:
+            pipe.zrem(self.app.redbeat_conf.schedule_key, key)
+        else:
+            pipe.zadd(self.app.redbeat_conf.schedule_key, {key: score})
+        pipe.execute()
+
     def _hold_lock(self) -> bool:
-        """Renew the lease, or take the lock if it is free; False: another beat holds it (stand by)."""
+        """Renew the lease, or take the lock if it is free; False: another beat holds it (stand by). With
+        REDIS_WAIT_REPLICAS, the renewal (an acquisition too) counts once the replicas confirm it (NotReplicated)."""
         if self.lock is None:
             self.lock = self._new_lock()
         started = time.monotonic()
         if self.lock.local.token is not None:
             try:
-                self.lock.extend(int(self.lock_timeout))
+                self._extend_lock()
             except LockError:  # expired during an outage or a stall, perhaps taken by another beat
                 log.warning("beat: Lost the lock; taking it again or standing by")
                 self.lock.local.token = None
@@ -133,11 +192,25 @@ class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no typ
                 self._lease_until = started + self.lock_timeout
                 return True
         if self.lock.acquire(blocking=False):
-            self._lease_until = started + self.lock_timeout
             log.info("beat: Acquired lock")
+            if replicas_wanted() > 0:
+                self._extend_lock()  # the same lease again, on a connection that WAITs for the replicas
+            self._lease_until = started + self.lock_timeout
             return True
         log.debug("beat: Another beat holds the lock; standing by")
         return False
+
+    def _extend_lock(self) -> None:
+        """redbeat's renewal (`lock.extend(lock_timeout)`: its extend-to script) and WAIT on one connection."""
+        pipe = get_redis(self.app).pipeline(transaction=False)
+        lock = self.lock
+        lock.lua_extend(keys=[lock.name], args=[lock.local.token, int(self.lock_timeout * 1000), "0"], client=pipe)
+        waited = add_wait(pipe)
+        replies = pipe.execute()
+        if not replies[0]:
+            raise LockNotOwnedError("Cannot extend a lock that's no longer owned", lock_name=lock.name)
+        if waited:
+            check_replicas(replies[1])
 
     def _new_lock(self) -> Any:
         """The lock as redbeat's `acquire_distributed_beat_lock` makes it (with its extend-to script)."""
