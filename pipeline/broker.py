@@ -149,7 +149,15 @@ def run_script_waited(
         client.script_load(source(name))
     if isinstance(reply, Exception):
         raise reply
-    return reply, int(replies[-1])
+    return reply, _reached(replies[-1])
+
+
+def _reached(reply: Any) -> int:
+    """WAIT's count; an error in its place (`-UNBLOCKED` when the primary is demoted under it) confirms nothing."""
+    if isinstance(reply, Exception):
+        settings = get_settings()
+        raise NotReplicated(0, settings.redis_wait_replicas, settings.redis_wait_timeout_ms) from reply
+    return int(reply)
 
 
 def confirm_replicated(client: redis.Redis) -> None:
@@ -163,7 +171,7 @@ def confirm_replicated(client: redis.Redis) -> None:
     pipe = client.pipeline(transaction=False)
     pipe.publish(REPLICATION_BARRIER, "")
     add_wait(pipe)
-    check_replicas(pipe.execute()[-1])
+    check_replicas(_reached(pipe.execute(raise_on_error=False)[-1]))
 
 
 def oom_cause(exc: BaseException) -> BaseException | None:

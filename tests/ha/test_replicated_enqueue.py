@@ -10,6 +10,7 @@ confirm" is a replica stopped with SIGSTOP, its link open. What the replica hold
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ from pipeline.constants import (
 )
 from tests.support.api import ApiServer
 from tests.support.monitor import Monitor
+from tests.support.procs import wait_for
 from tests.support.replicas import CallFailed, ProducerProcess, Replicated
 
 pytestmark = pytest.mark.ha
@@ -247,3 +249,31 @@ def test_a_delayed_release_not_confirmed_is_logged_and_neither_lost_nor_doubled(
     assert ids_on(replica, queue).count(task_id) == 1 and replica.zscore(DELAYED_KEY, task_id) is None
     assert producer.call("release_due", now=time.time() + 3600) == 0
     assert ids_on(primary, queue).count(task_id) == 1
+
+
+def test_a_wait_cut_short_by_the_server_is_not_replicated(redis_pair: Replicated, producer: ProducerProcess) -> None:
+    """A primary demoted under a blocked WAIT answers it `-UNBLOCKED` (as CLIENT UNBLOCK ... ERROR does here): the
+    enqueue is refused as not replicated at once, not reported as a broken connection or a server error."""
+    primary = redis_pair.primary.client()
+    producer.call("enqueue", kind="probe", payload={"message": "warm"})  # template and connection built
+    outcome: dict[str, Any] = {}
+
+    def enqueue() -> None:
+        try:
+            outcome["id"] = producer.call("enqueue", kind="probe", payload={"message": "unblocked"})
+        except CallFailed as exc:
+            outcome["error"] = exc
+
+    with redis_pair.frozen():
+        caller = threading.Thread(target=enqueue)
+        caller.start()
+
+        def blocked_in_wait() -> list[int]:
+            return [int(c["id"]) for c in primary.client_list() if c["cmd"] == "wait" and "b" in c["flags"]]
+
+        (client_id,) = wait_for(blocked_in_wait, TIMEOUT_MS / 1000, 0.005, what="the enqueue's WAIT")
+        assert primary.execute_command("CLIENT", "UNBLOCK", client_id, "ERROR") == 1
+        caller.join(10)
+    failure = outcome.get("error")
+    assert isinstance(failure, CallFailed) and failure.kind == "NotReplicated", outcome
+    assert failure.elapsed < TIMEOUT_MS / 1000 * 0.9, "answered when unblocked, not at the timeout"
