@@ -63,8 +63,29 @@ def _transport_options(settings: Settings) -> dict[str, Any]:
     }
     if settings.redis_sentinel_master:
         options["master_name"] = settings.redis_sentinel_master
-        if settings.redis_sentinel_password is not None:
-            options["sentinel_kwargs"] = {"password": settings.redis_sentinel_password.get_secret_value()}
+        options["sentinel_kwargs"] = sentinel_kwargs(settings)
+    return options
+
+
+#: Longest wait for one Sentinel (connect or answer) while looking up the primary: a Sentinel host that is down or
+#: cut off is passed over for the next in a second or two, not after the broker's 30 s socket timeout.
+SENTINEL_TIMEOUT_S = 2.0
+#: Longest wait for one answer of Redis to beat (redbeat's client has none by default: a primary cut off without a
+#: reset would hang beat's tick for good).
+BEAT_SOCKET_TIMEOUT_S = 10.0
+
+
+def sentinel_kwargs(settings: Settings) -> dict[str, Any]:
+    """How the clients talk to the Sentinels themselves (redis-py's `Sentinel(sentinel_kwargs=...)`): short timeouts,
+    and REDIS_SENTINEL_PASSWORD when set. (Given no `sentinel_kwargs`, redis-py reuses the data connection's socket
+    options; given some, only those: so the timeouts are always set here.)"""
+    options: dict[str, Any] = {
+        "socket_timeout": SENTINEL_TIMEOUT_S,
+        "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+        "socket_keepalive": True,
+    }
+    if settings.redis_sentinel_password is not None:
+        options["password"] = settings.redis_sentinel_password.get_secret_value()
     return options
 
 
@@ -174,7 +195,7 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
 def beat_conf(settings: Settings) -> dict[str, Any]:
     """Celery and redbeat settings for beat (merged into `celery_conf`)."""
     url = settings.broker_url
-    options: dict[str, Any] = {"retry_period": settings.beat_lock_timeout}
+    options: dict[str, Any] = {"retry_period": settings.beat_lock_timeout, "socket_timeout": BEAT_SOCKET_TIMEOUT_S}
     if settings.redis_sentinel_master:  # redbeat's own sentinel form
         parts = [urlsplit(part) for part in settings.broker_url.split(";")]
         url = "redis-sentinel://"
@@ -182,9 +203,8 @@ def beat_conf(settings: Settings) -> dict[str, Any]:
             sentinels=[(part.hostname, part.port or 26379) for part in parts],
             service_name=settings.redis_sentinel_master,
             password=parts[0].password,
+            sentinel_kwargs=sentinel_kwargs(settings),
         )
-        if settings.redis_sentinel_password is not None:
-            options["sentinel_kwargs"] = {"password": settings.redis_sentinel_password.get_secret_value()}
     return {
         "beat_schedule": beat_schedule(settings),
         # redbeat's scheduler, made to survive Redis outages (see pipeline/compat/redbeat.py).
