@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import os
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -120,6 +121,23 @@ def transcode_worker(services: None, work_dir: Path) -> Iterator[Worker]:
     worker.start()
     yield worker
     worker.stop()
+
+
+@pytest.fixture
+def own_redis(work_dir: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own, to stop and restart (AOF in its directory survives a restart on the
+    same port)."""
+    server = RedisServer(work_dir / f"outage-redis-{uuid.uuid4().hex[:6]}").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def ledger_redis(work_dir: Path) -> Iterator[RedisServer]:
+    """Where ledger jobs record their attempts and completions: never stopped, so the record is whole."""
+    server = RedisServer(work_dir / f"ledger-redis-{uuid.uuid4().hex[:6]}").start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

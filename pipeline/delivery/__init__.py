@@ -45,6 +45,13 @@ ENTRIES: tuple[Entry, ...] = (
         critical=True,
     ),
     Entry(
+        "kombu.transport.redis.Channel._queue_bind, _size, keyprefix_queue, sep (a worker starts on a full Redis)",
+        "pipeline.delivery.full",
+        _KOMBU,
+        "tests/ha/test_full_redis.py::test_a_binding_in_place_is_kept_on_a_full_redis_as_kombu_writes_it",
+        critical=True,
+    ),
+    Entry(
         "kombu.asynchronous.hub.Hub._loop_thread (an acknowledgement is deferred only on the event loop's thread)",
         "pipeline.delivery.acks",
         ("kombu",),

@@ -16,11 +16,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import redis
-
-from pipeline.broker import add_wait, replicas_wanted
+from pipeline.broker import replicas_wanted, run_script_waited
 from pipeline.config import get_settings
-from pipeline.lua import script, sha, source
 
 log = logging.getLogger(__name__)
 
@@ -50,24 +47,12 @@ def check(reached: Any, what: str) -> bool:
 
 def run(client: Any, name: str, keys: list[Any], args: list[Any], what: str) -> Any:
     """Run the Lua script `name` with `keys` and `args` on `client`, then WAIT for the replicas on the same
-    connection (one round trip) when REDIS_WAIT_REPLICAS asks for it; the script's reply."""
-    if replicas_wanted() <= 0:
-        return script(name)(keys=keys, args=args, client=client)
+    connection (one round trip, `pipeline.broker.run_script_waited`) when REDIS_WAIT_REPLICAS asks for it; the
+    script's reply (a WAIT short of the replicas is logged: the write is made)."""
     runner = getattr(client, "run_replicated", None)  # a client that lends a connection per call (Sentinel)
-    if runner is not None:
+    if runner is not None and replicas_wanted() > 0:
         return runner(name, keys, args, what)
-    for attempt in (1, 2):
-        pipe = client.pipeline(transaction=False)
-        pipe.evalsha(sha(name), len(keys), *keys, *args)
-        waits = add_wait(pipe)
-        try:
-            replies = pipe.execute()
-        except redis.exceptions.NoScriptError:
-            if attempt == 2:
-                raise
-            client.script_load(source(name))  # a restarted or new server: loaded, then sent again
-            continue
-        if waits:
-            check(replies[1], what)
-        return replies[0]
-    raise AssertionError("unreachable")
+    reply, reached = run_script_waited(client, name, keys, args)
+    if reached is not None:
+        check(reached, what)
+    return reply

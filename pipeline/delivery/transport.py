@@ -56,7 +56,7 @@ from kombu.utils.encoding import bytes_to_str
 from pipeline.broker import is_oom
 from pipeline.compat.results import Stored
 from pipeline.constants import LEASE_KEY
-from pipeline.delivery import acks, fetch, replicas
+from pipeline.delivery import acks, fetch, full, replicas
 from pipeline.delivery.lease import Leases
 from pipeline.dlq import elements as undecodable
 from pipeline.lua import script, sha
@@ -68,10 +68,6 @@ log = logging.getLogger(__name__)
 #: Bounds of the wait on one key when a worker consumes several queues (seconds).
 WAIT_MIN_S = 0.05
 WAIT_MAX_S = 0.1
-#: After Redis refused a command for memory, how long the channel waits with BRPOP on FULL_WAIT_KEY (a key nothing
-#: writes: a pause Redis runs at maxmemory, where BLMOVE is refused) instead of BLMOVE (seconds).
-FULL_WAIT_S = 5.0
-FULL_WAIT_KEY = "pipeline:full-wait"
 #: A delivery in `unacked` with no lease was fetched by a worker of a release without leases (kombu's BRPOP); the
 #: sweep leaves it for that release's visibility timeout, so a rolling upgrade does not restore its running jobs.
 #: A delivery this release gives up (`release.lua`) has no lease either, but is scored 0: restored at once.
@@ -160,6 +156,11 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
                         restored += self.restore_tag(bytes_to_str(tag), client, ceil=ceil)
             except kombu_redis.MutexHeld:
                 return None
+            except redis.exceptions.ResponseError as exc:  # the mutex and the restores are MULTIs: refused when full
+                if not is_oom(exc):
+                    raise
+                log.warning("Redis is at maxmemory: expired leases are restored once it has room (%s)", exc)
+                return None
         if restored:
             metrics.leases.labels(outcome="restored").inc(restored)
             log.warning("restored %d job(s) whose lease expired (their worker stopped renewing)", restored)
@@ -226,7 +227,7 @@ def _restore_record(channel: Any, raw: bytes, pipe: Any, leftmost: bool) -> None
     channel._do_restore_message(message, exchange, routing_key, pipe, leftmost)
 
 
-class _Leased:
+class _Leased(full.FullRedis):
     """The fetch and the guarded connection parameters, shared by the plain and the Sentinel channel."""
 
     def __init__(self, connection: Any, *args: Any, **kwargs: Any) -> None:
@@ -251,7 +252,6 @@ class _Leased:
     _wait_turn = 0
     _carried: tuple[list[str], list[Stored]] | None = None  # acknowledgements and results the fetch in flight carries
     _replicas_due = False  # a WAIT was sent after the fetch in flight: its reply is read after the fetch's
-    _full_until = 0.0  # monotonic time until which the channel waits as on a full Redis (`_on_full`)
 
     def _fetch_soon(self: Any) -> bool:
         """True when a fetch is in flight, or kombu's next poll start sends one (not a wait) on this channel."""
@@ -284,8 +284,8 @@ class _Leased:
                 key, wait = queues[self._wait_turn], self._wait_s
                 self._wait_s = min(WAIT_MAX_S, self._wait_s * 2)
             command: list[Any] = ["BLMOVE", key, key, "RIGHT", "RIGHT", f"{wait:.3f}"]
-            if time.monotonic() < self._full_until:  # BLMOVE may grow memory: refused at maxmemory
-                command = ["BRPOP", FULL_WAIT_KEY, f"{wait:.3f}"]
+            if full.waiting(self):  # BLMOVE may grow memory: refused at maxmemory
+                command = ["BRPOP", full.WAIT_KEY, f"{wait:.3f}"]
             self._waiting = True
         else:
             if self._carried:  # the last fetch's reply never came: what it carried may not be applied
@@ -320,7 +320,7 @@ class _Leased:
             except redis.exceptions.ResponseError as exc:
                 if not is_oom(exc):
                     raise
-                self._on_full(exc)
+                full.refused(self, exc)
                 raise Empty() from None
             finally:
                 if self._replicas_due:  # WAIT's reply follows the fetch's, on the same connection
@@ -350,17 +350,6 @@ class _Leased:
         except redis.exceptions.ResponseError:
             return
         replicas.check(reached, "a fetch")
-
-    def _on_full(self: Any, exc: BaseException) -> None:
-        """Redis refused a command for memory: the fetch carried nothing it applied (a script refused at its first
-        write writes nothing); until FULL_WAIT_S has passed the channel waits with a command Redis runs at maxmemory.
-        Logged once per FULL_WAIT_S, not as a lost connection: the fetch and the acknowledgements drain Redis."""
-        self._settle_carried(exc)
-        now = time.monotonic()
-        if now >= self._full_until:
-            log.warning("Redis is at maxmemory (%s): waiting with BRPOP while the backlog drains", exc)
-        self._full_until = now + FULL_WAIT_S
-        self._empty = False
 
     # The synchronous path (`basic_get`, `drain_events` without a hub): the same script, one queue.
     def _get(self: Any, queue: str, timeout: float | None = None) -> Any:
