@@ -3,18 +3,19 @@
 -- exactly once however many releasers run. An entry missing its message or its queue is deleted unreleased.
 -- KEYS: the due-time index (sorted set of ids), the messages (hash id -> body), the queues (hash id -> list).
 -- ARGV: the horizon (epoch seconds: entries scored up to it are due), the most entries to release.
--- Returns how many entries were pushed onto a queue.
+-- Returns how many entries were pushed onto a queue. Runs at maxmemory: an entry is deleted (a write that frees
+-- memory) before its message is pushed.
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 local released = 0
 for _, id in ipairs(due) do
   local dest = redis.call('HGET', KEYS[3], id)
   local body = redis.call('HGET', KEYS[2], id)
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('HDEL', KEYS[3], id)
   if dest and body then
     redis.call('LPUSH', dest, body)
     released = released + 1
   end
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('HDEL', KEYS[2], id)
-  redis.call('HDEL', KEYS[3], id)
 end
 return released

@@ -4,7 +4,9 @@ One Lua script (`pipeline/lua/delayed_release.lua`) moves every entry due within
 onto its queue (LPUSH, as kombu does) and deletes it, atomically: an entry is released exactly once even when
 many releasers run, and a crash cannot lose or duplicate one. Every worker main process and every beat runs a
 releaser thread (`Releaser`) polling each DELAYED_POLL_INTERVAL seconds, so there is no single point of
-failure and no leader to elect. Released jobs keep their ETA, so the worker's timer starts them at the due
+failure and no leader to elect. A parked job's due time is its ETA, from the producer's clock (as Celery's ETA
+is); releasers judge it on Redis's clock (TIME), so releasers on hosts whose clocks disagree release it at the
+same moment. Released jobs keep their ETA, so the worker's timer starts them at the due
 time; a worker holds a released job at most DELAYED_RELEASE_AHEAD seconds before it is due
 (`Settings.release_ahead`), renewing its lease meanwhile.
 
@@ -20,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Iterator
 
 import redis
@@ -35,8 +36,11 @@ log = logging.getLogger(__name__)
 def release_due(now: float | None = None, limit: int = 500) -> int:
     """Move up to `limit` jobs due within DELAYED_RELEASE_AHEAD onto their queues; return how many (a release
     fewer than REDIS_WAIT_REPLICAS replicas confirmed is logged, not undone: see the module docstring)."""
-    horizon = (time.time() if now is None else now) + get_settings().release_ahead
     with broker_redis() as client:
+        if now is None:  # Redis's clock: every releaser, on every host, judges a due time on the same one
+            seconds, micros = client.time()
+            now = float(seconds) + float(micros) / 1e6
+        horizon = now + get_settings().release_ahead
         keys = [DELAYED_KEY, DELAYED_MESSAGE_KEY, DELAYED_DEST_KEY]
         released, reached = run_script_waited(client, "delayed_release", keys, [horizon, limit])
     if released and reached is not None and reached < replicas_wanted():
