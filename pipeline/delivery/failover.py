@@ -31,7 +31,7 @@ from pipeline.delivery import transport as delivery_transport
 
 #: Pauses between rounds of connection attempts over the broker URLs (seconds): the first, and the longest.
 RETRY_START_S = 0.5
-RETRY_MAX_S = 2.0
+RETRY_MAX_S = 1.0
 #: The URL schemes each class of the delivery layer's transport serves.
 SCHEMES: dict[type[Any], frozenset[str]] = {
     delivery_transport.SentinelTransport: frozenset({"sentinel"}),
