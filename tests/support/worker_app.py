@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import time
-from typing import Literal
+from typing import Any, Literal
 
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
@@ -101,3 +101,55 @@ def spawn(job: SpawnJob, ctx: JobContext) -> SpawnResult:
     from tasks.probe import probe
 
     return SpawnResult(child_id=probe.enqueue({"message": job.message}))
+
+
+class RunJob(BaseModel):
+    key: str
+    #: How long a run takes (after its release, when it waits for one).
+    sleep_s: float = 0.0
+    #: When a run ends: "sleep" after `sleep_s`; "release" once the ledger holds `test:release:<key>`;
+    #: "rerun_release": the first run after `sleep_s`, a later run of the same job (a peer's, after the first
+    #: holder lost its lease) once released, so the test decides when the peer's copy stores its result.
+    ends: Literal["sleep", "release", "rerun_release"] = "sleep"
+
+
+class RunResult(BaseModel):
+    key: str
+    #: The worker that ran it (its node name, `name@host`) and the pool process.
+    node: str
+    pid: int
+
+
+def run_records(key: str) -> list[dict[str, Any]]:
+    """What `test.run` recorded for `key`, in order: each run's start and finish."""
+    return [json.loads(item) for item in ledger_client().lrange(f"test:run:{key}", 0, -1)]
+
+
+def _record(key: str, event: str, task_id: str, node: str) -> int:
+    client = ledger_client()
+    seconds, micros = client.time()  # the ledger's clock: a worker's own may be faked (tests/support/faketime.py)
+    record = {"event": event, "task_id": task_id, "node": node, "pid": os.getpid(), "t": seconds + micros / 1e6}
+    return int(client.rpush(f"test:run:{key}", json.dumps(record)))
+
+
+def _wait_for_release(key: str, limit_s: float = 120.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not ledger_client().exists(f"test:release:{key}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@typed_task("test.run", kind="test-run", payload=RunJob, result=RunResult)
+def run(job: RunJob, ctx: JobContext) -> RunResult:
+    """Record the run's start and finish (node, pool process, the ledger's time) in `test:run:<key>`: a terminated
+    run has a start and no finish, a run whose result was fenced has both; the stored result names who ran it."""
+    from celery import current_task
+
+    node = str(current_task.request.hostname)
+    _record(job.key, "start", ctx.task_id, node)
+    rerun = sum(r["event"] == "start" and r["task_id"] == ctx.task_id for r in run_records(job.key)) > 1
+    if job.ends == "release" or (job.ends == "rerun_release" and rerun):
+        _wait_for_release(job.key)
+    else:
+        time.sleep(job.sleep_s)
+    _record(job.key, "finish", ctx.task_id, node)
+    return RunResult(key=job.key, node=node, pid=os.getpid())
