@@ -1,0 +1,268 @@
+"""Partitioned hosts: a worker cut off from Redis for longer than its lease loses its jobs to a peer, stores and
+acknowledges nothing for them when the link returns, and serves again; a job that finished during a cut shorter than
+its lease is acknowledged after the heal and runs once.
+
+The cut-off workers (a prefork one and a solo one) run on a "host" of their own: a network namespace joined to this
+machine by a veth pair (`tests.support.netns`), reaching the broker (a redis-server of this module's, bound to
+127.0.0.1 and this side's veth address) only over that link. The peer runs on this machine on 127.0.0.1 and also
+consumes the cut-off workers' job queues, so it can take their jobs over. The cut is this side's veth set down:
+packets are dropped, neither end gets an error. Jobs (`test.run`) record each run's start and finish in a ledger
+Redis every worker reaches over a Unix socket, so the record is whole through the cut; the stored result names the
+worker that ran it. Every worker uses a 5 s lease, a 1 s sweep and a prefetch of one job per process.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from pipeline.constants import LEASE_KEY
+from tests.support import netns
+from tests.support.procs import Worker, wait_for
+from tests.support.topology import Node
+
+pytestmark = pytest.mark.ha
+
+LEASE_S = 5
+ENV = {"LEASE_SECONDS": str(LEASE_S), "UNACKED_RESTORE_INTERVAL": "1", "WORKER_PREFETCH_MULTIPLIER": "1"}
+#: A job that runs past the peer's takeover (a lease and a sweep after the cut) and ends during the cut.
+FINISHES_IN_CUT_S = 10
+#: A job still running when the link returns (a prefork worker terminates it there).
+RUNS_PAST_HEAL_S = 20
+#: A cut shorter than the lease, started just after a renewal.
+SHORT_CUT_S = 2.0
+PEER_SLOTS = 3
+
+
+@dataclass
+class Site:
+    """The module's topology. Queues: `jobs` (the prefork cut-off worker's and the peer's), `solo_jobs` (the solo
+    cut-off worker's and the peer's), `own`/`solo_own` (each cut-off worker's alone), `blockers` (the peer's alone)."""
+
+    host: netns.Host
+    broker: Node
+    ledger: Node
+    cut_off: Worker
+    solo: Worker
+    peer: Worker
+    producer: Celery
+    tag: str
+
+    def queue(self, name: str) -> str:
+        return f"{name}-{self.tag}"
+
+    def send(self, key: str, queue: str, **payload: Any) -> str:
+        job = self.producer.send_task("test.run", args=[{"key": key, **payload}], queue=self.queue(queue))
+        return str(job.id)
+
+    def release(self, *keys: str) -> None:
+        for key in keys:
+            self.ledger.client().set(f"test:release:{key}", 1)
+
+    def records(self, key: str, event: str) -> list[dict[str, Any]]:
+        raw = self.ledger.client().lrange(f"test:run:{key}", 0, -1)
+        return [r for r in map(json.loads, raw) if r["event"] == event]
+
+    def ran_on(self, key: str, event: str) -> list[str]:
+        """The worker names (`-n`, without `@host`) of the runs of `key` that recorded `event`, in order."""
+        return [r["node"].split("@")[0] for r in self.records(key, event)]
+
+    def now(self) -> float:
+        seconds, micros = self.ledger.client().time()
+        return float(seconds + micros / 1e6)
+
+    def settled(self) -> bool:
+        """Nothing queued or held: every job is acknowledged, none can run (again)."""
+        client = self.broker.client()
+        queued = sum(client.llen(self.queue(q)) for q in ("jobs", "solo_jobs", "own", "solo_own", "blockers"))
+        return client.hlen("unacked") == 0 and client.hlen(LEASE_KEY) == 0 and queued == 0
+
+    def stored_by(self, task_id: str) -> str:
+        """The worker name in the job's stored SUCCESS."""
+        found = self.producer.AsyncResult(task_id)
+        assert found.state == "SUCCESS", (task_id, found.state)
+        return str(found.result["node"]).split("@")[0]
+
+
+def _start_together(workers: list[Worker]) -> None:
+    with ThreadPoolExecutor(len(workers)) as pool:
+        for started in [pool.submit(w.start) for w in workers]:
+            started.result()
+
+
+@pytest.fixture(scope="module")
+def site(work_dir: Path) -> Iterator[Site]:
+    netns.require()
+    tag = uuid.uuid4().hex[:6]
+    base = work_dir / f"partition-{tag}"
+    host = netns.Host().create()
+    started: list[Any] = []
+    try:
+        broker = Node(base / "broker", options=("--bind", "127.0.0.1", host.address, "--protected-mode", "no"))
+        started.append(broker.start())
+        socket_path = base / "ledger" / "ledger.sock"
+        ledger = Node(base / "ledger", options=("--unixsocket", str(socket_path), "--unixsocketperm", "777"))
+        started.append(ledger.start())
+        env = {**ENV, "TEST_LEDGER_URL": f"unix://{socket_path}"}
+        inside = {**env, "REDIS_URL": f"redis://{host.address}:{broker.port}/0"}
+        cut_off = Worker(f"cutoff-{tag}", base, inside, queues=f"jobs-{tag},own-{tag}")
+        solo = Worker(f"solo-{tag}", base, inside, queues=f"solo_jobs-{tag},solo_own-{tag}", pool="solo", concurrency=1)
+        for worker in (cut_off, solo):
+            worker.argv = host.prefix() + worker.argv
+        url = f"redis://127.0.0.1:{broker.port}/0"
+        peer_queues = f"blockers-{tag},jobs-{tag},solo_jobs-{tag}"
+        peer = Worker(f"peer-{tag}", base, {**env, "REDIS_URL": url}, queues=peer_queues, concurrency=PEER_SLOTS)
+        started += [cut_off, solo, peer]
+        _start_together([cut_off, solo, peer])
+        producer = Celery(f"partition-{tag}", broker=url, backend=url, set_as_current=False)
+        producer.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
+        yield Site(host, broker, ledger, cut_off, solo, peer, producer, tag)
+        producer.close()
+    finally:
+        host.heal()  # a failed test may leave the link down: the workers would stop only in their own time
+        for proc in started:
+            if isinstance(proc, Worker):
+                proc.terminate()
+        for proc in reversed(started):
+            proc.stop()
+        host.destroy()
+
+
+def _mentions(log: str, task_id: str) -> bool:
+    """The worker logged an outcome for `task_id` (succeeded, terminated, ...): a line other than its receipt."""
+    return any(task_id in line and " received" not in line for line in log.splitlines())
+
+
+#: The fenced store does not fence yet: `pipeline.compat.results.lease_of` reads the delivery tag from the task's
+#: `delivery_info`, which Celery rebuilds without it (celery/worker/request.py: exchange, routing_key, priority,
+#: redelivered), so every store and every carried result is sent with tag '' and written unfenced. kombu's message
+#: properties, which Celery hands the task as `request.properties`, carry the tag.
+FENCED_STORE_GAP = (
+    "lease_of finds no delivery tag in a task's request: the cut-off workers' results are stored unfenced "
+    "(the tag is in request.properties['delivery_tag'])"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=FENCED_STORE_GAP)
+def test_workers_cut_off_past_their_lease_store_and_acknowledge_nothing_and_serve_after_the_heal(site: Site) -> None:
+    """The cut-off host runs three jobs when its link is cut: on the prefork worker one that ends during the cut (its
+    result write waits for the link, as a retried write does) and one still running when the link returns; on the
+    solo worker one that ends during the cut (its result goes with its acknowledgement). The peer takes all three a
+    lease later and holds its copies until the test releases them, after the heal. By then the cut-off workers have
+    found the leases lost: the running job is terminated, and no result of theirs is stored and no acknowledgement
+    of theirs removes anything; the peer's copies store the only results. Then each cut-off worker runs a job sent to
+    its own queue."""
+    key = uuid.uuid4().hex[:10]
+    cut_off, solo, peer = site.cut_off.name, site.solo.name, site.peer.name
+    blockers = [f"{key}-b{n}" for n in range(PEER_SLOTS)]
+    for blocker in blockers:  # the peer's slots taken while the cut-off workers fetch the jobs
+        site.send(blocker, "blockers", ends="release")
+    wait_for(lambda: all(site.ran_on(b, "start") for b in blockers), 30, 0.05, what="the peer to hold the blockers")
+    ends_in_cut, runs_past, solo_ends_in_cut = f"{key}-f", f"{key}-t", f"{key}-s"
+    jobs = {
+        ends_in_cut: site.send(ends_in_cut, "jobs", sleep_s=FINISHES_IN_CUT_S, ends="rerun_release"),
+        runs_past: site.send(runs_past, "jobs", sleep_s=RUNS_PAST_HEAL_S, ends="rerun_release"),
+        solo_ends_in_cut: site.send(solo_ends_in_cut, "solo_jobs", sleep_s=FINISHES_IN_CUT_S, ends="rerun_release"),
+    }
+    first = {ends_in_cut: cut_off, runs_past: cut_off, solo_ends_in_cut: solo}
+    wait_for(lambda: all(site.ran_on(k, "start") for k in jobs), 30, 0.05, what="the jobs to start")
+    assert {k: site.ran_on(k, "start") for k in jobs} == {k: [w] for k, w in first.items()}
+    site.release(*blockers)
+    site.host.cut()
+    cut_at = site.now()
+    try:
+        wait_for(lambda: all(len(site.ran_on(k, "start")) >= 2 for k in jobs), 30, 0.1, what="the peer's takeover")
+        taken_after = max(site.records(k, "start")[1]["t"] for k in jobs) - cut_at
+        ended = (ends_in_cut, solo_ends_in_cut)
+        wait_for(lambda: all(site.records(k, "finish") for k in ended), 20, 0.05, what="two jobs to end in the cut")
+    finally:
+        site.host.heal()
+    healed_at = site.now()
+    wait_for(
+        lambda: (
+            _mentions(site.cut_off.log(), jobs[ends_in_cut])
+            and _mentions(site.cut_off.log(), jobs[runs_past])
+            and "acknowledgement ignored (fenced)" in site.solo.log()
+        ),
+        30,
+        0.1,
+        what="the cut-off workers to settle their copies after the heal",
+    )
+    settled_after = site.now() - healed_at
+    broker = site.broker.client()
+    holders = {v.decode().split(":")[1] for v in broker.hvals(LEASE_KEY)}
+    held = broker.hlen("unacked")
+    states = {k: site.producer.AsyncResult(task_id).state for k, task_id in jobs.items()}
+    site.release(*jobs)
+    wait_for(lambda: all(peer in site.ran_on(k, "finish") for k in jobs), 30, 0.1, what="the peer to finish them")
+    wait_for(site.settled, 15, 0.1, what="every acknowledgement, with no copy left to run")
+    print(
+        f"cut at 0: the peer took the jobs over after {taken_after:.1f} s (lease {LEASE_S} s); healed after "
+        f"{healed_at - cut_at:.1f} s; the cut-off workers had settled their copies {settled_after:.1f} s after the heal"
+    )
+
+    assert holders == {str(site.peer.pid)} and held == len(jobs), "a cut-off worker acknowledged a job the peer held"
+    assert states == dict.fromkeys(jobs, "PENDING"), f"a result stored by a cut-off worker: {states}"
+    assert {k: site.ran_on(k, "start") for k in jobs} == {k: [w, peer] for k, w in first.items()}
+    for k in ended:  # run to the end on the cut-off host during the cut (fencing cannot undo that), then the peer's
+        assert site.ran_on(k, "finish") == [first[k], peer] and site.records(k, "finish")[0]["t"] < healed_at
+    assert site.ran_on(runs_past, "finish") == [peer], "the prefork worker's copy was not terminated"
+    assert "terminating it here" in site.cut_off.log()
+    stored = {k: site.stored_by(task_id) for k, task_id in jobs.items()}
+    assert stored == dict.fromkeys(jobs, peer), f"a result stored by a cut-off worker: {stored}"
+
+    after = {cut_off: site.send(f"{key}-after", "own"), solo: site.send(f"{key}-solo-after", "solo_own")}
+    ready = [site.producer.AsyncResult(task_id) for task_id in after.values()]
+    wait_for(lambda: all(r.ready() for r in ready), 30, 0.1, what="the cut-off workers to serve again")
+    assert {name: site.stored_by(task_id) for name, task_id in after.items()} == {cut_off: cut_off, solo: solo}
+    assert all(w.proc is not None and w.proc.poll() is None for w in (site.cut_off, site.solo))
+
+
+def _renewed(client: redis.Redis, before: list[tuple[bytes, float]]) -> bool:
+    now = client.zrange("unacked_index", 0, -1, withscores=True)
+    return bool(now) and now != before
+
+
+def test_a_job_that_ends_during_a_cut_shorter_than_its_lease_is_acknowledged_after_the_heal_and_runs_once(
+    site: Site,
+) -> None:
+    """The cut starts just after a renewal and lasts less than the lease; the job ends during it, on the cut-off host.
+    Its result and acknowledgement reach Redis after the heal: no peer restores it, it runs once, nothing stays held."""
+    key = uuid.uuid4().hex[:10]
+    cut_off = site.cut_off.name
+    restored_before = site.peer.log().count("whose lease expired")
+    lost_before = site.cut_off.log().count("lease lost")
+    task_id = site.send(key, "own", ends="release")
+    wait_for(lambda: site.ran_on(key, "start"), 30, 0.05, what="the job to start")
+    broker = site.broker.client()
+    wait_for(lambda: broker.zcard("unacked_index") == 1, 10, 0.02, what="its lease")
+    before = broker.zrange("unacked_index", 0, -1, withscores=True)
+    wait_for(lambda: _renewed(broker, before), LEASE_S, 0.01, what="a renewal")
+    site.host.cut()
+    cut_at = time.monotonic()
+    try:
+        site.release(key)
+        wait_for(lambda: site.records(key, "finish"), SHORT_CUT_S, 0.02, what="the job to end during the cut")
+        time.sleep(max(0.0, cut_at + SHORT_CUT_S - time.monotonic()))  # the cut itself, not a wait for an outcome
+    finally:
+        site.host.heal()
+    healed_at, healed = site.now(), time.monotonic()
+    wait_for(lambda: site.producer.AsyncResult(task_id).ready(), 20, 0.1, what="its result")
+    wait_for(site.settled, 20, 0.1, what="its acknowledgement after the heal, with no copy left to run")
+    print(f"a {SHORT_CUT_S:.0f} s cut: result and acknowledgement in Redis {time.monotonic() - healed:.1f} s after it")
+
+    assert site.ran_on(key, "start") == [cut_off] and site.ran_on(key, "finish") == [cut_off]
+    assert site.records(key, "finish")[0]["t"] < healed_at, "the job ended during the cut"
+    assert site.stored_by(task_id) == cut_off
+    assert site.peer.log().count("whose lease expired") == restored_before
+    assert site.cut_off.log().count("lease lost") == lost_before
