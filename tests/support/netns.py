@@ -1,12 +1,12 @@
 """A worker "host" for tests: a network namespace joined to this machine by a veth pair, whose link can be cut.
 
-`Host.create()` makes namespace `pl-<id>` and a veth pair from a private /30 of 10.231.0.0/16: `address` (x.1) on this
-side, `inner_address` (x.2) inside, loopback up in the namespace. A process started with `prefix()` (`ip netns exec`,
-which execs the command: the PID is the process's own) reaches this machine only at `address`: a redis-server
-bound to it is the namespace's broker, and `cut()` (this side's veth down: packets are dropped, no error reaches
-either end, as on a partition) and `heal()` part and join them. `destroy()` deletes the namespace and the veth
-(deleting either end deletes both); processes inside must be stopped by PID first. Traffic goes only between the two
-ends of the pair.
+`Host.create()` makes namespace `pl-<id>` and a veth pair from a private /30 of 10.231.0.0/16: `address` (its
+first host) on this side, `inner_address` (its second) inside, loopback up in the namespace. A process started with
+`prefix()` (`ip netns exec`, which execs the command: the PID is the process's own) reaches this machine only at
+`address`: a redis-server bound to it is the namespace's broker, and `cut()` (this side's veth down: packets are
+dropped, no error reaches either end, as on a partition) and `heal()` part and join them. `destroy()` deletes the
+namespace and the veth (deleting either end deletes both); processes inside must be stopped by PID first. Traffic
+goes only between the two ends of the pair.
 
 Needs root and iproute2's `ip netns`: `require()` skips the test otherwise (CI runs as root).
 """
@@ -45,7 +45,7 @@ def _free_subnet() -> ipaddress.IPv4Network:
     random.shuffle(blocks)
     for block in blocks:
         if f" {block[1]}/" not in used:
-            return block  # type: ignore[no-any-return]
+            return block
     raise RuntimeError(f"no free /30 left in {NETWORK}")
 
 
