@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -184,8 +184,17 @@ def lease_of_running(primary: redis.Redis, ledger: redis.Redis, keys: list[str])
     return None
 
 
+@pytest.fixture
+def stops() -> Iterator[list[Callable[[], None]]]:
+    """What the test started, stopped by PID when it ends, whatever step failed (last first)."""
+    started: list[Callable[[], None]] = []
+    yield started
+    for stop in reversed(started):
+        stop()
+
+
 def test_a_primary_killed_under_load_loses_no_acknowledged_job(
-    topology: Topology, ledger_redis: RedisServer, tmp_path: Path
+    topology: Topology, ledger_redis: RedisServer, tmp_path: Path, stops: list[Callable[[], None]]
 ) -> None:
     run = uuid.uuid4().hex[:6]
     entry = f"ha-beat-{run}"
@@ -204,9 +213,14 @@ def test_a_primary_killed_under_load_loses_no_acknowledged_job(
     }
     logs = tmp_path / "logs"
     ledger = ledger_redis.client()
-    worker = Worker(f"ha-{run}", logs, env, concurrency=CONCURRENCY).start()
-    beat = Beat(run, logs, env).start()
+    worker = Worker(f"ha-{run}", logs, env, concurrency=CONCURRENCY)
+    stops.append(worker.stop)
+    worker.start()
+    beat = Beat(run, logs, env)
+    stops.append(beat.stop)
+    beat.start()
     producer = Producer(tmp_path, env)
+    stops.append(producer.stop)
     try:
         wait_for(lambda: len(producer.acknowledged()) >= 4 * RATE, 30, 0.2, what="four seconds of enqueues")
         wait_for(lambda: ledger.llen(f"test:done:beat-{run}") >= 2, 20, 0.2, what="two beat slots run")
@@ -260,17 +274,13 @@ def test_a_primary_killed_under_load_loses_no_acknowledged_job(
     }
     print("FAILOVER", json.dumps(figures))
     log = worker.log()
-    try:
-        assert not lost, f"acknowledged and never run: {lost[:10]} ({figures})"
-        assert len(twice) <= TWICE_BOUND, f"run twice: {twice} ({figures})"
-        assert worker.proc is not None and worker.proc.poll() is None, "the worker died"
-        assert beat.proc is not None and beat.proc.poll() is None, "beat died"
-        assert "Connected to sentinel://" not in log, "the worker reconnected on kombu's stock transport"
-        assert log.count("Connected to pipeline.delivery.transport:SentinelTransport_") >= 2, "no reconnection seen"
-        task_id, owner = leased  # type: ignore[misc]
-        assert owner is not None, f"job {task_id}, fetched after the failover, holds no lease"
-        assert owner.decode().split(":")[1] == str(worker.pid), f"job {task_id} leased by {owner!r}"
-        assert min(gaps) > EVERY / 2, f"beat fired a slot twice: gaps {gaps}"
-    finally:
-        worker.stop()
-        beat.stop()
+    assert not lost, f"acknowledged and never run: {lost[:10]} ({figures})"
+    assert len(twice) <= TWICE_BOUND, f"run twice: {twice} ({figures})"
+    assert worker.proc is not None and worker.proc.poll() is None, "the worker died"
+    assert beat.proc is not None and beat.proc.poll() is None, "beat died"
+    assert "Connected to sentinel://" not in log, "the worker reconnected on kombu's stock transport"
+    assert log.count("Connected to pipeline.delivery.transport:SentinelTransport_") >= 2, "no reconnection seen"
+    task_id, owner = leased  # type: ignore[misc]
+    assert owner is not None, f"job {task_id}, fetched after the failover, holds no lease"
+    assert owner.decode().split(":")[1] == str(worker.pid), f"job {task_id} leased by {owner!r}"
+    assert min(gaps) > EVERY / 2, f"beat fired a slot twice: gaps {gaps}"
