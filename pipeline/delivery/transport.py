@@ -310,6 +310,9 @@ class _Leased(full.FullRedis):
                 reply = self.client.parse_response(self.client.connection, "EVALSHA", **options)
             except redis.exceptions.NoScriptError as exc:
                 self._settle_carried(exc)  # the script did not run: the renewal thread applies them
+                if self._replicas_due:  # WAIT's reply first: SCRIPT LOAD's comes after it on this connection
+                    self._replicas_due = False
+                    self._read_replicas(options)
                 self.client.script_load(lua_source(fetch.FETCH))  # Redis restarted (empty script cache): loaded now
                 raise Empty() from None
             except self.connection_errors as exc:
