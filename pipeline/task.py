@@ -32,7 +32,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pipeline import publish
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
-from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_RATE_SLOT, TASK_MODULES
+from pipeline.constants import DELIVERY_HEADERS, HEADER_IDEMPOTENCY_KEY, HEADER_RATE_SLOT, TASK_MODULES
 from pipeline.errors import PayloadInvalid, PermanentError
 from pipeline.producer import write
 from pipeline.retry import RetryPolicy
@@ -137,6 +137,16 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
         values = {"max_retries": cls.policy.max_retries, "default_retry_delay": cls.policy.base_delay}
         for attr in cls.policy_fills:
             setattr(cls, attr, values[attr])
+
+    def signature_from_request(self, request: Any = None, *args: Any, **options: Any) -> Any:
+        """Celery's (what `retry` and a deferred job publish), without the headers a worker's fetch set on the
+        delivery it came from (`DELIVERY_HEADERS`): carried over, a worker that took the new message unleased would
+        store its result under the old delivery's lease owner, and be fenced."""
+        signature = super().signature_from_request(request, *args, **options)
+        headers = signature.options.get("headers")
+        if isinstance(headers, dict):
+            signature.options["headers"] = {k: v for k, v in headers.items() if k not in DELIVERY_HEADERS}
+        return signature
 
     def job_context(self) -> JobContext:
         request = self.request

@@ -31,7 +31,7 @@ from vine import promise
 from pipeline.broker import broker_redis
 from pipeline.compat.message import raw_envelope
 from pipeline.config import get_settings
-from pipeline.constants import DEAD_LETTER_QUEUE, HEADER_DELIVERY_COUNT, HEADER_LEASE_OWNER
+from pipeline.constants import DEAD_LETTER_QUEUE, DELIVERY_HEADERS
 from pipeline.dlq import poison
 from pipeline.dlq.capture import from_message
 from pipeline.dlq.envelope import Reason
@@ -116,8 +116,7 @@ class DeadLetteringConsumer(Consumer):
         log.error("refusing to consume the dead-letter queue %r: its envelopes are left in place", DEAD_LETTER_QUEUE)
         raw = dict(raw_envelope(message))
         if isinstance(raw.get("headers"), dict):  # the worker transport added them after the fetch: not stored
-            added = (HEADER_DELIVERY_COUNT, HEADER_LEASE_OWNER)
-            raw["headers"] = {k: v for k, v in raw["headers"].items() if k not in added}
+            raw["headers"] = {k: v for k, v in raw["headers"].items() if k not in DELIVERY_HEADERS}
         with broker_redis() as client:
             client.rpush(DEAD_LETTER_QUEUE, dumps(raw))
         message.ack()
