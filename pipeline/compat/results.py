@@ -61,6 +61,9 @@ def lease_of(request: Any) -> tuple[str, str]:
     worker's fetch set (`HEADER_LEASE_OWNER`); ('', '') when it was not a leased delivery (nothing to fence)."""
     info = getattr(request, "delivery_info", None)
     tag = info.get("delivery_tag") if isinstance(info, dict) else None
+    if not tag:  # Celery rebuilds a task's delivery_info without the tag; kombu's message properties carry it
+        properties = getattr(request, "properties", None)
+        tag = properties.get("delivery_tag") if isinstance(properties, dict) else None
     owner = getattr(request, HEADER_LEASE_OWNER, None)
     if not tag or not owner:
         return "", ""

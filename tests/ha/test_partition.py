@@ -143,17 +143,6 @@ def _mentions(log: str, task_id: str) -> bool:
     return any(task_id in line and " received" not in line for line in log.splitlines())
 
 
-#: The fenced store does not fence yet: `pipeline.compat.results.lease_of` reads the delivery tag from the task's
-#: `delivery_info`, which Celery rebuilds without it (celery/worker/request.py: exchange, routing_key, priority,
-#: redelivered), so every store and every carried result is sent with tag '' and written unfenced. kombu's message
-#: properties, which Celery hands the task as `request.properties`, carry the tag.
-FENCED_STORE_GAP = (
-    "lease_of finds no delivery tag in a task's request: the cut-off workers' results are stored unfenced "
-    "(the tag is in request.properties['delivery_tag'])"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=FENCED_STORE_GAP)
 def test_workers_cut_off_past_their_lease_store_and_acknowledge_nothing_and_serve_after_the_heal(site: Site) -> None:
     """The cut-off host runs three jobs when its link is cut: on the prefork worker one that ends during the cut (its
     result write waits for the link, as a retried write does) and one still running when the link returns; on the
