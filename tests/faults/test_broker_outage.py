@@ -217,7 +217,8 @@ def test_worker_survives_three_redis_restarts_under_load(
     twice = {job: n for job, n in runs.items() if n > 1}
     print(f"sent {len(sent)}, refused {refused}, ran {len(runs)}, lost {len(lost)}, ran more than once {len(twice)}")
     assert not lost, f"{len(lost)} acknowledged jobs never ran"
-    assert not twice, f"ran more than once: {twice}"
+    named = [line for line in worker.log().splitlines() if any(job in line for job in twice)]
+    assert not twice, f"ran more than once: {twice}\n" + "\n".join(named)
 
 
 def test_exporter_serves_through_an_outage_and_recovers(own_redis: RedisServer, work_dir: Path) -> None:
