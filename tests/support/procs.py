@@ -119,7 +119,10 @@ class Worker:
         concurrency: int = 2,
         pool: str = "prefork",
         extra: tuple[str, ...] = (),
+        mingle: bool = False,
     ) -> None:
+        """`mingle`: sync with the workers already up at start, as `celery worker` does by default (a control
+        broadcast whose replies come back on `reply.celery.pidbox`); off unless a test is about it."""
         self.name = name
         self.log_path = log_dir / f"worker-{name}.log"
         self.env = {**os.environ, **env}
@@ -139,7 +142,7 @@ class Worker:
             "-l",
             "INFO",
             "--without-gossip",
-            "--without-mingle",
+            *(() if mingle else ("--without-mingle",)),
             *extra,
         ]
         if queues:
