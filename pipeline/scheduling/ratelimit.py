@@ -6,9 +6,12 @@ runs, one atomic Lua call on Redis (GCRA with reservation, Redis's own clock:
 `pipeline/lua/rate_acquire.lua`) either lets the job start now or reserves the next free slot for it. A job
 given a later slot is not run, not slept on and not retried: it is published again under the same task id for
 that slot (parked if far ahead, see `pipeline.publish`), with its attempt count unchanged, a
-`pipeline_rate_slot` header that lets it start without asking again (unless it arrives later than half an
-interval past it: late jobs ask again, so busy workers cannot bunch deferred jobs into a burst), and a
-`pipeline_throttled` count. Its state meanwhile is THROTTLED ("scheduled").
+`pipeline_rate_slot` header (epoch seconds on Redis's clock, judged by the same script: hosts' clocks play no
+part) that lets it start without taking another slot (unless it arrives later than half an interval past it: late
+jobs ask again, so busy workers cannot bunch deferred jobs into a burst), and a `pipeline_throttled` count. The
+new message's ETA is the wait from this worker's clock; a worker holding it whose clock is off starts it early or
+late by as much, and the script then tells it to wait again for the same slot (early) or asks again (late).
+Its state meanwhile is THROTTLED ("scheduled").
 Each deferral counts in `pipeline_rate_limit_throttled_total{task}`.
 """
 
@@ -32,13 +35,15 @@ def _redis_key(limit: ClusterRate, task_name: str, job: Any) -> str:
     return RATE_LIMIT_KEY.format(task=task_name) + suffix
 
 
-def acquire(limit: ClusterRate, task_name: str, job: Any) -> float:
-    """Take a slot; return the seconds to wait for it (0: start now)."""
+def acquire(limit: ClusterRate, task_name: str, job: Any, carried: float | None = None) -> tuple[float, float]:
+    """Take a slot, unless `carried` (the slot a deferred job was given, epoch seconds on Redis's clock) is still
+    good; return the seconds to wait for the slot (0: start now) and the slot, on Redis's clock."""
     interval_ms = limit.interval() * 1000
+    args = [interval_ms, (limit.burst - 1) * interval_ms, "" if carried is None else carried * 1000]
     with broker_redis() as client:
         keys = [_redis_key(limit, task_name, job)]
-        wait = script("rate_acquire")(keys=keys, args=[interval_ms, (limit.burst - 1) * interval_ms], client=client)
-    return max(0.0, float(wait) / 1000)
+        wait, slot = script("rate_acquire")(keys=keys, args=args, client=client)
+    return max(0.0, float(wait) / 1000), float(slot) / 1000
 
 
 def admit(task: PipelineTask, job: Any) -> None:
@@ -48,19 +53,19 @@ def admit(task: PipelineTask, job: Any) -> None:
     if limit is None:
         return
     request = task.request
-    slot = request_header(request, HEADER_RATE_SLOT)
-    # How late a deferred job may start on its slot: half an interval, so starts stay spread.
-    if slot is not None and time.time() - float(slot) <= limit.interval() / 2:
-        return  # the slot this message was given when it was deferred, and it is (about) now
-    # No slot, or arriving late for it (busy workers): ask again, so late jobs never bunch up.
-    wait = acquire(limit, task.name, job)
+    carried = request_header(request, HEADER_RATE_SLOT)
+    # A deferred job on (about) its slot starts; without one, or late for it, it asks again. Judged in the
+    # script, on Redis's clock: the slot was given by one host and is checked by another.
+    wait, slot = acquire(limit, task.name, job, None if carried is None else float(carried))
     if wait <= 0:
         return
-    slot = time.time() + wait
     throttled = int(request_header(request, HEADER_THROTTLED) or 0) + 1
     headers = {**(request.headers or {}), HEADER_RATE_SLOT: slot, HEADER_THROTTLED: throttled}
     again = task.signature_from_request(request, headers=headers)
-    publish.schedule(lambda producer, eta: again.apply_async(producer=producer, eta=eta), str(request.id), slot)
+    # The ETA is on this worker's clock (Celery holds the message until the holder's clock reaches it): a worker
+    # whose clock is off by more than half an interval is told to wait again, for the same slot.
+    due = time.time() + wait
+    publish.schedule(lambda producer, eta: again.apply_async(producer=producer, eta=eta), str(request.id), due)
     task.update_state(state="THROTTLED", meta={"until": slot, "throttled": throttled})
     metrics.rate_limit_throttled.labels(task=task.name).inc()
     raise Ignore(f"rate limit {limit.rate}: deferred {wait:.3f}s")

@@ -106,10 +106,20 @@ def test_once_cas_moves_the_key_only_from_the_expected_value(client: redis.Redis
     assert client.exists("once") == 0
 
 
-def acquire(client: redis.Redis, interval_ms: float, tau_ms: float) -> float:
-    reply = script("rate_acquire")(keys=["rate"], args=[interval_ms, tau_ms], client=client)
-    assert isinstance(reply, bytes)
-    return float(reply)
+def acquire(client: redis.Redis, interval_ms: float, tau_ms: float, carried: float | None = None) -> float:
+    return take(client, interval_ms, tau_ms, carried)[0]
+
+
+def take(client: redis.Redis, interval_ms: float, tau_ms: float, carried: float | None = None) -> tuple[float, float]:
+    """(wait, slot) in ms, the slot on Redis's clock."""
+    args = [interval_ms, tau_ms, "" if carried is None else carried]
+    wait, slot = script("rate_acquire")(keys=["rate"], args=args, client=client)
+    return float(wait), float(slot)
+
+
+def redis_ms(client: redis.Redis) -> float:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros / 1000
 
 
 def test_rate_acquire_answers_the_wait_for_each_reserved_slot(client: redis.Redis) -> None:
@@ -117,6 +127,23 @@ def test_rate_acquire_answers_the_wait_for_each_reserved_slot(client: redis.Redi
     assert waits[0] == 0
     assert 900 < waits[1] <= 1000 and 1900 < waits[2] <= 2000  # each call takes the next slot
     assert 0 < client.pttl("rate") <= 4000  # the key outlives the last slot, then goes
+
+
+def test_rate_acquire_gives_slots_on_redis_clock(client: redis.Redis) -> None:
+    before = redis_ms(client)
+    (_, first), (wait, second) = take(client, 1000, 0), take(client, 1000, 0)
+    after = redis_ms(client)
+    assert before <= first <= after and second == pytest.approx(first + 1000, abs=1) and 900 < wait <= 1000
+
+
+def test_a_carried_slot_is_judged_on_redis_clock_and_honoured_without_taking_another(client: redis.Redis) -> None:
+    now = redis_ms(client)
+    assert take(client, 1000, 0, carried=now + 200) == (0.0, now + 200)  # within half an interval: start on it
+    assert client.exists("rate") == 0  # no slot taken
+    wait, slot = take(client, 1000, 0, carried=now + 5000)  # held by a worker whose clock runs ahead
+    assert slot == now + 5000 and 4900 < wait <= 5000 and client.exists("rate") == 0  # the same slot, waited for
+    wait, slot = take(client, 1000, 0, carried=now - 5000)  # late (a busy worker, or a clock behind): asks again
+    assert wait == 0 and slot >= now and client.exists("rate") == 1
 
 
 def test_rate_acquire_lets_a_burst_start_at_once(client: redis.Redis) -> None:
