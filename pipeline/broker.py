@@ -24,6 +24,7 @@ from pipeline.config import get_settings
 from pipeline.config.celery import is_sentinel
 from pipeline.constants import (
     DEAD_LETTER_QUEUE,
+    GROUP_COUNT_KEY,
     HEADER_PUBLISHED_AT,
     KEY_PREFIX,
     PRIORITY_SEPARATOR,
@@ -281,11 +282,14 @@ def queue_stats(queues: tuple[str, ...] = (*WORK_QUEUES, DEAD_LETTER_QUEUE)) -> 
         for queue in queues:
             for key in queue_keys(queue):
                 pipe.llen(key)
-        lengths = pipe.execute()
+            pipe.hmget(GROUP_COUNT_KEY, queue_keys(queue))  # jobs waiting in groups (`pipeline.groups`)
+        replies = pipe.execute()
         stats = []
         steps = len(PRIORITY_STEPS)
         for i, queue in enumerate(queues):
-            depth = sum(lengths[i * steps : (i + 1) * steps])
+            at = i * (steps + 1)
+            grouped = sum(int(n) for n in replies[at + steps] if n)
+            depth = sum(replies[at : at + steps]) + grouped
             age = _oldest_age(client, queue_keys(queue), now) if depth else None
             stats.append(QueueStats(queue, depth, age))
         return stats

@@ -72,6 +72,15 @@ HEADER_IDEMPOTENCY_KEY: Final = "pipeline_idempotency_key"
 #: times it was deferred; `pipeline.scheduling.ratelimit` owns both.
 HEADER_RATE_SLOT: Final = "pipeline_rate_slot"
 HEADER_THROTTLED: Final = "pipeline_throttled"
+#: Message header: the job's group (a tenant, a customer): within a queue and priority level, jobs are taken
+#: round-robin across groups, and GROUP_CONCURRENCY caps how many of one group run at once (`pipeline.groups`).
+HEADER_GROUP: Final = "pipeline_group"
+#: Prefix of the groups' keys (their layout is written at the top of `pipeline/lua/fetch.lua`).
+GROUP_KEY_PREFIX: Final = KEY_PREFIX + "group:"
+#: Grouped jobs waiting, per queue list key (kept by `enqueue.lua` and `fetch.lua`).
+GROUP_COUNT_KEY: Final = GROUP_KEY_PREFIX + "count"
+#: The longest group name, in characters.
+GROUP_MAX_LENGTH: Final = 128
 #: GCRA state of a cluster-wide limit: the theoretical arrival time (ms), per task and optional key.
 RATE_LIMIT_KEY: Final = KEY_PREFIX + "ratelimit:{task}"
 

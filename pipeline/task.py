@@ -34,6 +34,7 @@ from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.constants import DELIVERY_HEADERS, HEADER_IDEMPOTENCY_KEY, HEADER_RATE_SLOT, TASK_MODULES
 from pipeline.errors import PayloadInvalid, PermanentError
+from pipeline.fairness import groups
 from pipeline.producer import write
 from pipeline.retry import RetryPolicy
 
@@ -292,6 +293,7 @@ class TypedTask(Generic[P, R]):
         countdown: float | None = None,
         eta: datetime | None = None,
         idempotency_key: str | None = None,
+        group: str | None = None,
     ) -> str:
         """Validate `payload` and publish it; return the task id.
 
@@ -299,15 +301,17 @@ class TypedTask(Generic[P, R]):
         are written in one Redis round trip (`pipeline.producer`). With an `idempotency_key`, a second enqueue
         with the same key (within ENQUEUE_IDEMPOTENCY_TTL) returns the first job's id. A `countdown` or `eta`
         further ahead than DELAYED_RELEASE_AHEAD parks the job in Redis until it is due (`pipeline.publish`),
-        so no worker holds a long delay in memory.
+        so no worker holds a long delay in memory. With a `group` (a tenant), the job takes its turn among its
+        group's peers on the queue, and GROUP_CONCURRENCY caps how many of the group run at once (`pipeline.groups`).
         """
         _, data, text = self._checked(payload)
+        grouped = groups.checked(self.name, group)
         due = due_time(countdown, eta)
         return write.enqueue_one(
-            self.name, self.queue, self._send, data, text, due=due, idempotency_key=idempotency_key
+            self.name, self.queue, self._send, data, text, due=due, idempotency_key=idempotency_key, group=grouped
         )
 
-    def enqueue_many(self, payloads: Iterable[P | Mapping[str, Any]]) -> list[str]:
+    def enqueue_many(self, payloads: Iterable[P | Mapping[str, Any]], *, group: str | None = None) -> list[str]:
         """Validate every payload, then publish one job each; return their task ids in order.
 
         One pydantic call validates the batch: an invalid item raises `PayloadInvalid` whose errors' `loc`
@@ -316,7 +320,8 @@ class TypedTask(Generic[P, R]):
         """
         if self._list_adapter is None:
             self._list_adapter = TypeAdapter(list[self.payload_model])  # type: ignore[name-defined]  # a runtime model
-        return write.enqueue_many(self.name, self.queue, self._send, self._list_adapter, payloads)
+        grouped = groups.checked(self.name, group)
+        return write.enqueue_many(self.name, self.queue, self._send, self._list_adapter, payloads, group=grouped)
 
     def result(self, task_id: str, timeout: float | None = None) -> R:
         """Wait for the job and return its typed result (raises the job's error if it failed)."""

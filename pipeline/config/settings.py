@@ -71,6 +71,8 @@ class Settings(BaseSettings):
     #: A worker's lease on each job it holds, renewed every third of it while the worker lives; a dead
     #: worker's jobs go back to their queues within a lease plus UNACKED_RESTORE_INTERVAL (docs/leases.md).
     lease_seconds: int = Field(default=30, ge=5, le=3600)
+    #: How many jobs of one group (`enqueue(..., group=...)`) run at once across every worker; 0: no cap.
+    group_concurrency: int = Field(default=0, ge=0, le=100000)
     #: Seconds between a worker's sweeps for deliveries whose lease expired.
     unacked_restore_interval: int = Field(default=10, ge=1, le=600)
     #: Read only to warn: leases (LEASE_SECONDS) replaced the visibility timeout of earlier releases.

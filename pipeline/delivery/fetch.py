@@ -27,7 +27,8 @@ from typing import Any
 from kombu.utils.encoding import bytes_to_str
 
 from pipeline.compat.results import Stored
-from pipeline.constants import DELIVERIES_KEY, HEADER_DELIVERY_COUNT, HEADER_LEASE_OWNER, LEASE_KEY
+from pipeline.config import get_settings
+from pipeline.constants import DELIVERIES_KEY, GROUP_KEY_PREFIX, HEADER_DELIVERY_COUNT, HEADER_LEASE_OWNER, LEASE_KEY
 from pipeline.delivery import acks
 from pipeline.delivery.lease import HISTORY_PREFIX
 from pipeline.dlq import elements as undecodable
@@ -84,6 +85,8 @@ def args(
         "".join("1" if untracked else "0" for _key, untracked in steps),
         count,
         len(results),
+        get_settings().group_concurrency,
+        GROUP_KEY_PREFIX,
         *(x for _key, value, expires, tag in results for x in (value, expires, tag)),
         *(acks or ()),
     ]

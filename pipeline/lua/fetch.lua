@@ -10,7 +10,7 @@
 -- elements that are not message envelopes, ARGV[5] the delivery history's key prefix, ARGV[6] its length,
 -- ARGV[7] its TTL (seconds), ARGV[8] one character per queue key, '1' where the key is consumed without
 -- acknowledgement, ARGV[9] how many elements to take at most, ARGV[10] the number of results n,
--- ARGV[11..10+3n] n triples (encoded result meta, expiry, the job's delivery tag or ''), ARGV[11+3n..] the tags to
+-- ARGV[13..12+3n] n triples (encoded result meta, expiry, the job's delivery tag or ''), ARGV[11+3n..] the tags to
 -- acknowledge.
 -- Returns {the tags whose acknowledgement was fenced}, then 5 fields per element, oldest first: key, tag (or ''),
 -- delivery count (0: not recorded), the element, its kind (0 a message envelope, 1 not an envelope: dead-lettered
@@ -43,14 +43,14 @@ end
 local nres = tonumber(ARGV[10])
 local first_result_key = #KEYS - nres
 for r = 1, nres do
-  local at = 10 + 3 * (r - 1)
+  local at = 12 + 3 * (r - 1)
   if held(KEYS[3], ARGV[at + 3], ARGV[2]) then
     store(KEYS[first_result_key + r], ARGV[at + 1], ARGV[at + 2])
   end
 end
 
 local fenced = {}
-for i = 11 + 3 * nres, #ARGV do
+for i = 13 + 3 * nres, #ARGV do
   local tag = ARGV[i]
   if redis.call('HGET', KEYS[3], tag) == ARGV[2] then
     redis.call('ZREM', KEYS[2], tag)
@@ -70,52 +70,174 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local expiry = now + tonumber(ARGV[1])
 local stamp = string.format('%.3f', now)
+local cap = tonumber(ARGV[11])
+local P = ARGV[12]
+
+-- running(g): how many of group g's jobs hold a lease now (tags whose lease ended, by any path, are dropped).
+local function running(g)
+  local key = P .. 'leases:' .. g
+  local n = 0
+  for _, tag in ipairs(redis.call('SMEMBERS', key)) do
+    if redis.call('HEXISTS', KEYS[3], tag) == 1 then n = n + 1 else redis.call('SREM', key, tag) end
+  end
+  return n
+end
+
+-- ready(key, g): group g of `key` has jobs: back in the ring, or capped while g runs `cap` jobs.
+local function ready(key, g)
+  local state = P .. 'state:' .. key
+  if redis.call('LLEN', P .. 'jobs:' .. key .. ':' .. g) == 0 then
+    redis.call('HDEL', state, g)
+  elseif cap > 0 and running(g) >= cap then
+    if redis.call('HGET', state, g) ~= 'c' then
+      redis.call('HSET', state, g, 'c')
+      redis.call('LPUSH', P .. 'capped:' .. key, g)
+    end
+  else
+    redis.call('HSET', state, g, 'r')
+    redis.call('LPUSH', P .. 'ring:' .. key, g)
+  end
+end
+
+-- regroup(key, item, g): a message of group g popped from the plain list goes to its group, at the head.
+local function regroup(key, item, g)
+  redis.call('RPUSH', P .. 'jobs:' .. key .. ':' .. g, item)
+  redis.call('HINCRBY', P .. 'count', key, 1)
+  if not redis.call('HGET', P .. 'state:' .. key, g) then ready(key, g) end
+end
+
+-- take(key, item, untracked, g): record `item` popped from `key` as held by this worker (or pass an untracked
+-- one on), append it to the reply; g: its group, or nil.
+local function take(key, item, untracked, g)
+  taken = taken + 1
+  if untracked then
+    out[#out + 1] = key
+    out[#out + 1] = ''
+    out[#out + 1] = 0
+    out[#out + 1] = item
+    out[#out + 1] = 2
+    return
+  end
+  local tag, record
+  local ok, msg = pcall(cjson.decode, item)
+  if ok and type(msg) == 'table' and type(msg.properties) == 'table' then
+    local p = msg.properties
+    local di = p.delivery_info
+    if type(p.delivery_tag) == 'string' and type(di) == 'table'
+        and di.exchange ~= nil and di.routing_key ~= nil then
+      tag = p.delivery_tag
+      record = '[' .. item .. ',' .. cjson.encode(di.exchange) .. ',' .. cjson.encode(di.routing_key) .. ']'
+    end
+  end
+  local poison = 0
+  if not tag then
+    poison = 1
+    tag = ARGV[4] .. taken
+    record = '[' .. cjson.encode(item) .. ',"",' .. cjson.encode(key) .. ']'
+  end
+  redis.call('HSET', KEYS[1], tag, record)
+  redis.call('ZADD', KEYS[2], expiry, tag)
+  redis.call('HSET', KEYS[3], tag, ARGV[2])
+  local n = redis.call('HINCRBY', KEYS[4], tag, 1)
+  local history = ARGV[5] .. tag
+  redis.call('RPUSH', history, '{"at":' .. stamp .. ',"worker":' .. cjson.encode(ARGV[3]) .. '}')
+  redis.call('LTRIM', history, -tonumber(ARGV[6]), -1)
+  redis.call('EXPIRE', history, tonumber(ARGV[7]))
+  if g and cap > 0 then
+    redis.call('SADD', P .. 'leases:' .. g, tag)
+    redis.call('EXPIRE', P .. 'leases:' .. g, 7 * 86400)
+  end
+  out[#out + 1] = key
+  out[#out + 1] = tag
+  out[#out + 1] = n
+  out[#out + 1] = item
+  out[#out + 1] = poison
+end
+
+-- group_of(item): the group a message envelope names in its headers, or nil.
+local function group_of(item)
+  if not string.find(item, '"pipeline_group"', 1, true) then return nil end
+  local ok, msg = pcall(cjson.decode, item)
+  if ok and type(msg) == 'table' and type(msg.headers) == 'table' then
+    local g = msg.headers.pipeline_group
+    if type(g) == 'string' and g ~= '' then return g end
+  end
+  return nil
+end
+
+-- Capped groups of `key` whose jobs ended are put back in the ring: a few per fetch, oldest first.
+local function uncap(key)
+  local capped = P .. 'capped:' .. key
+  for _ = 1, math.min(4, redis.call('LLEN', capped)) do
+    local g = redis.call('RPOP', capped)
+    redis.call('HDEL', P .. 'state:' .. key, g)
+    ready(key, g)
+  end
+end
+
+-- A popped group's next job (nil when the ring is empty), and the group, which goes on to its next state.
+local function from_group(key)
+  local g = redis.call('RPOP', P .. 'ring:' .. key)
+  if not g then return nil end
+  local item = redis.call('RPOP', P .. 'jobs:' .. key .. ':' .. g)
+  if item then redis.call('HINCRBY', P .. 'count', key, -1) end
+  return item, g
+end
+
+-- Grouped messages moved out of plain lists by one fetch, at most: the script stays short; the rest are moved by
+-- the next fetches.
+local MOVE_MAX = 100
+local moved = 0
 for i = 5, first_result_key do
   if taken >= want then break end
-  local items = redis.call('RPOP', KEYS[i], want - taken)
-  if items then
-    local untracked = string.sub(ARGV[8], i - 4, i - 4) == '1'
-    for _, item in ipairs(items) do
-      taken = taken + 1
-      if untracked then
-        out[#out + 1] = KEYS[i]
-        out[#out + 1] = ''
-        out[#out + 1] = 0
-        out[#out + 1] = item
-        out[#out + 1] = 2
+  local key = KEYS[i]
+  if string.sub(ARGV[8], i - 4, i - 4) == '1' then
+    local items = redis.call('RPOP', key, want - taken)
+    if items then
+      for _, item in ipairs(items) do take(key, item, true, nil) end
+    end
+  else
+    local state = P .. 'state:' .. key
+    local grouped = redis.call('EXISTS', state) == 1
+    local turn = 'p'
+    if grouped then
+      uncap(key)
+      turn = redis.call('HGET', P .. 'turn', key) or 'p'
+    end
+    local plain_done = false
+    while taken < want do
+      if turn == 'g' then
+        local item, g = from_group(key)
+        if not g then
+          if plain_done or redis.call('LLEN', key) == 0 then break end
+          turn = 'p'
+        else
+          if item then take(key, item, false, g) end
+          ready(key, g)
+          if not plain_done then turn = 'p' end
+        end
       else
-        local tag, record
-        local ok, msg = pcall(cjson.decode, item)
-        if ok and type(msg) == 'table' and type(msg.properties) == 'table' then
-          local p = msg.properties
-          local di = p.delivery_info
-          if type(p.delivery_tag) == 'string' and type(di) == 'table'
-              and di.exchange ~= nil and di.routing_key ~= nil then
-            tag = p.delivery_tag
-            record = '[' .. item .. ',' .. cjson.encode(di.exchange) .. ',' .. cjson.encode(di.routing_key) .. ']'
-          end
+        local item = not plain_done and redis.call('RPOP', key)
+        local g = item and group_of(item)
+        if g and moved >= MOVE_MAX then
+          redis.call('RPUSH', key, item)  -- back where it was: the next fetch moves it
+          item, plain_done = nil, true
+        elseif g then
+          moved = moved + 1
+          regroup(key, item, g)
+        elseif item then
+          take(key, item, false, nil)
+        else
+          plain_done = true
         end
-        local poison = 0
-        if not tag then
-          poison = 1
-          tag = ARGV[4] .. taken
-          record = '[' .. cjson.encode(item) .. ',"",' .. cjson.encode(KEYS[i]) .. ']'
+        if (plain_done or not g) and redis.call('EXISTS', P .. 'ring:' .. key) == 1 then
+          turn = 'g'  -- after a plain job (or none left), a group's turn
+        elseif plain_done then
+          break
         end
-        redis.call('HSET', KEYS[1], tag, record)
-        redis.call('ZADD', KEYS[2], expiry, tag)
-        redis.call('HSET', KEYS[3], tag, ARGV[2])
-        local n = redis.call('HINCRBY', KEYS[4], tag, 1)
-        local history = ARGV[5] .. tag
-        redis.call('RPUSH', history, '{"at":' .. stamp .. ',"worker":' .. cjson.encode(ARGV[3]) .. '}')
-        redis.call('LTRIM', history, -tonumber(ARGV[6]), -1)
-        redis.call('EXPIRE', history, tonumber(ARGV[7]))
-        out[#out + 1] = KEYS[i]
-        out[#out + 1] = tag
-        out[#out + 1] = n
-        out[#out + 1] = item
-        out[#out + 1] = poison
       end
     end
+    if grouped or redis.call('EXISTS', state) == 1 then redis.call('HSET', P .. 'turn', key, turn) end
   end
 end
 return out

@@ -22,7 +22,7 @@ import redis
 
 from pipeline.broker import check_replicas, full, is_oom, run_script_waited
 from pipeline.config import get_settings
-from pipeline.constants import JOB_RECORD_KEY, RECENT_JOBS_KEY
+from pipeline.constants import GROUP_KEY_PREFIX, JOB_RECORD_KEY, RECENT_JOBS_KEY
 
 
 def store_jobs(
@@ -38,15 +38,18 @@ def store_jobs(
     channel: str = "",
     events: Sequence[str] = (),
     claim: tuple[str, int] | None = None,
+    group: str | None = None,
 ) -> str | None:
     """Store jobs `ids` (their `messages` LPUSHed on `dest` in order, `events` PUBLISHed on `channel`), in one
     call. With `claim` (idempotency key, ttl) and a single job: None if the key was free (now held by the job),
     else the id holding it, and nothing is written. `NotReplicated` when REDIS_WAIT_REPLICAS replicas did not
-    confirm the jobs (or the claimed key's job) in time; `BrokerFull` when Redis is at maxmemory."""
+    confirm the jobs (or the claimed key's job) in time; `BrokerFull` when Redis is at maxmemory. With `group`, the
+    messages go on that group's list of `dest` instead (the messages must carry the group's header too)."""
     claim_key, claim_ttl = claim if claim is not None else (dest, "")
     keys = (RECENT_JOBS_KEY.format(queue=queue), dest, claim_key)
     head = (JOB_RECORD_KEY.format(id=""), record, record_ttl, repr(now), get_settings().recent_jobs_max)
-    args: tuple[str | int, ...] = (*head, len(ids), channel, claim_ttl, *ids, *messages, *events)
+    grouped = (group or "", GROUP_KEY_PREFIX)  # a group's jobs go on its own list (`pipeline/lua/enqueue.lua`)
+    args: tuple[str | int, ...] = (*head, len(ids), channel, claim_ttl, *grouped, *ids, *messages, *events)
     try:
         reply, reached = run_script_waited(client, "enqueue", keys, args, barrier=claim is not None)
     except redis.RedisError as exc:

@@ -27,7 +27,7 @@ from celery.utils.saferepr import saferepr
 from kombu import Producer
 
 from pipeline.celery_app import get_app
-from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT
+from pipeline.constants import HEADER_GROUP, HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT
 from pipeline.publish import capture
 
 #: A value no job has: the sample job's task id, payload and publish time are found by it.
@@ -88,6 +88,8 @@ class Job:
     event_tag: str
     #: The `pipeline_idempotency_key` header (only in a keyed template's messages).
     idempotency_key: str | None = None
+    #: The `pipeline_group` header (only in a grouped template's messages).
+    group: str | None = None
 
 
 class Template:
@@ -116,13 +118,29 @@ class Template:
         self.keyed = HEADER_IDEMPOTENCY_KEY in headers
         if self.keyed:
             headers[HEADER_IDEMPOTENCY_KEY] = _marker("idem")
+        #: Whether messages carry a group header.
+        self.grouped = HEADER_GROUP in headers
+        if self.grouped:
+            headers[HEADER_GROUP] = _marker("group")
         properties.update(
             correlation_id=_marker("id2"),
             reply_to=_marker("reply_to"),
             delivery_tag=_marker("tag"),
         )
-        fields = ("body", "id", "root_id", "parent_id", "argsrepr", "published_at", "id2", "reply_to", "tag")
-        self.envelope = _Split(envelope, (*fields, "idem") if self.keyed else fields)
+        fields: tuple[str, ...] = (
+            "body",
+            "id",
+            "root_id",
+            "parent_id",
+            "argsrepr",
+            "published_at",
+            "id2",
+            "reply_to",
+            "tag",
+        )
+        fields += ("idem",) if self.keyed else ()
+        fields += ("group",) if self.grouped else ()
+        self.envelope = _Split(envelope, fields)
         self.event: tuple[str, _Split, _Split] | None = None
         if event is not None:
             channel, event_envelope = event
@@ -147,6 +165,7 @@ class Template:
         return self.envelope.fill(
             {
                 "idem": idem,
+                "group": json.dumps(job.group),
                 "body": _q(base64.b64encode(body.encode()).decode()),
                 "id": _q(job.task_id),
                 "root_id": json.dumps(job.root_id),  # a parent's ids come from its message: escaped
@@ -233,16 +252,20 @@ def uuid4_strings(count: int) -> list[str]:
 
 _lock = threading.Lock()
 #: (process id, task name, keyed) → template; a forked child builds its own (`origin` names the process).
-_templates: dict[tuple[int, str, bool], Template] = {}
+_templates: dict[tuple[int, str, bool, bool], Template] = {}
 
 
 def template_for(
-    name: str, send: Callable[[Producer, str, dict[str, Any], dict[str, Any]], Any], keyed: bool = False
+    name: str,
+    send: Callable[[Producer, str, dict[str, Any], dict[str, Any]], Any],
+    keyed: bool = False,
+    grouped: bool = False,
 ) -> Template:
-    """The template of task `name` (`keyed`: for jobs with an idempotency key), built on first use from
+    """The template of task `name` (`keyed`: for jobs with an idempotency key; `grouped`: with a group), built on
+    first use from
     `send(producer, task_id, payload, headers)`: one publish of a sample job through Celery, captured
     (`pipeline.publish.capture`), never sent."""
-    key = (os.getpid(), name, keyed)
+    key = (os.getpid(), name, keyed, grouped)
     found = _templates.get(key)
     if found is not None:
         return found
@@ -251,6 +274,8 @@ def template_for(
             headers: dict[str, Any] = {HEADER_PUBLISHED_AT: _SAMPLE_PUBLISHED_AT}
             if keyed:
                 headers[HEADER_IDEMPOTENCY_KEY] = "sample-key"
+            if grouped:
+                headers[HEADER_GROUP] = "sample-group"
             captured = capture(lambda producer: send(producer, _SAMPLE_ID, {"sample": True}, headers))
             event = None
             if captured.extra:

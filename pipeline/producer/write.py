@@ -39,6 +39,7 @@ from pipeline.constants import (
     DELAYED_DEST_KEY,
     DELAYED_KEY,
     DELAYED_MESSAGE_KEY,
+    HEADER_GROUP,
     HEADER_IDEMPOTENCY_KEY,
     HEADER_PUBLISHED_AT,
     JOB_RECORD_KEY,
@@ -76,7 +77,11 @@ def _parent() -> tuple[str | None, str | None]:
 
 
 def _templated(
-    template: Template, items: list[tuple[Any, str]], published_at: float, key: str | None = None
+    template: Template,
+    items: list[tuple[Any, str]],
+    published_at: float,
+    key: str | None = None,
+    group: str | None = None,
 ) -> tuple[list[str], list[Outgoing]]:
     """New task ids, and the messages (and `task-sent` events) of jobs with these (payload, JSON text) items."""
     parent_id, root_id = _parent()
@@ -92,16 +97,17 @@ def _templated(
             task_id, text, argsrepr, published_at, root_id or task_id, parent_id, uuids[3 * n + 1], uuids[3 * n + 2]
         )
         job.idempotency_key = key
+        job.group = group
         event = template.sent_event(job, app.clock.forward(), time.time())
         outs.append(Outgoing(template.dest, template.message(job, reply_to), (event,) if event is not None else ()))
     return ids, outs
 
 
-def _template(name: str, send: Send, keyed: bool = False) -> Template:
+def _template(name: str, send: Send, keyed: bool = False, grouped: bool = False) -> Template:
     """The task's template (`template_for`). Building it publishes through Celery once, which declares the queue
     (a write): at maxmemory that is refused, and the producer gets `BrokerFull`, not kombu's connection error."""
     try:
-        return template_for(name, lambda p, i, d, h: send(p, i, d, h, None), keyed=keyed)
+        return template_for(name, lambda p, i, d, h: send(p, i, d, h, None), keyed=keyed, grouped=grouped)
     except Exception as exc:
         refusal = oom_cause(exc)
         if refusal is None:
@@ -109,7 +115,15 @@ def _template(name: str, send: Send, keyed: bool = False) -> Template:
         raise full(refusal) from exc
 
 
-def _store(name: str, queue: str, ids: list[str], outs: list[Outgoing], now: float, claim: Any = None) -> str | None:
+def _store(
+    name: str,
+    queue: str,
+    ids: list[str],
+    outs: list[Outgoing],
+    now: float,
+    claim: Any = None,
+    group: str | None = None,
+) -> str | None:
     """Store jobs due now in one script call (see `pipeline.producer.script.store_jobs`)."""
     record, ttl = accepted_entry(name)
     channels = {channel for out in outs for channel, _ in out.publishes}
@@ -127,6 +141,7 @@ def _store(name: str, queue: str, ids: list[str], outs: list[Outgoing], now: flo
         channel=channels.pop() if channels else "",
         events=[body for out in outs for _, body in out.publishes],
         claim=claim,
+        group=group,
     )
 
 
@@ -139,6 +154,7 @@ def enqueue_one(
     *,
     due: float | None = None,
     idempotency_key: str | None = None,
+    group: str | None = None,
 ) -> str:
     """Publish one job of task `name` (its payload, and `text` its JSON); return its id, or with an
     `idempotency_key` already claimed (within ENQUEUE_IDEMPOTENCY_TTL) the id of the job that claimed it.
@@ -147,28 +163,39 @@ def enqueue_one(
     (Redis at maxmemory: nothing stored)."""
     now = time.time()
     if (due is None or due <= now) and not publish_hooked():
-        template = _template(name, send, keyed=bool(idempotency_key))
-        (task_id,), (out,) = _templated(template, [(payload, text)], now, idempotency_key or None)
+        template = _template(name, send, keyed=bool(idempotency_key), grouped=bool(group))
+        (task_id,), (out,) = _templated(template, [(payload, text)], now, idempotency_key or None, group or None)
         claim = None
         if idempotency_key:
             claim = (idempotency.redis_key(name, idempotency_key), get_settings().enqueue_idempotency_ttl)
-        return _store(name, queue, [task_id], [out], now, claim) or task_id
+        return _store(name, queue, [task_id], [out], now, claim, group or None) or task_id
     with memory_refusals(), idempotency.claim(name, idempotency_key) as claimed:
         if claimed.existing_id is None:
-            _write_captured(name, queue, send, claimed.task_id, payload, idempotency_key, due, now)
+            _write_captured(name, queue, send, claimed.task_id, payload, idempotency_key, due, now, group)
     confirm_replicated(producer_redis())  # outside the claim: a job not confirmed keeps its key
     return claimed.existing_id or claimed.task_id
 
 
 def _write_captured(
-    name: str, queue: str, send: Send, task_id: str, payload: Any, key: str | None, due: float | None, now: float
+    name: str,
+    queue: str,
+    send: Send,
+    task_id: str,
+    payload: Any,
+    key: str | None,
+    due: float | None,
+    now: float,
+    group: str | None = None,
 ) -> None:
     """A job built by Celery (one with an ETA, or any while a publish hook watches: `pipeline.producer.hooks`),
     written with its record in one MULTI; parked if due later than DELAYED_RELEASE_AHEAD, else queued (a job
-    due soon is held by a worker until due)."""
+    due soon is held by a worker until due). A grouped one goes on the queue's list with its group header: the
+    worker's fetch moves it to its group (`pipeline/lua/fetch.lua`)."""
     headers: dict[str, Any] = {HEADER_PUBLISHED_AT: now}
     if key:
         headers[HEADER_IDEMPOTENCY_KEY] = key
+    if group:
+        headers[HEADER_GROUP] = group
     eta = datetime.fromtimestamp(due, UTC) if due is not None and due > now else None
     message = capture(lambda producer: send(producer, task_id, payload, headers, eta))
     record, ttl = accepted_entry(name, eta)
@@ -220,12 +247,18 @@ def dump_checked(name: str, adapter: TypeAdapter[list[Any]], jobs: list[BaseMode
 
 
 def enqueue_many(
-    name: str, queue: str, send: Send, adapter: TypeAdapter[list[Any]], payloads: Iterable[Any], chunk: int = CHUNK
+    name: str,
+    queue: str,
+    send: Send,
+    adapter: TypeAdapter[list[Any]],
+    payloads: Iterable[Any],
+    chunk: int = CHUNK,
+    group: str | None = None,
 ) -> list[str]:
     """Validate every payload (one call), then store records and messages `chunk` jobs per round trip; return
     the task ids in order. One bad payload: `PayloadInvalid` naming its index, nothing published."""
     items = dump_checked(name, adapter, validate_many(name, adapter, list(payloads)))
-    template = _template(name, send)
+    template = _template(name, send, grouped=bool(group))
     hooked = publish_hooked()
     ids: list[str] = []
     for start in range(0, len(items), chunk):
@@ -233,17 +266,21 @@ def enqueue_many(
         now = time.time()
         if hooked:
             chunk_ids = uuid4_strings(len(part))
-            outs = _built_by_celery(send, chunk_ids, [payload for payload, _ in part], now)
+            outs = _built_by_celery(send, chunk_ids, [payload for payload, _ in part], now, group)
         else:
-            chunk_ids, outs = _templated(template, part, now)
-        _store(name, queue, chunk_ids, outs, now)
+            chunk_ids, outs = _templated(template, part, now, group=group or None)
+        _store(name, queue, chunk_ids, outs, now, group=group or None)
         ids.extend(chunk_ids)
     return ids
 
 
-def _built_by_celery(send: Send, ids: list[str], payloads: list[Any], now: float) -> list[Outgoing]:
+def _built_by_celery(
+    send: Send, ids: list[str], payloads: list[Any], now: float, group: str | None = None
+) -> list[Outgoing]:
     """The jobs' messages as Celery builds them (its publish hooks run), captured, not sent."""
-    headers = {HEADER_PUBLISHED_AT: now}
+    headers: dict[str, Any] = {HEADER_PUBLISHED_AT: now}
+    if group:
+        headers[HEADER_GROUP] = group
 
     def sender(task_id: str, payload: Any) -> Callable[[Any], Any]:
         return lambda producer: send(producer, task_id, payload, headers, None)

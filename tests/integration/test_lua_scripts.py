@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 import redis
+from kombu.utils.encoding import bytes_to_str
 
 from pipeline.broker import is_oom
+from pipeline.constants import GROUP_KEY_PREFIX, HEADER_GROUP
 from pipeline.lua import names, script, sha, source
 from tests.support.procs import RedisServer
 
@@ -52,12 +54,15 @@ def enqueue(
     channel: str = "",
     keep: int = 100,
     now: float = 1000.0,
+    group: str = "",
+    messages: list[str] | None = None,
 ) -> object:
     """Run `enqueue.lua` as `pipeline.producer.script.store_jobs` does: records `rec:<id>`, index `idx`,
     queue `q`, message `m:<id>` and event `e:<id>` per job."""
-    messages = [f"m:{i}" for i in ids]
+    messages = messages or [f"m:{i}" for i in ids]
     events = [f"e:{i}" for i in ids] if channel else []
-    args = ["rec:", "record", 600, repr(now), keep, len(ids), channel, claim_ttl, *ids, *messages, *events]
+    head = ["rec:", "record", 600, repr(now), keep, len(ids), channel, claim_ttl, group, GROUP_KEY_PREFIX]
+    args = [*head, *ids, *messages, *events]
     return script("enqueue")(keys=["idx", "q", claim_key], args=args, client=client)
 
 
@@ -271,9 +276,9 @@ def test_renew_and_release_touch_only_the_owners_leases_on_redis_clock(client: r
     assert client.hget("pipeline:lease", "theirs") == b"peer" and client.zscore("unacked_index", "theirs") == 1
 
 
-def _fetch(client: redis.Redis, queues: list[str], untracked: str, count: int = 10) -> list[object]:
+def _fetch(client: redis.Redis, queues: list[str], untracked: str, count: int = 10, cap: int = 0) -> list[object]:
     keys = ["unacked", "unacked_index", "pipeline:lease", "pipeline:deliveries", *queues]
-    args = [30, "me", "node", "x:", "hist:", 20, 60, untracked, count, 0]
+    args = [30, "me", "node", "x:", "hist:", 20, 60, untracked, count, 0, cap, GROUP_KEY_PREFIX]
     reply = script("fetch")(keys=keys, args=args, client=client)
     assert isinstance(reply, list)
     return reply
@@ -328,3 +333,78 @@ def test_the_delivery_scripts_run_on_a_redis_at_maxmemory(client: redis.Redis, f
             assert script("release")(keys=lease, args=["me", "mine"], client=client) == 0
     finally:
         client.config_set("maxmemory", 0)
+
+
+def _grouped(tag: str, group: str | None) -> str:
+    """A message envelope with delivery tag `tag` (also its id) in `group`."""
+    headers = {"id": tag, **({HEADER_GROUP: group} if group else {})}
+    properties = {"delivery_tag": tag, "delivery_info": {"exchange": "", "routing_key": "jobs"}}
+    return json.dumps({"body": "", "headers": headers, "properties": properties})
+
+
+def _enqueue_group(client: redis.Redis, group: str, tags: list[str]) -> None:
+    script("enqueue")(
+        keys=["idx", "jobs", "jobs"],
+        args=[
+            "rec:",
+            "r",
+            600,
+            "1.0",
+            100,
+            len(tags),
+            "",
+            "",
+            group,
+            GROUP_KEY_PREFIX,
+            *tags,
+            *(_grouped(t, group) for t in tags),
+        ],
+        client=client,
+    )
+
+
+def _taken(client: redis.Redis, n: int, cap: int = 0) -> list[str]:
+    """Tags of the next `n` fetches of one job each."""
+    tags = []
+    for _ in range(n):
+        reply = _fetch(client, ["jobs"], "0", count=1, cap=cap)
+        tags += [bytes_to_str(reply[i]) for i in range(2, len(reply), 5)]
+    return tags
+
+
+def test_groups_take_turns_with_each_other_and_with_ungrouped_jobs(client: redis.Redis) -> None:
+    _enqueue_group(client, "big", [f"big-{i}" for i in range(50)])
+    _enqueue_group(client, "small", ["small-0", "small-1"])
+    client.lpush("jobs", _grouped("plain-0", None), _grouped("plain-1", None))
+    assert client.hget(GROUP_KEY_PREFIX + "count", "jobs") == b"52"  # the depth every display adds up
+
+    order = _taken(client, 8)
+
+    assert sorted(order[:6]) == sorted(["big-0", "small-0", "plain-0", "big-1", "small-1", "plain-1"])
+    assert order[6:] == ["big-2", "big-3"]  # only the big group left: its backlog, in order
+    assert order[:2] == ["plain-0", "big-0"]  # ungrouped jobs take every other turn; groups share the rest
+    assert order.index("small-0") == 3  # one of big's jobs ahead of it, not its backlog
+    assert client.hget(GROUP_KEY_PREFIX + "count", "jobs") == b"46"  # six of the 52 taken
+
+
+def test_a_capped_group_waits_for_a_lease_to_end_while_others_run(client: redis.Redis) -> None:
+    _enqueue_group(client, "a", ["a-0", "a-1", "a-2", "a-3"])
+    _enqueue_group(client, "b", ["b-0"])
+
+    first = _taken(client, 4, cap=2)
+    assert sorted(first) == ["a-0", "a-1", "b-0"]  # a's third job waits: two of a's run; the fourth fetch is empty
+    assert _taken(client, 1, cap=2) == []
+
+    client.hdel("pipeline:lease", "a-0")  # a-0's lease ended (acknowledged, restored, given up: any path)
+    assert _taken(client, 2, cap=2) == ["a-2"]  # a slot again, and only one
+    assert client.hget(GROUP_KEY_PREFIX + "count", "jobs") == b"1"
+
+
+def test_a_grouped_message_back_on_the_plain_list_goes_to_its_group(client: redis.Redis) -> None:
+    _enqueue_group(client, "a", ["a-0", "a-1"])
+    client.lpush("jobs", _grouped("a-retry", "a"), _grouped("plain", None))  # a retry of a's, then a plain job
+
+    order = _taken(client, 4, cap=1)
+
+    assert order == ["plain", "a-retry"]  # the retry moved to the head of its group; cap 1: a's next job waits
+    assert client.hget(GROUP_KEY_PREFIX + "count", "jobs") == b"2"  # a-0 and a-1 still wait in a's list

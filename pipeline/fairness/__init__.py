@@ -1,0 +1,1 @@
+"""Fair shares of the queues: groups (`groups`)."""

@@ -1,0 +1,91 @@
+"""Groups on real workers: another group's job is not stuck behind one group's backlog, and GROUP_CONCURRENCY caps
+how many of one group run at once while other groups' jobs run beside them."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from pipeline.constants import GROUP_COUNT_KEY, HEADER_GROUP
+from pipeline.errors import PayloadInvalid
+from tests.support.procs import RedisServer, wait_for
+from tests.support.worker_app import run, run_records
+
+pytestmark = pytest.mark.integration
+
+
+def _starts(key: str) -> list[str]:
+    return [r["task_id"] for r in run_records(key) if r["event"] == "start"]
+
+
+def test_a_small_groups_jobs_run_before_a_big_groups_backlog(make_worker: Any, redis_server: RedisServer) -> None:
+    """Typed enqueues (each group's jobs on its own list) drained by a solo worker of the I/O profile."""
+    key = uuid.uuid4().hex
+    big = run.enqueue_many([{"key": key, "sleep_s": 0.01} for _ in range(150)], group="big")
+    small = [run.enqueue({"key": key}, group="small") for _ in range(2)]
+    assert sum(int(n) for n in redis_server.client().hvals(GROUP_COUNT_KEY)) >= 152  # counted for every display
+    make_worker(f"groups-{key[:6]}", pool="solo", concurrency=1)
+
+    wait_for(lambda: set(small) <= set(_starts(key)), 30, 0.05, what="the small group's jobs")
+
+    starts = _starts(key)
+    assert max(starts.index(job) for job in small) < 12  # behind a few of big's (prefetched, then turns), not 150
+    wait_for(lambda: len(_starts(key)) == len(big) + len(small), 60, 0.1, what="the backlog")
+    assert sorted(_starts(key)) == sorted(big + small)  # each job ran once
+
+
+def test_a_bad_group_is_refused_at_enqueue() -> None:
+    for bad in ("x" * 129, "tab\there", " padded"):
+        with pytest.raises(PayloadInvalid, match="group"):
+            run.enqueue({"key": "never"}, group=bad)
+
+
+def test_concurrency_is_capped_per_group_across_the_worker(
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any
+) -> None:
+    """Jobs sent by a plain Celery client with the group header (moved to their group by the fetch): with
+    GROUP_CONCURRENCY=2 on a worker with three pool processes, at most two of group a's run at once, and b's job
+    runs while a's wait."""
+    env = {
+        "REDIS_URL": own_redis.url,
+        "TEST_LEDGER_URL": ledger_redis.url,
+        "GROUP_CONCURRENCY": "2",
+        "WORKER_PREFETCH_MULTIPLIER": "1",
+    }
+    key = uuid.uuid4().hex
+    producer = Celery("groups-producer", broker=own_redis.url, set_as_current=False)
+    producer.conf.update(task_serializer="json")
+
+    def send(group: str) -> str:
+        payload = {"key": key, "sleep_s": 0.6}
+        return str(producer.send_task("test.run", args=[payload], queue="default", headers={HEADER_GROUP: group}).id)
+
+    a = [send("a") for _ in range(6)]
+    b = send("b")
+    make_worker(f"groups-{key[:6]}", env=env, concurrency=3)
+    records = ledger_redis.client()
+
+    def ledger() -> list[dict[str, Any]]:
+        return [json.loads(r) for r in records.lrange(f"test:run:{key}", 0, -1)]
+
+    wait_for(lambda: sum(r["event"] == "finish" for r in ledger()) == 7, 60, 0.1, what="all seven jobs")
+    running: set[str] = set()
+    most_of_a = 0
+    b_started_with_a_waiting = False
+    a_started = 0
+    for record in ledger():
+        if record["event"] == "start":
+            running.add(record["task_id"])
+            a_started += record["task_id"] in a
+            if record["task_id"] == b:
+                b_started_with_a_waiting = a_started < len(a)
+        else:
+            running.discard(record["task_id"])
+        most_of_a = max(most_of_a, len(running & set(a)))
+    assert most_of_a == 2  # the cap, reached and never passed
+    assert b_started_with_a_waiting  # a capped group does not hold the third process: b's job took it
+    assert own_redis.client().hlen("unacked") == 0
