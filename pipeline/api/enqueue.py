@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
 from pipeline.api.models import Accepted, AcceptedBatch
+from pipeline.constants import GROUP_MAX_LENGTH
 from pipeline.task import TypedTask
 
 ETA_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?([Zz]|[+-]\d{2}:?\d{2})?$")
@@ -77,10 +78,15 @@ def enqueue_endpoint(typed: TypedTask[Any, Any]) -> Any:
     """A route function whose body parameter is `typed`'s payload model (FastAPI reads `__signature__`)."""
 
     def endpoint(
-        response: Response, payload: Any, delay_seconds: float | None, eta: datetime | None, idempotency_key: str | None
+        response: Response,
+        payload: Any,
+        delay_seconds: float | None,
+        eta: datetime | None,
+        idempotency_key: str | None,
+        group: str | None = None,
     ) -> Accepted:
         countdown, when = _run_at(delay_seconds, eta)
-        task_id = typed.enqueue(payload, countdown=countdown, eta=when, idempotency_key=idempotency_key)
+        task_id = typed.enqueue(payload, countdown=countdown, eta=when, idempotency_key=idempotency_key, group=group)
         response.headers["Location"] = status_path(task_id)
         return Accepted(id=task_id, status_url=status_path(task_id))
 
@@ -127,10 +133,24 @@ def enqueue_endpoint(typed: TypedTask[Any, Any]) -> Any:
                 ),
             ],
         ),
+        GROUP_PARAMETER,
     ]
     endpoint.__signature__ = inspect.Signature(params, return_annotation=Accepted)  # type: ignore[attr-defined]  # FastAPI reads it
     endpoint.__name__ = f"enqueue_{typed.kind.replace('-', '_')}"
     return endpoint
+
+
+GROUP_DESCRIPTION = (
+    f"The job's group (a tenant, up to {GROUP_MAX_LENGTH} printable characters): a queue's jobs are taken "
+    "round-robin across groups, and GROUP_CONCURRENCY caps how many of one group run at once."
+)
+#: `?group=`, on the single and the batch route.
+GROUP_PARAMETER = inspect.Parameter(
+    "group",
+    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    default=None,
+    annotation=Annotated[str | None, Query(max_length=GROUP_MAX_LENGTH, description=GROUP_DESCRIPTION)],
+)
 
 
 #: Most jobs one `POST /jobs/<kind>/batch` request may carry (its body also counts against API_MAX_BODY_BYTES).
@@ -147,13 +167,16 @@ def enqueue_batch_endpoint(typed: TypedTask[Any, Any]) -> tuple[Any, dict[str, A
     model: Any = typed.payload_model
     adapter: TypeAdapter[list[Any]] = TypeAdapter(Annotated[list[model], Field(min_length=1, max_length=MAX_BATCH)])
 
-    async def endpoint(request: Request) -> AcceptedBatch:
+    async def endpoint(
+        request: Request,
+        group: Annotated[str | None, Query(max_length=GROUP_MAX_LENGTH, description=GROUP_DESCRIPTION)] = None,
+    ) -> AcceptedBatch:
         try:
             jobs = adapter.validate_json(await request.body(), strict=True)
         except ValidationError as exc:
             errors = exc.errors(include_url=False, include_input=False)
             raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from None
-        ids = await run_in_threadpool(typed.enqueue_many, jobs)
+        ids = await run_in_threadpool(lambda: typed.enqueue_many(jobs, group=group))
         return AcceptedBatch(ids=ids, status_urls=[status_path(i) for i in ids])
 
     endpoint.__name__ = f"enqueue_{typed.kind.replace('-', '_')}_batch"

@@ -49,6 +49,9 @@ def run(
     raise typer.Exit(run_stack(with_api=with_api))
 
 
+GROUP_HELP = "The jobs' group (a tenant): taken in turns with other groups; GROUP_CONCURRENCY caps it."
+
+
 @app.command()
 def enqueue(
     kind: Annotated[str, typer.Argument(help="Job kind (see `pipeline kinds`) or full task name.")],
@@ -57,6 +60,7 @@ def enqueue(
     delay: Annotated[float | None, typer.Option(help="Run after this many seconds.")] = None,
     at: Annotated[str | None, typer.Option(help="Run at this time (ISO 8601, UTC if no offset).")] = None,
     idempotency_key: Annotated[str | None, typer.Option(help="Same key → same job, not a second one.")] = None,
+    group: Annotated[str | None, typer.Option(help=GROUP_HELP)] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Follow the job to its end, with progress.")] = False,
     timeout: Annotated[float, typer.Option(help="With --wait: give up after this many seconds.")] = 3600,
     as_json: JsonOpt = False,
@@ -66,7 +70,7 @@ def enqueue(
     eta: datetime | None = parse_time(at) if at else None
     try:
         task_id = typed.enqueue(
-            read_payload(payload, set_ or []), countdown=delay, eta=eta, idempotency_key=idempotency_key
+            read_payload(payload, set_ or []), countdown=delay, eta=eta, idempotency_key=idempotency_key, group=group
         )
     except PayloadInvalid as exc:
         raise _invalid(exc, as_json) from None
@@ -96,12 +100,13 @@ def enqueue(
 def enqueue_many(
     kind: Annotated[str, typer.Argument(help="Job kind (see `pipeline kinds`) or full task name.")],
     payloads: Annotated[str, typer.Argument(help="A JSON array or JSON Lines: @file, - for stdin, or the text.")],
+    group: Annotated[str | None, typer.Option(help=GROUP_HELP)] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Validate every payload, then publish one job each (all or none); print their ids in order."""
     typed = _typed(kind, as_json)
     try:
-        ids = typed.enqueue_many(read_payloads(payloads))
+        ids = typed.enqueue_many(read_payloads(payloads), group=group)
     except PayloadInvalid as exc:
         raise _invalid(exc, as_json) from None
     except BrokerWriteRefused as exc:

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
 
-from pipeline.constants import GROUP_COUNT_KEY, HEADER_GROUP
+from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY, GROUP_COUNT_KEY, HEADER_GROUP
 from pipeline.errors import PayloadInvalid
+from tests.support.api import ApiServer
+from tests.support.cli import run_cli
 from tests.support.procs import RedisServer, wait_for
 from tests.support.worker_app import run, run_records
 
@@ -89,3 +92,39 @@ def test_concurrency_is_capped_per_group_across_the_worker(
     assert most_of_a == 2  # the cap, reached and never passed
     assert b_started_with_a_waiting  # a capped group does not hold the third process: b's job took it
     assert own_redis.client().hlen("unacked") == 0
+
+
+def _parked_headers(client: Any, task_id: str) -> dict[str, Any]:
+    """The headers of a parked (delayed) job's message; the job is taken out of Redis (nothing consumes it)."""
+    raw = client.hget(DELAYED_MESSAGE_KEY, task_id)
+    client.zrem(DELAYED_KEY, task_id)
+    client.hdel(DELAYED_MESSAGE_KEY, task_id)
+    client.hdel(DELAYED_DEST_KEY, task_id)
+    assert raw is not None
+    headers: dict[str, Any] = json.loads(raw)["headers"]
+    return headers
+
+
+def test_the_cli_takes_a_group_and_refuses_a_bad_one(redis_server: RedisServer) -> None:
+    done = run_cli("enqueue", "test-run", '{"key": "cli-group"}', "--group", "tenant-42", "--delay", "3600", "--json")
+    assert done.returncode == 0, done.stderr
+    task_id = json.loads(done.stdout)["id"]
+    assert _parked_headers(redis_server.client(), task_id)[HEADER_GROUP] == "tenant-42"  # kept through the delay
+
+    refused = run_cli("enqueue", "test-run", '{"key": "cli-group"}', "--group", "x" * 129)
+    assert refused.returncode == 2 and "group" in refused.stderr + refused.stdout
+
+
+def test_the_api_takes_a_group_and_refuses_a_bad_one(redis_server: RedisServer, work_dir: Path) -> None:
+    server = ApiServer("groups", work_dir / "logs").start()
+    try:
+        with server.client() as client:
+            accepted = client.post("/jobs/probe?group=tenant-7&delay_seconds=3600", json={"message": "grouped"})
+            assert accepted.status_code == 202, accepted.text
+            assert _parked_headers(redis_server.client(), accepted.json()["id"])[HEADER_GROUP] == "tenant-7"
+            too_long = client.post(f"/jobs/probe?group={'x' * 129}", json={"message": "never"})
+            assert too_long.status_code == 422 and "group" in too_long.text
+            batch = client.post("/jobs/probe/batch?group=%09tab", json=[{"message": "never"}])
+            assert batch.status_code == 422 and "group" in batch.text
+    finally:
+        server.stop()
