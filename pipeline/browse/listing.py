@@ -27,6 +27,7 @@ from pipeline.constants import (
     DELAYED_KEY,
     DELAYED_MESSAGE_KEY,
     DLQ_TASKS_KEY,
+    GROUP_COUNT_KEY,
     HEADER_PUBLISHED_AT,
     JOB_RECORD_KEY,
     PRIORITY_SEPARATOR,
@@ -35,6 +36,7 @@ from pipeline.constants import (
     WORK_QUEUES,
 )
 from pipeline.dlq import admin as dlq_admin
+from pipeline.fairness import groups
 
 #: Celery's result-backend entries start with the state (`_get_result_meta` puts it first).
 _STATUS = re.compile(rb'"status":\s*"([A-Z_]+)"')
@@ -132,18 +134,29 @@ class _Snapshot(NamedTuple):
     dead: list[dlq_admin.DeadLetter]
 
 
-def _snapshot(client: redis.Redis) -> _Snapshot:
-    """Jobs per work queue and state (a dead letter counts under its original queue), and what they came from."""
-    table = {queue: dict.fromkeys(BrowseState, 0) for queue in WORK_QUEUES}
+def _waiting_counts(client: redis.Redis) -> tuple[dict[str, int], list[Any]]:
+    """Jobs waiting per work queue (every priority level, in groups too), and the parked jobs' destinations."""
     pipe = client.pipeline(transaction=False)
     for queue in WORK_QUEUES:
         for key in queue_keys(queue):
             pipe.llen(key)
+        pipe.hmget(GROUP_COUNT_KEY, queue_keys(queue))  # jobs waiting in groups
     pipe.hvals(DELAYED_DEST_KEY)
-    *lengths, dests = pipe.execute()
+    *replies, dests = pipe.execute()
     steps = len(queue_keys(WORK_QUEUES[0]))
+    waiting = {}
     for i, queue in enumerate(WORK_QUEUES):
-        table[queue][BrowseState.WAITING] = sum(lengths[i * steps : (i + 1) * steps])
+        at = i * (steps + 1)
+        waiting[queue] = sum(replies[at : at + steps]) + sum(int(n) for n in replies[at + steps] if n)
+    return waiting, dests
+
+
+def _snapshot(client: redis.Redis) -> _Snapshot:
+    """Jobs per work queue and state (a dead letter counts under its original queue), and what they came from."""
+    table = {queue: dict.fromkeys(BrowseState, 0) for queue in WORK_QUEUES}
+    waiting, dests = _waiting_counts(client)
+    for queue in WORK_QUEUES:
+        table[queue][BrowseState.WAITING] = waiting[queue]
     for dest in dests:
         if (queue := _queue_of(dest)) in table:
             table[queue][BrowseState.SCHEDULED] += 1
@@ -163,7 +176,7 @@ def _snapshot(client: redis.Redis) -> _Snapshot:
 
 def _waiting(client: redis.Redis, queue: str, position: Any, limit: int) -> tuple[list[JobRow], str | None]:
     offset = cursor_offset(position or 0)
-    keys = queue_keys(queue)
+    keys = [k for level in queue_keys(queue) for k in (level, *groups.job_lists(client, level))]
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.llen(key)

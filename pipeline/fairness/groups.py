@@ -18,7 +18,9 @@ job whose lease ended by any path (done, restored, given up) frees its group's s
 
 from __future__ import annotations
 
-from pipeline.constants import GROUP_MAX_LENGTH
+from typing import Any
+
+from pipeline.constants import GROUP_KEY_PREFIX, GROUP_MAX_LENGTH
 from pipeline.errors import PayloadInvalid
 
 
@@ -36,3 +38,11 @@ def checked(task: str, group: str | None) -> str | None:
     if problem is not None:
         raise PayloadInvalid(task, [{"loc": ["group"], "msg": problem, "type": "group"}])
     return group
+
+
+def job_lists(client: Any, key: str) -> list[str]:
+    """The lists of the groups with jobs waiting on queue list `key` (its priority level), by group name."""
+    groups = sorted(
+        g.decode() if isinstance(g, bytes) else str(g) for g in client.hkeys(f"{GROUP_KEY_PREFIX}state:{key}")
+    )
+    return [f"{GROUP_KEY_PREFIX}jobs:{key}:{group}" for group in groups]
