@@ -47,7 +47,7 @@ _RECENT = {
     "RETRY": BrowseState.RETRYING,
     "SUCCESS": BrowseState.SUCCEEDED,
     "FAILURE": BrowseState.FAILED,
-    "REVOKED": BrowseState.FAILED,
+    "REVOKED": BrowseState.CANCELLED,
     "REJECTED": BrowseState.FAILED,
 }
 

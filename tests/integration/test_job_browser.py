@@ -20,7 +20,7 @@ from tests.support.procs import RedisServer, wait_for
 pytestmark = pytest.mark.integration
 
 MARKER = "payload-text-that-must-not-be-listed"
-STATES = ("waiting", "scheduled", "running", "retrying", "succeeded", "failed", "dead_lettered")
+STATES = ("waiting", "scheduled", "running", "retrying", "succeeded", "failed", "dead_lettered", "cancelled")
 
 
 @pytest.fixture(scope="module")
