@@ -14,7 +14,8 @@
 -- acknowledge.
 -- Returns {the tags whose acknowledgement was fenced}, then 5 fields per element, oldest first: key, tag (or ''),
 -- delivery count (0: not recorded), the element, its kind (0 a message envelope, 1 not an envelope: dead-lettered
--- by the worker, 2 not recorded: from a queue consumed without acknowledgement).
+-- by the worker, 2 not recorded: from a queue consumed without acknowledgement, 3 a cancelled job's message: popped
+-- and acknowledged here, to be dropped unrun).
 -- Runs at maxmemory: each step's first write frees memory (`store`'s DEL, an acknowledgement's ZREM, the RPOP), so
 -- a full Redis is drained by its workers.
 
@@ -23,12 +24,14 @@ local function held(lease, tag, owner)
   return tag == '' or redis.call('HGET', lease, tag) == owner
 end
 
--- store(key, value, expires): the result backend's write (store.lua), leaving a stored SUCCESS alone.
+-- store(key, value, expires): the result backend's write (store.lua), leaving a stored SUCCESS or REVOKED alone.
 local function store(key, value, expires)
   local current = redis.call('GET', key)
   if current then
     local ok, meta = pcall(cjson.decode, current)
-    if ok and type(meta) == 'table' and meta['status'] == 'SUCCESS' then return 0 end
+    if ok and type(meta) == 'table' and (meta['status'] == 'SUCCESS' or meta['status'] == 'REVOKED') then
+      return 0
+    end
   end
   redis.call('DEL', key)
   if tonumber(expires) > 0 then
@@ -114,6 +117,18 @@ for i = 5, first_result_key do
         out[#out + 1] = n
         out[#out + 1] = item
         out[#out + 1] = poison
+        -- Cancelled (`pipeline cancel`: cancel.lua wrote the tombstone pipeline:cancel:<headers.id>, the prefix of
+        -- CANCEL_KEY): acknowledged here, its records just written removed as settle.lua removes them, and returned
+        -- as kind 3 for the worker to drop unrun. Self-contained: nothing above depends on it.
+        if poison == 0 and type(msg.headers) == 'table' and type(msg.headers.id) == 'string'
+            and redis.call('EXISTS', 'pipeline:cancel:' .. msg.headers.id) == 1 then
+          redis.call('ZREM', KEYS[2], tag)
+          redis.call('HDEL', KEYS[1], tag)
+          redis.call('HDEL', KEYS[3], tag)
+          redis.call('HDEL', KEYS[4], tag)
+          redis.call('DEL', history)
+          out[#out] = 3
+        end
       end
     end
   end
