@@ -117,6 +117,24 @@ def test_a_running_job_on_a_solo_worker_is_stopped_and_the_worker_serves_the_nex
     wait_for(lambda: task_id not in held_ids(), 5, 0.02, what="its message to be acknowledged")
 
 
+def test_a_running_job_on_a_solo_worker_process_is_interrupted_in_its_main_thread(make_worker: Any) -> None:
+    """`celery worker -P solo` runs the job in its main thread: the cancel is raised there by the SIGALRM handler of
+    the time limits (a blocking call is interrupted), and the same process serves the next job."""
+    worker = make_worker("cancel-solo", pool="solo", concurrency=1, queues="cancel-solo")
+    key = uuid.uuid4().hex
+    task_id = str(uuid.uuid4())
+    record_accepted(task_id, "test.run", queue="cancel-solo")
+    run.task.apply_async(({"key": key, "sleep_s": 60},), task_id=task_id, queue="cancel-solo")  # one long sleep
+    wait_for(lambda: events(key) == ["start"], 30, 0.05, what="the job to start")
+    cancel(task_id)
+    wait_for(lambda: task_id not in held_ids(), 10, 0.05, what="the job to be stopped and acknowledged")
+    assert_cancelled(task_id)
+    after: Any = get_app().send_task("test.run", args=[{"key": uuid.uuid4().hex}], queue="cancel-solo")
+    assert after.get(timeout=30)["pid"] == worker.pid == run_records(key)[0]["pid"]  # the same process goes on
+    assert events(key) == ["start"]
+    assert f"job {task_id} was cancelled while it ran: interrupting it" in worker.log()
+
+
 def test_a_running_job_on_a_prefork_worker_is_stopped_and_the_worker_serves_the_next(transcode_worker: Worker) -> None:
     app = get_app()
     key = uuid.uuid4().hex
