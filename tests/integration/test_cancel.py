@@ -8,7 +8,6 @@ unknown id are refused.
 
 from __future__ import annotations
 
-import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -39,10 +38,10 @@ def cancelled_count(queue: str = "default") -> float:
 
 def alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # gone (reaped)
         return False
-    return not Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")  # a zombie has stopped
+    return not stat.split(") ")[-1].startswith("Z")  # a zombie has stopped
 
 
 def events(key: str) -> list[str]:
