@@ -61,6 +61,12 @@ DELAYED_KEY: Final = KEY_PREFIX + "delayed"
 DELAYED_MESSAGE_KEY: Final = KEY_PREFIX + "delayed:message"
 DELAYED_DEST_KEY: Final = KEY_PREFIX + "delayed:dest"
 
+#: A cancelled job's tombstone (`pipeline.control.cancel`), kept RESULT_EXPIRES: a worker's fetch drops the job's
+#: message unrun (`fetch.lua` spells the prefix out), and a worker holding it stops it. The id is also PUBLISHed on
+#: CANCEL_CHANNEL, which every worker listens to (`pipeline.runtime.cancels`).
+CANCEL_KEY: Final = KEY_PREFIX + "cancel:{id}"
+CANCEL_CHANNEL: Final = KEY_PREFIX + "cancel"
+
 #: celery-redbeat's keys: entries `pipeline:beat:<name>`, `pipeline:beat::schedule`, the lock `pipeline:beat::lock`.
 BEAT_KEY_PREFIX: Final = KEY_PREFIX + "beat:"
 #: Message header stamped at publish time (epoch seconds, float) for queue-wait measurement.

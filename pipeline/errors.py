@@ -14,6 +14,9 @@
 
     ConfigError               the process's settings are invalid; it stops at start with one clear message
 
+    JobCancelled              raised inside a running job that was cancelled (`pipeline cancel`): Celery's Ignore,
+                              so the job is neither a failure nor dead-lettered; its state is `cancelled`
+
 Tasks raise these from their pure logic (or declare third-party exceptions as transient in their
 `RetryPolicy`). Celery's own control-flow exceptions (Retry, Ignore, Reject) are not failures.
 Every exception keeps its arguments in `args`, so it survives JSON serialisation in the result backend.
@@ -22,6 +25,8 @@ Every exception keeps its arguments in `args`, so it survives JSON serialisation
 from __future__ import annotations
 
 from typing import Any
+
+from celery.exceptions import Ignore
 
 
 class PipelineError(Exception):
@@ -61,6 +66,12 @@ class PayloadInvalid(PermanentError):
 class DeliveryLimitExceeded(PermanentError):
     """The message was delivered more than MAX_DELIVERIES times and no delivery ended with an outcome: each time,
     the worker holding it stopped (out of memory, a native crash, kill -9). It is dead-lettered, not run again."""
+
+
+class JobCancelled(Ignore):
+    """The job was cancelled while it ran (a solo worker raises it in the job: `pipeline.runtime.cancels`). Celery
+    treats an `Ignore` as control flow: nothing is stored as a failure, nothing is dead-lettered; the worker records
+    the job as cancelled. A job that catches it and goes on finishes, but its result is not stored over `cancelled`."""
 
 
 class BrokerWriteRefused(PipelineError):

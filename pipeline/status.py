@@ -12,8 +12,12 @@ ETA) *before* publishing, with a TTL of RESULT_EXPIRES past the ETA. A PENDING i
 
 A job that fails for good is stored as FAILURE by the worker a moment before its dead-letter entry is
 published, so `failed` normally turns into `dead_lettered` within milliseconds. A status is `final`
-when nothing will change any more: succeeded, dead_lettered, unknown, and failed once FAILED_GRACE_S
-have passed since it finished without a dead-letter entry (revoked, replayed or deleted from the DLQ).
+when nothing will change any more: succeeded, dead_lettered, cancelled, unknown, and failed once FAILED_GRACE_S
+have passed since it finished without a dead-letter entry (replayed or deleted from the DLQ).
+
+A cancelled job (`pipeline.control.cancel`) is stored as Celery's REVOKED, read as `cancelled`: a final state of its
+own, neither failed nor dead-lettered. The result backend's store keeps a REVOKED, as it keeps a SUCCESS
+(`store.lua`): a job cancelled as it finished cannot turn into `succeeded` afterwards.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class JobState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     DEAD_LETTERED = "dead_lettered"
+    CANCELLED = "cancelled"
 
     @property
     def final(self) -> bool:
@@ -56,13 +61,14 @@ class JobState(StrEnum):
         return self in WAITING_STATES
 
 
-FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.DEAD_LETTERED, JobState.UNKNOWN})
+FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.DEAD_LETTERED, JobState.CANCELLED, JobState.UNKNOWN})
 WAITING_STATES = frozenset({JobState.UNKNOWN, JobState.SCHEDULED, JobState.QUEUED})
 #: How long a job may read `failed` before that is final (its dead-letter entry follows the FAILURE at once).
 FAILED_GRACE_S = 5.0
 
 #: Celery state → pipeline state. PENDING becomes queued, scheduled or unknown (see the module docstring);
-#: a job parked by `pipeline.publish` is scheduled too. THROTTLED: waiting for a cluster rate-limit slot.
+#: a job parked by `pipeline.publish` is scheduled too. THROTTLED: waiting for a cluster rate-limit slot. REVOKED
+#: is what a cancel stores (`pipeline.control.cancel`; Celery's own revoke stores it too): `cancelled`, never run again.
 #: A state of a task's own (`update_state`) not listed here reads as `started`: a worker has the job.
 CELERY_STATES: Mapping[str, JobState] = {
     "PENDING": JobState.QUEUED,
@@ -72,7 +78,7 @@ CELERY_STATES: Mapping[str, JobState] = {
     "RETRY": JobState.RETRYING,
     "SUCCESS": JobState.SUCCEEDED,
     "FAILURE": JobState.FAILED,
-    "REVOKED": JobState.FAILED,
+    "REVOKED": JobState.CANCELLED,
     "REJECTED": JobState.FAILED,
     "THROTTLED": JobState.SCHEDULED,
 }
@@ -163,7 +169,7 @@ def job_status(task_id: str) -> JobStatus:
         eta=record.get("eta"),
         finished_at=str(meta["date_done"]) if meta.get("date_done") else None,
     )
-    if celery_state in ("FAILURE", "RETRY", "REVOKED", "REJECTED"):
+    if celery_state in ("FAILURE", "RETRY", "REJECTED"):
         error = result.result
         status.error = JobError(
             type=type(error).__name__ if isinstance(error, BaseException) else celery_state, message=str(error)

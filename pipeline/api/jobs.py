@@ -1,4 +1,5 @@
-"""Job routes: `POST /jobs/<kind>` and `/jobs/<kind>/batch` per kind, `GET /jobs/{id}`, `GET /jobs`, `GET /kinds`.
+"""Job routes: `POST /jobs/<kind>` and `/jobs/<kind>/batch` per kind, `GET /jobs/{id}`, `POST /jobs/{id}/cancel`,
+`GET /jobs`, `GET /kinds`.
 
 The enqueue routes are generated from `pipeline.task.REGISTRY` (see `pipeline.api.enqueue`), so OpenAPI
 documents each kind's payload model, and only registered kinds can be enqueued.
@@ -19,6 +20,7 @@ from pipeline.browse.listing import browse
 from pipeline.browse.model import MAX_LIMIT, BadCursor, BrowseState, JobPage
 from pipeline.celery_app import get_app
 from pipeline.constants import WORK_QUEUES
+from pipeline.control.cancel import JobFinished, JobNotFound, cancel
 from pipeline.status import JobStatus, job_status
 from pipeline.task import TypedTask
 
@@ -103,6 +105,30 @@ def router(registry: dict[str, TypedTask[Any, Any]]) -> APIRouter:
     @routes.get("/jobs/{job_id}", response_model=JobStatus, tags=["jobs"], summary="A job's state and result")
     def get_job(job_id: JobId) -> JobStatus:
         return job_status(job_id)
+
+    @routes.post(
+        "/jobs/{job_id}/cancel",
+        response_model=JobStatus,
+        tags=["jobs"],
+        summary="Cancel a job: waiting, scheduled or retrying, it never runs; running, it is stopped",
+        description="The job ends `cancelled` (not failed, not dead-lettered): a waiting, scheduled or retrying job "
+        "never runs; a running one is stopped within a few seconds, and its worker goes on to its next job.",
+        responses={
+            404: {"model": Problem, "description": "No job has this id (or its record has expired)."},
+            409: {
+                "model": Problem,
+                "description": "The job has finished (succeeded, failed, dead-lettered or "
+                "cancelled): nothing to cancel.",
+            },
+        },
+    )
+    def cancel_job(job_id: JobId) -> JobStatus:
+        try:
+            return cancel(job_id)
+        except JobNotFound as exc:
+            raise HTTPException(404, detail=str(exc)) from None
+        except JobFinished as exc:
+            raise HTTPException(409, detail=str(exc)) from None
 
     @routes.get(
         "/jobs",

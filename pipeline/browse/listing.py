@@ -49,7 +49,7 @@ _RECENT = {
     "RETRY": BrowseState.RETRYING,
     "SUCCESS": BrowseState.SUCCEEDED,
     "FAILURE": BrowseState.FAILED,
-    "REVOKED": BrowseState.FAILED,
+    "REVOKED": BrowseState.CANCELLED,
     "REJECTED": BrowseState.FAILED,
 }
 

@@ -24,6 +24,7 @@ class BrowseState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     DEAD_LETTERED = "dead_lettered"
+    CANCELLED = "cancelled"
 
 
 class BadCursor(ValueError):

@@ -178,6 +178,28 @@ def status(task_id: Annotated[str, typer.Argument(metavar="ID")], as_json: JsonO
 
 
 @app.command()
+def cancel(task_id: Annotated[str, typer.Argument(metavar="ID")], as_json: JsonOpt = False) -> None:
+    """Cancel a job: waiting, scheduled or retrying, it never runs; running, it is stopped. It ends `cancelled`.
+
+    Exit 1 if it has finished already, 2 if no job has this id."""
+    from pipeline.control.cancel import JobFinished, JobNotFound
+    from pipeline.control.cancel import cancel as cancel_job
+
+    try:
+        status = cancel_job(task_id)
+    except JobNotFound as exc:
+        raise fail(str(exc), 2, as_json) from None
+    except JobFinished as exc:
+        raise fail(str(exc), 1, as_json) from None
+    except BrokerWriteRefused as exc:
+        raise refused(exc, as_json) from None
+    if as_json:
+        emit_json(status.model_dump(mode="json"))
+    else:
+        typer.echo(f"{task_id} cancelled")
+
+
+@app.command()
 def queues(as_json: JsonOpt = False) -> None:
     """Depth (all priorities) and oldest waiting job per queue, jobs in flight, and Redis's memory against maxmemory."""
     from pipeline.broker import memory_stats, queue_stats, unacked_count

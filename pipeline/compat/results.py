@@ -5,9 +5,10 @@ SUCCESS (`celery/backends/base.py: BaseKeyValueStoreBackend._store_result`: a re
 overwrite a result that is already final). On Redis that is a GET, then a MULTI with SETEX and PUBLISH:
 two round trips in the process that runs the job, for every state it stores (FAILURE, RETRY, PROGRESS,
 STARTED where tracked, SUCCESS). `_store_result` here does the same in one Lua call (`pipeline/lua/store.lua`):
-read the stored state, leave a SUCCESS alone, else SETEX and PUBLISH the new one. What is stored (the encoded
-meta, with `result_extended` fields), the key, its expiry and the message published are Celery's own, so every
-reader (`AsyncResult`, `pipeline.status`, the job browser) is unchanged. The meta is built and encoded as
+read the stored state, leave a SUCCESS (or a REVOKED: a cancelled job stays cancelled) alone, else SETEX and
+PUBLISH the new one. What is stored (the encoded meta, with `result_extended` fields), the key, its expiry and the
+message published are Celery's own, so every reader (`AsyncResult`, `pipeline.status`, the job browser) is
+unchanged. The meta is built and encoded as
 Celery's `_get_result_meta` and `encode` do, without a settings search, a timezone round trip and kombu's
 registry per state stored.
 

@@ -29,7 +29,7 @@ from kombu.utils.encoding import bytes_to_str
 from pipeline.compat.results import Stored
 from pipeline.config import get_settings
 from pipeline.constants import DELIVERIES_KEY, GROUP_KEY_PREFIX, HEADER_DELIVERY_COUNT, HEADER_LEASE_OWNER, LEASE_KEY
-from pipeline.delivery import acks
+from pipeline.delivery import acks, cancelled
 from pipeline.delivery.lease import HISTORY_PREFIX
 from pipeline.dlq import elements as undecodable
 
@@ -49,6 +49,9 @@ FETCH = "fetch"
 #: element that is not one (held, dead-lettered here); a message of a queue consumed without acknowledgement
 #: (Celery's control replies), not recorded in Redis and not held.
 ENVELOPE, NOT_AN_ENVELOPE, UNTRACKED = 0, 1, 2
+#: A cancelled job's message (its tombstone is set: `pipeline.control.cancel`): acknowledged by the script, dropped
+#: unrun.
+CANCELLED = 3
 
 
 def batch_size(channel: Any) -> int:
@@ -93,8 +96,8 @@ def args(
 
 
 def elements(reply: list[Any]) -> list[tuple[str, str, int, bytes, int]]:
-    """The script's fetched elements as (key, tag, delivery count, element, kind: ENVELOPE, NOT_AN_ENVELOPE or
-    UNTRACKED), oldest first."""
+    """The script's fetched elements as (key, tag, delivery count, element, kind: ENVELOPE, NOT_AN_ENVELOPE,
+    UNTRACKED or CANCELLED), oldest first."""
     return [
         (bytes_to_str(reply[i]), bytes_to_str(reply[i + 1]), int(reply[i + 2]), reply[i + 3], int(reply[i + 4]))
         for i in range(1, len(reply), FIELDS)
@@ -112,6 +115,9 @@ def accept(channel: Any, key: str, tag: str, count: int, item: bytes, kind: int,
     leases = channel.leases
     if kind == UNTRACKED:  # nothing recorded, nothing to hold or acknowledge: as kombu delivers it
         return undecodable.decode(channel, item, queue)
+    if kind == CANCELLED:  # acknowledged by the script already: counted, never run
+        cancelled.dropped(item, queue)
+        return None
     payload = None
     if kind == NOT_AN_ENVELOPE:
         undecodable.dead_letter(item, queue, undecodable.UndecodableMessage("not a message envelope"))

@@ -23,6 +23,10 @@
   dead-lettered with reason `delivery_limit` and its delivery history (when, which worker), and acknowledged.
   A job that takes its whole worker down (out of memory, a native crash) would otherwise come back once per
   lease, forever. Checked in `revoked()` too, right before the request goes to the pool.
+* **Cancelled jobs.** A job cancelled while a solo worker runs it is interrupted with `JobCancelled`
+  (`pipeline.runtime.cancels`), Celery's `Ignore`: `on_failure` announces it revoked (REVOKED stored, read as
+  `cancelled`; the revoke signal counts it; its message acknowledged), never a failure or a dead letter. One held
+  and not started is refused by `revoked()` (Celery's revoked set, which the cancel listener fills).
 * **One decode.** A solo worker runs the job in the process that received it: the tracer gets the body kombu
   decoded for the consumer's checks (cached on the message), not the raw bytes to decode again.
 """
@@ -48,7 +52,7 @@ from pipeline.config import get_settings
 from pipeline.constants import DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT
 from pipeline.delivery.lease import Leases
 from pipeline.dlq import capture
-from pipeline.errors import DeliveryLimitExceeded
+from pipeline.errors import DeliveryLimitExceeded, JobCancelled
 from pipeline.pools import is_solo
 
 log = logging.getLogger(__name__)
@@ -221,6 +225,13 @@ class Request(CeleryRequest):
         super().cancel(pool, signal, emit_retry=emit_retry)
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
+        exc = getattr(exc_info.exception, "exc", exc_info.exception)  # prefork wraps it (ExceptionWithTraceback)
+        if isinstance(exc, JobCancelled):
+            # Cancelled while it ran (a solo worker raised it in the job): not a failure. The state Celery stores for
+            # a revoke (REVOKED, read as `cancelled`; the cancel stored it already), the revoke signal (counted),
+            # and the message acknowledged.
+            self._announce_revoked("cancelled", True, None, False)
+            return
         if self._lease_lost or (getattr(self, "_already_cancelled", False) and self.task.acks_late):
             # The child died of our terminate (lease lost) or of a cancel at shutdown: not a failure, not a
             # revoke. Nothing stored, nothing dead-lettered: the job is a peer's, or goes back to its queue.

@@ -9,12 +9,20 @@
 -- ARGV[1] the lease (seconds), ARGV[2] the owner, ARGV[3] the worker's node name, ARGV[4] a fresh tag prefix for
 -- elements that are not message envelopes, ARGV[5] the delivery history's key prefix, ARGV[6] its length,
 -- ARGV[7] its TTL (seconds), ARGV[8] one character per queue key, '1' where the key is consumed without
--- acknowledgement, ARGV[9] how many elements to take at most, ARGV[10] the number of results n,
--- ARGV[13..12+3n] n triples (encoded result meta, expiry, the job's delivery tag or ''), ARGV[11+3n..] the tags to
--- acknowledge.
+-- acknowledgement, ARGV[9] how many elements to take at most, ARGV[10] the number of results n, ARGV[11]
+-- GROUP_CONCURRENCY (0: no cap), ARGV[12] the groups' key prefix P, ARGV[13..12+3n] n triples (encoded result meta,
+-- expiry, the job's delivery tag or ''), ARGV[13+3n..] the tags to acknowledge.
+-- Groups (`pipeline.fairness.groups`): for a queue key K, P..'ring:'..K lists the groups with jobs ready (each
+-- once), P..'jobs:'..K..':'..G holds group G's jobs, P..'state:'..K maps a group to 'r' (in the ring) or 'c'
+-- (capped), P..'capped:'..K lists the capped groups, P..'leases:'..G the delivery tags of G's running jobs (checked
+-- against pipeline:lease, so a lease that ended by any path frees its slot), P..'turn' whose turn it is per key
+-- (plain jobs or groups), P..'count' how many grouped jobs wait per key. Within a key, jobs are taken round-robin
+-- over the groups, the plain (ungrouped) jobs taking every other turn; a message with a group that reaches the
+-- plain list (a retry, a restore, a delayed release, a foreign client) is moved to its group when popped.
 -- Returns {the tags whose acknowledgement was fenced}, then 5 fields per element, oldest first: key, tag (or ''),
 -- delivery count (0: not recorded), the element, its kind (0 a message envelope, 1 not an envelope: dead-lettered
--- by the worker, 2 not recorded: from a queue consumed without acknowledgement).
+-- by the worker, 2 not recorded: from a queue consumed without acknowledgement, 3 a cancelled job's message: popped
+-- and acknowledged here, to be dropped unrun).
 -- Runs at maxmemory: each step's first write frees memory (`store`'s DEL, an acknowledgement's ZREM, the RPOP), so
 -- a full Redis is drained by its workers.
 
@@ -23,12 +31,14 @@ local function held(lease, tag, owner)
   return tag == '' or redis.call('HGET', lease, tag) == owner
 end
 
--- store(key, value, expires): the result backend's write (store.lua), leaving a stored SUCCESS alone.
+-- store(key, value, expires): the result backend's write (store.lua), leaving a stored SUCCESS or REVOKED alone.
 local function store(key, value, expires)
   local current = redis.call('GET', key)
   if current then
     local ok, meta = pcall(cjson.decode, current)
-    if ok and type(meta) == 'table' and meta['status'] == 'SUCCESS' then return 0 end
+    if ok and type(meta) == 'table' and (meta['status'] == 'SUCCESS' or meta['status'] == 'REVOKED') then
+      return 0
+    end
   end
   redis.call('DEL', key)
   if tonumber(expires) > 0 then
@@ -152,6 +162,18 @@ local function take(key, item, untracked, g)
   out[#out + 1] = n
   out[#out + 1] = item
   out[#out + 1] = poison
+  -- Cancelled (`pipeline cancel`: cancel.lua wrote the tombstone pipeline:cancel:<headers.id>, the prefix of
+  -- CANCEL_KEY): acknowledged here, its records just written removed as settle.lua removes them, and returned
+  -- as kind 3 for the worker to drop unrun (its group's slot is free again: its lease record is gone).
+  if poison == 0 and type(msg.headers) == 'table' and type(msg.headers.id) == 'string'
+      and redis.call('EXISTS', 'pipeline:cancel:' .. msg.headers.id) == 1 then
+    redis.call('ZREM', KEYS[2], tag)
+    redis.call('HDEL', KEYS[1], tag)
+    redis.call('HDEL', KEYS[3], tag)
+    redis.call('HDEL', KEYS[4], tag)
+    redis.call('DEL', history)
+    out[#out] = 3
+  end
 end
 
 -- group_of(item): the group a message envelope names in its headers, or nil.

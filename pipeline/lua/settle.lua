@@ -13,12 +13,14 @@ local function held(lease, tag, owner)
   return tag == '' or redis.call('HGET', lease, tag) == owner
 end
 
--- store(key, value, expires): the result backend's write, leaving a stored SUCCESS alone.
+-- store(key, value, expires): the result backend's write, leaving a stored SUCCESS or REVOKED (cancelled) alone.
 local function store(key, value, expires)
   local current = redis.call('GET', key)
   if current then
     local ok, meta = pcall(cjson.decode, current)
-    if ok and type(meta) == 'table' and meta['status'] == 'SUCCESS' then return 0 end
+    if ok and type(meta) == 'table' and (meta['status'] == 'SUCCESS' or meta['status'] == 'REVOKED') then
+      return 0
+    end
   end
   redis.call('DEL', key)
   if tonumber(expires) > 0 then

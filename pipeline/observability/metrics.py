@@ -22,13 +22,14 @@ from typing import Any, Final
 from prometheus_client import Counter, Gauge, Histogram
 
 #: Outcomes of `pipeline_tasks_total`.
-OUTCOMES: Final = ("succeeded", "failed", "retried", "rejected", "revoked", "dead_lettered")
+#: `cancelled`: a job cancelled (`pipeline cancel`, or Celery's revoke) that a worker dropped unrun or stopped.
+OUTCOMES: Final = ("succeeded", "failed", "retried", "rejected", "cancelled", "dead_lettered")
 #: Task label for messages whose name is not a registered task (keeps the label set bounded).
 UNREGISTERED: Final = "unregistered"
 
 tasks = Counter(
     "pipeline_tasks",
-    "Task executions by outcome: succeeded, failed, retried, rejected, revoked, dead_lettered.",
+    "Task executions by outcome: succeeded, failed, retried, rejected, cancelled, dead_lettered.",
     ["task", "queue", "outcome"],
 )
 task_runtime = Histogram(

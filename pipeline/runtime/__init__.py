@@ -6,7 +6,8 @@ metrics and their endpoint, logs, Sentry, the delayed-job releaser), the admissi
 rate limits, the speed-only replacements of Celery's and kombu's internals (`pipeline.compat`: the task context's
 custom headers, kombu's JSON decoding, how a solo worker starts a job), Flower's authentication (`flower_auth`),
 the worker process class (`worker`), the delivery layer (`pipeline.delivery`: the job request class and the
-delivery bootstep that owns the worker's leases, so a job whose lease was lost is not run here), the stall
+delivery bootstep that owns the worker's leases, so a job whose lease was lost is not run here), the cancel
+listener that drops or stops the cancelled jobs the worker holds (`cancels`), the stall
 watchdog (`stall`), and task events that follow Flower's requests (`events`). Producers (CLI, API) never install
 any of this.
 """
@@ -21,6 +22,7 @@ from pipeline.compat.strategy import STRATEGY
 from pipeline.delivery.fencing import DeliveryStep
 from pipeline.delivery.request import REQUEST_CLASS
 from pipeline.runtime import events, flower_auth, signals
+from pipeline.runtime.cancels import CancelStep
 from pipeline.runtime.events import EventsLease
 from pipeline.runtime.stall import StallWatchdog
 from pipeline.runtime.worker import PromptShutdown, Worker
@@ -63,6 +65,8 @@ def worker_app() -> Celery:
     PipelineTask.Strategy = STRATEGY
     app.Task.Strategy = STRATEGY
     app.steps["worker"].add(DeliveryStep)
+    # Cancelled jobs this worker holds are dropped, the one it runs is stopped (`cancels`, `pipeline.control.cancel`).
+    app.steps["worker"].add(CancelStep)
     # A heartbeat file the liveness probe reads: stale when the event loop stops, stalled when queued jobs
     # wait and this worker fetches none (`stall`, `pipeline worker-health`).
     app.steps["worker"].add(StallWatchdog)

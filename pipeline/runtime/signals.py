@@ -114,7 +114,7 @@ def on_task_retry(sender: Any = None, request: Any = None, **_: Any) -> None:
 
 @guarded
 def on_task_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
-    task_metrics.task_outcome(sender, "revoked", request)
+    task_metrics.task_outcome(sender, "cancelled", request)  # a cancel is stored as Celery's REVOKED
 
 
 @guarded

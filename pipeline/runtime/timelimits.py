@@ -16,6 +16,9 @@ kill is the only bound for those (the `long` profile keeps prefork).
 
 The limits are the job's own (`timelimit` stamped by the producer), else the task's, else
 TASK_SOFT_TIME_LIMIT/TASK_TIME_LIMIT, as Celery resolves them for prefork.
+
+The same handler raises what another thread asks for (`interrupt`): a cancel of the running job
+(`pipeline.runtime.cancels`) reaches the job like a time limit, blocking calls included.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class AlarmLimits:
         self._armed = False
         #: The thread the handler runs on (the main thread), once installed.
         self._thread: int | None = None
+        #: An exception another thread asked to raise in the running job (`interrupt`), raised by the handler.
+        self._interrupt: type[Exception] | None = None
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
@@ -77,7 +82,26 @@ class AlarmLimits:
             self._stages, self._armed = [], False
             signal.setitimer(signal.ITIMER_REAL, 0)
 
+    def installed_on(self, thread: int) -> bool:
+        """Whether the handler runs on `thread` (the main thread, once `install`ed there)."""
+        return self._thread is not None and self._thread == thread
+
+    def interrupt(self, exc: type[Exception]) -> None:
+        """Raise `exc` in the job running on the main thread, from any thread: the handler raises it, as it raises a
+        time limit, and a blocking call the job is in is interrupted too (a cancel: `pipeline.runtime.cancels`)."""
+        if self._thread is None:
+            raise RuntimeError("the SIGALRM handler is not installed")
+        self._interrupt = exc
+        signal.pthread_kill(self._thread, signal.SIGALRM)
+
+    def clear_interrupt(self) -> None:
+        """Forget an `interrupt` the handler has not raised yet (the job ended first)."""
+        self._interrupt = None
+
     def _on_alarm(self, _signum: int, _frame: FrameType | None) -> None:
+        interrupt, self._interrupt = self._interrupt, None
+        if interrupt is not None:
+            raise interrupt()
         if not self._stages:
             return  # nothing armed: a stray signal, or the job ended as the timer fired
         limit, exc = self._stages.pop(0)

@@ -3,7 +3,7 @@
 A person's path through the page: give the token, start a job with progress (a transcode of a 30 s
 clip; the probe when the transcode kind is absent), watch its bar reach 100 % and open its result;
 send a job that fails, replay it from the dead-letter queue; browse every queue's jobs by state,
-including jobs the page did not start. Screenshots of the page go to test-artifacts/. The browser is
+including jobs the page did not start, and cancel one. Screenshots of the page go to test-artifacts/. The browser is
 the system's (`scripts/ensure-system-deps` installs it); nothing is downloaded.
 """
 
@@ -208,6 +208,18 @@ def test_the_job_browser_lists_every_queues_jobs_by_state(
         expect(page.locator("#browser-position")).not_to_have_text("page 1")
         page.click("#browser-first")
         expect(page.locator("#browser-position")).to_have_text("page 1")
+
+        # Cancel a scheduled job from its detail: it leaves the scheduled list and is counted as cancelled.
+        victim = str(rows.first.get_attribute("data-id"))
+        rows.first.click()
+        expect(page.locator("#detail-id")).to_have_text(victim)
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.click("#detail-cancel")
+        expect(page.locator("#detail-facts")).to_contain_text("cancelled")
+        expect(page.locator("#detail-cancel")).to_have_count(0)  # final: nothing left to cancel
+        expect(page.locator(f"#browser-rows tr[data-id='{victim}']")).to_have_count(0)
+        expect(page.locator("#counts-rows button[data-queue='default'][data-state='cancelled']")).not_to_have_text("0")
+        assert job_status(victim).state == "cancelled"
 
         page.click("#counts-rows button[data-queue='default'][data-state='succeeded']")
         expect(page.locator("#browser-list-title")).to_contain_text("succeeded in default")

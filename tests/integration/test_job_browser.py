@@ -20,7 +20,7 @@ from tests.support.procs import RedisServer, wait_for
 pytestmark = pytest.mark.integration
 
 MARKER = "payload-text-that-must-not-be-listed"
-STATES = ("waiting", "scheduled", "running", "retrying", "succeeded", "failed", "dead_lettered")
+STATES = ("waiting", "scheduled", "running", "retrying", "succeeded", "failed", "dead_lettered", "cancelled")
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +168,25 @@ def test_running_retrying_succeeded_and_dead_lettered_jobs(api: ApiServer, clean
         assert flaky not in ids(client, "default", "retrying")
         assert client.get(f"/dlq/{row['dlq_id']}").status_code == 200  # the detail, payload included
         assert set(page["counts"]["default"]) == set(STATES)
+
+
+def test_a_waiting_or_scheduled_job_is_cancelled_over_http_once(idle: ApiServer, idle_redis: RedisServer) -> None:
+    """`POST /jobs/{id}/cancel`: 200 with the status (`cancelled`, final), listed as cancelled; a second cancel is a
+    409, an unknown id a 404. (Last in this module: the cancelled waiting job stays in its list, no worker here.)"""
+    with idle.client() as client:
+        waiting = client.post("/jobs/probe", json={"message": MARKER}).json()["id"]
+        later = client.post("/jobs/probe", params={"delay_seconds": 600}, json={"message": MARKER}).json()["id"]
+        for job in (waiting, later):
+            answer = client.post(f"/jobs/{job}/cancel")
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["state"] == "cancelled" and answer.json()["final"] is True
+            again = client.post(f"/jobs/{job}/cancel")
+            assert again.status_code == 409 and "has finished (cancelled)" in again.json()["detail"]
+        assert client.get(f"/jobs/{waiting}").json()["state"] == "cancelled"
+        assert idle_redis.client().zscore("pipeline:delayed", later) is None
+        assert {waiting, later} <= set(ids(client, "default", "cancelled"))
+        assert later not in ids(client, "default", "scheduled")
+        unknown = client.post("/jobs/no-such-job/cancel")
+        assert unknown.status_code == 404 and "no job no-such-job" in unknown.json()["detail"]
+    with idle.client(token=None) as anonymous:
+        assert anonymous.post(f"/jobs/{waiting}/cancel").status_code == 401

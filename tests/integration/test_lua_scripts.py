@@ -20,7 +20,7 @@ import redis
 from kombu.utils.encoding import bytes_to_str
 
 from pipeline.broker import is_oom
-from pipeline.constants import GROUP_KEY_PREFIX, HEADER_GROUP
+from pipeline.constants import CANCEL_KEY, GROUP_KEY_PREFIX, HEADER_GROUP
 from pipeline.lua import names, script, sha, source
 from tests.support.procs import RedisServer
 
@@ -408,3 +408,52 @@ def test_a_grouped_message_back_on_the_plain_list_goes_to_its_group(client: redi
 
     assert order == ["plain", "a-retry"]  # the retry moved to the head of its group; cap 1: a's next job waits
     assert client.hget(GROUP_KEY_PREFIX + "count", "jobs") == b"2"  # a-0 and a-1 still wait in a's list
+
+
+def _job(tag: str, task_id: str) -> str:
+    return json.dumps(
+        {
+            "body": "",
+            "headers": {"id": task_id, "task": "t"},
+            "properties": {"delivery_tag": tag, "delivery_info": {"exchange": "", "routing_key": "q"}},
+        }
+    )
+
+
+def test_cancel_parks_nothing_writes_the_tombstone_and_the_fetch_drops_the_cancelled_job(client: redis.Redis) -> None:
+    """`cancel.lua` takes a parked job out of `pipeline:delayed`, writes the tombstone with its TTL and publishes the
+    id; the fetch acknowledges a cancelled job's message as it pops it (nothing held, no count, no history) and
+    returns it as kind 3, and leases the job beside it as before."""
+    client.zadd("pipeline:delayed", {"parked": 1})
+    client.hset("pipeline:delayed:message", "parked", "m")
+    client.hset("pipeline:delayed:dest", "parked", "q")
+    listener = client.pubsub()
+    listener.subscribe("pipeline:cancel")
+    keys = ["pipeline:cancel:{id}", "pipeline:delayed", "pipeline:delayed:message", "pipeline:delayed:dest"]
+    cancel = script("cancel")
+    for task_id, parked in (("parked", 1), ("waiting", 0)):
+        tombstone = f"pipeline:cancel:{task_id}"
+        assert cancel(keys=[tombstone, *keys[1:], "pipeline:cancel"], args=[task_id, 120], client=client) == parked
+        assert client.get(tombstone) == b"1" and 0 < client.ttl(tombstone) <= 120
+    assert not client.exists("pipeline:delayed", "pipeline:delayed:message", "pipeline:delayed:dest")
+    heard = [listener.get_message(timeout=1) for _ in range(3)]
+    assert [m["data"] for m in heard if m and m["type"] == "message"] == [b"parked", b"waiting"]
+    listener.close()
+
+    client.lpush("jobs", _job("tag-w", "waiting"), _job("tag-k", "kept"))
+    reply = _fetch(client, ["jobs"], "0")
+    assert reply[1:6] == [b"jobs", b"tag-w", 1, _job("tag-w", "waiting").encode(), 3]
+    assert reply[6:11] == [b"jobs", b"tag-k", 1, _job("tag-k", "kept").encode(), 0]
+    assert client.hkeys("unacked") == [b"tag-k"] and client.hkeys("pipeline:lease") == [b"tag-k"]
+    assert client.zrange("unacked_index", 0, -1) == [b"tag-k"] and client.hkeys("pipeline:deliveries") == [b"tag-k"]
+    assert not client.exists("hist:tag-w") and client.exists("hist:tag-k") and client.llen("jobs") == 0
+    assert f"'{CANCEL_KEY.format(id='')}' .." in source("fetch").decode()  # the script spells the prefix out
+
+
+def test_a_stored_revoked_is_kept_as_a_success_is(client: redis.Redis) -> None:
+    """A cancelled job's state (REVOKED) is final: a SUCCESS or FAILURE stored after it does not replace it."""
+    client.set("r", '{"status": "REVOKED"}')
+    store = script("store")
+    for late in ('{"status": "SUCCESS"}', '{"status": "FAILURE"}'):
+        assert store(keys=["r", "pipeline:lease"], args=[late, 0, "", ""], client=client) == 0
+    assert client.get("r") == b'{"status": "REVOKED"}'

@@ -173,20 +173,20 @@ def test_plain_worker_prepares_and_removes_its_own_multiprocess_dir(
     assert not made[0].exists(), "the worker removes its directory when it exits"
 
 
-def test_revoked_and_rejected_are_counted(metrics_worker: MetricsWorker, clean_dlq: None) -> None:
+def test_revoked_counts_as_cancelled_and_rejected_is_counted(metrics_worker: MetricsWorker, clean_dlq: None) -> None:
     from pipeline.celery_app import get_app
 
     app = get_app()
 
     labels = {"task": "test.ledger", "queue": QUEUE}
     base = scrape(metrics_worker.port)
-    revoked0 = value(base, "pipeline_tasks_total", outcome="revoked", **labels) or 0
+    cancelled0 = value(base, "pipeline_tasks_total", outcome="cancelled", **labels) or 0
     rejected0 = value(base, "pipeline_tasks_total", outcome="rejected", **labels) or 0
     dead0 = value(base, "pipeline_tasks_total", outcome="dead_lettered", **labels) or 0
 
     result = ledger.task.apply_async(({"key": uuid.uuid4().hex},), queue=QUEUE, countdown=2)
     app.control.revoke(result.id)
-    _wait_value(metrics_worker.port, "pipeline_tasks_total", revoked0 + 1, outcome="revoked", **labels)
+    _wait_value(metrics_worker.port, "pipeline_tasks_total", cancelled0 + 1, outcome="cancelled", **labels)
 
     # Pickle is refused by the worker (JSON only): rejected, and dead-lettered.
     app.send_task("test.ledger", args=({"key": "pickled"},), queue=QUEUE, serializer="pickle")

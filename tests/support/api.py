@@ -20,7 +20,7 @@ import httpx
 
 from tests.support.procs import ROOT, free_port, stop_process, wait_for
 
-TERMINAL = {"succeeded", "dead_lettered", "failed", "unknown"}
+TERMINAL = {"succeeded", "dead_lettered", "failed", "cancelled", "unknown"}
 
 
 class ApiServer:

@@ -4,7 +4,7 @@ Layers, bottom to top (a module may import its own layer and the ones below, nev
 
 1. core, directly in `pipeline/`: settings (`config/`), the app factory, errors, retry, the typed task contract,
    the Lua scripts (`lua/`) and the Celery-side replacements of library internals with the version guard (`compat/`)
-2. `status`, `browse`, `dlq/`, `scheduling/`, `observability/`, `storage/`
+2. `status`, `control/`, `browse`, `dlq/`, `scheduling/`, `observability/`, `storage/`
 3. `delivery/`: the Redis delivery layer; `runtime/`: the worker's wiring
 4. `api/`, `cli/`
 
@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = {"pipeline", "pipeline.__main__"}
 LAYER_2 = (
     "pipeline.status",
+    "pipeline.control",
     "pipeline.browse",
     "pipeline.dlq",
     "pipeline.scheduling",

@@ -19,9 +19,13 @@ PIPELINE = Path(__file__).resolve().parents[2] / "pipeline"
 
 def test_the_states_in_the_order_a_job_moves_through_them() -> None:
     assert [s.value for s in JobState] == [
-        "unknown", "scheduled", "queued", "started", "progress", "retrying", "succeeded", "failed", "dead_lettered"
+        "unknown", "scheduled", "queued", "started", "progress", "retrying", "succeeded", "failed", "dead_lettered",
+        "cancelled",
     ]  # fmt: skip
-    assert {s for s in JobState if s.final} == {JobState.SUCCEEDED, JobState.DEAD_LETTERED, JobState.UNKNOWN}
+    assert {s for s in JobState if s.final} == {
+        JobState.SUCCEEDED, JobState.DEAD_LETTERED, JobState.CANCELLED, JobState.UNKNOWN
+    }  # fmt: skip
+    assert CELERY_STATES["REVOKED"] is JobState.CANCELLED  # what a cancel stores: not failed, not dead-lettered
     assert set(CELERY_STATES.values()) <= set(JobState)
 
 

@@ -21,7 +21,7 @@ const state = {
   // The job browser: which queue and state it lists, the cursors of the pages before this one, this page's.
   browser: { queue: "default", state: "waiting", back: [], cursor: null, next: null },
 };
-const BROWSE_STATES = ["waiting", "scheduled", "running", "retrying", "succeeded", "failed", "dead_lettered"];
+const BROWSE_STATES = ["waiting", "scheduled", "running", "retrying", "succeeded", "failed", "dead_lettered", "cancelled"];
 const BROWSE_LIMIT = 20;
 
 // --- elements ------------------------------------------------------------------------------------
@@ -228,6 +228,7 @@ function render(id) {
   else if (s.state === "retrying") note = `attempt ${s.attempts} failed, retrying`;
   else if (s.state === "succeeded") note = `done ${fmtTime(s.finished_at)}`;
   else if (s.state === "dead_lettered") note = "in the dead-letter queue";
+  else if (s.state === "cancelled") note = `cancelled ${fmtTime(s.finished_at)}`;
   const row = el(
     "li",
     { class: `job ${state.selected === id ? "selected" : ""}`, dataset: { id, state: s.state }, tabindex: "0", onclick: () => showDetail(id, true), onkeydown: (e) => e.key === "Enter" && showDetail(id, true) },
@@ -336,6 +337,8 @@ async function showDetail(id, fetchFresh) {
   if (s.eta) facts.push(["not before", fmtTime(s.eta)]);
   if (s.worker) facts.push(["worker", s.worker]);
   if (s.dlq_id) facts.push(["dead letter", el("button", { type: "button", class: "small", onclick: () => replay(s.dlq_id) }, "Replay")]);
+  // Not finished yet (`failed` only until its dead-letter entry is written): it can be cancelled.
+  if (!isFinal(s) && s.state !== "failed") facts.push(["cancel", el("button", { type: "button", id: "detail-cancel", class: "small danger", onclick: () => cancelJob(id) }, "Cancel job")]);
   $("detail-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
   const failed = s.error && !["succeeded"].includes(s.state);
   $("detail-output-title").textContent = failed ? "Error" : "Result";
@@ -345,6 +348,19 @@ async function showDetail(id, fetchFresh) {
     : s.result !== null && s.result !== undefined
       ? JSON.stringify(s.result, null, 2)
       : `(no result yet: ${s.state.replace("_", " ")})`;
+}
+
+async function cancelJob(id) {
+  if (!window.confirm("Cancel this job? Waiting, it never runs; running, it is stopped.")) return;
+  const { status, body } = await api(`/jobs/${encodeURIComponent(id)}/cancel`, { method: "POST" });
+  if (status === 200) {
+    update(id, body);
+    showMessage(`Cancelled job ${shortId(id)}.`, "ok");
+  } else {
+    showMessage(`Cancel refused (${status}): ${body.detail}`, "error");
+  }
+  showDetail(id, true);
+  loadBrowser();
 }
 
 // --- job browser: every queue's jobs by state (GET /jobs) ------------------------------------------------

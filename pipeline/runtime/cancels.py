@@ -1,0 +1,229 @@
+"""A worker's side of a cancel: the jobs it holds are dropped, the one it runs is stopped (`pipeline.control.cancel`).
+
+A cancel writes the job's tombstone and PUBLISHes its id on `pipeline:cancel`. A message still in its queue is
+dropped by the fetch (`fetch.lua`); this module handles the jobs a worker already holds. `CancelStep`, a bootstep
+beside the delivery step, runs `Listener`: a daemon thread with its own Redis connection, SUBSCRIBEd to the channel
+(a solo worker's event loop is blocked while a job runs, so the loop cannot be relied on). For each id it hears:
+
+* the id joins Celery's revoked set (`celery.worker.state.revoked`, what `celery control revoke` fills): a request
+  held and not started (prefetched, or a retry waiting for its countdown in the worker's timer) is discarded when it
+  would run (`Request.revoked`), its state stored as REVOKED (read as `cancelled`), its message acknowledged;
+* prefork: the event loop's tick (every TICK_S) terminates the request (`Request.terminate`, as Celery's revoke with
+  `terminate=True` does) with SIGKILL, as the fence kills a job whose lease was lost: SIGTERM is ignored by pool
+  processes under REMAP_SIGTERM=SIGQUIT (what the start scripts set). REVOKED is stored, the message acknowledged
+  and its lease released; the pool process is replaced and the worker takes its next job. What the job started
+  in a session of its own (ffmpeg) is not killed with it;
+* solo: the job runs in the worker's thread, which no pool can kill: `Interrupter` (a guard around each job,
+  `pipeline.task.GUARDS`) raises `JobCancelled` in it: on the main thread through the time limits' SIGALRM handler
+  (`pipeline.runtime.timelimits`: a blocking call is interrupted too), on another thread (an embedded worker) as an
+  asynchronous exception (raised at the job's next Python instruction). `JobCancelled` is Celery's `Ignore`: the
+  request records the job as revoked (`pipeline.delivery.request`), never as a failure.
+
+A message missed while the connection was down is caught on reconnect, and every RECHECK_S: the listener reads the
+tombstones of the jobs this worker holds (its leased deliveries, from `unacked`) and handles those that are set.
+Not handled: the threads pool (a job is not interrupted; its result is not stored over `cancelled`), and a solo
+job that catches `JobCancelled` and goes on (it finishes; its state stays `cancelled`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from celery import bootsteps
+from celery.worker import state
+
+from pipeline.broker import broker_redis, direct_redis
+from pipeline.constants import CANCEL_CHANNEL, CANCEL_KEY, UNACKED_KEY
+from pipeline.delivery.lease import Leases
+from pipeline.errors import JobCancelled
+from pipeline.pools import is_solo
+from pipeline.runtime.timelimits import alarm_limits
+from pipeline.task import GUARDS, PipelineTask
+
+log = logging.getLogger(__name__)
+
+#: How often the event loop terminates the running jobs the listener heard cancelled (prefork), seconds.
+TICK_S = 0.5
+#: How often the listener reads the tombstones of the jobs the worker holds (a missed message), seconds.
+RECHECK_S = 10.0
+#: Longest wait for one call of the listener's own client (connect or answer), seconds.
+CLIENT_TIMEOUT_S = 2.0
+
+
+def _async_raise(thread: int, exc: type[BaseException] | None) -> None:
+    """Raise `exc` in `thread` at its next Python instruction (None: forget one not raised yet)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(exc) if exc else None)
+
+
+class Interrupter:
+    """The guard around each job of a solo worker: knows the job running and raises `JobCancelled` in it once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._task_id: str | None = None
+        self._thread = 0
+        self._fired = False
+
+    def start(self, task: PipelineTask) -> None:
+        task_id = str(task.request.id)
+        with self._lock:
+            self._task_id, self._thread, self._fired = task_id, threading.get_ident(), False
+            if task_id in state.revoked:  # heard just after the request's own check
+                self._fired = True
+        if self._fired:
+            raise JobCancelled(task_id)
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._fired:  # one not raised yet (the job ended first) is forgotten: it must not hit the next one
+                if alarm_limits.installed_on(self._thread):
+                    alarm_limits.clear_interrupt()
+                else:
+                    _async_raise(self._thread, None)
+            self._task_id, self._fired = None, False
+
+    def interrupt(self, task_id: str) -> bool:
+        """Raise `JobCancelled` in the job `task_id` if it is the one running (once); True if it was."""
+        with self._lock:
+            if self._task_id != task_id or self._fired:
+                return False
+            self._fired = True
+            if alarm_limits.installed_on(self._thread):
+                alarm_limits.interrupt(JobCancelled)
+            else:
+                _async_raise(self._thread, JobCancelled)
+        log.warning("job %s was cancelled while it ran: interrupting it", task_id)
+        return True
+
+
+def _held_ids(client: Any, leases: Leases) -> list[str]:
+    """Task ids of the deliveries this worker holds (its leased tags, read from kombu's `unacked`)."""
+    tags = sorted(leases.held())
+    ids = []
+    for raw in client.hmget(UNACKED_KEY, tags) if tags else []:
+        try:
+            headers = json.loads(raw)[0].get("headers") or {}
+        except (TypeError, ValueError, AttributeError, IndexError, KeyError):
+            continue
+        if isinstance(headers.get("id"), str):
+            ids.append(headers["id"])
+    return ids
+
+
+class Listener:
+    """The daemon thread hearing cancels (see the module doc); `on_cancel(task_id)` for each, on this thread."""
+
+    def __init__(self, leases: Leases, on_cancel: Callable[[str], None]) -> None:
+        self.leases = leases
+        self._on_cancel = on_cancel
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pipeline-cancel-listener", daemon=True)
+
+    def start(self) -> Listener:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self._listen(_client())
+            except Exception as exc:  # noqa: BLE001  # Redis away or failing over: subscribe again, re-check
+                log.warning("cancel listener: %r; listening again in a second", exc)
+                self._stopped.wait(1.0)
+
+    def _listen(self, client: Any) -> None:
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(CANCEL_CHANNEL)
+            checked = 0.0
+            while not self._stopped.is_set():
+                if time.monotonic() - checked >= RECHECK_S:  # on (re)connect, then every RECHECK_S
+                    self.recheck(client)
+                    checked = time.monotonic()
+                message = pubsub.get_message(timeout=1.0)
+                if message and message.get("type") == "message":
+                    data = message["data"]
+                    self._on_cancel(data.decode() if isinstance(data, bytes) else str(data))
+        finally:
+            pubsub.close()
+
+    def recheck(self, client: Any) -> None:
+        """Handle the held jobs whose tombstone is set (a cancel this worker did not hear)."""
+        ids = _held_ids(client, self.leases)
+        marks = client.mget([CANCEL_KEY.format(id=i) for i in ids]) if ids else []
+        for task_id, mark in zip(ids, marks, strict=True):
+            if mark is not None and task_id not in state.revoked:
+                self._on_cancel(task_id)
+
+
+def _client() -> Any:
+    # Sentinel: a client on the app's pool, which follows failovers (its pub/sub connection is its own).
+    client = direct_redis(CLIENT_TIMEOUT_S)
+    if client is None:
+        with broker_redis() as pooled:
+            client = pooled
+    return client
+
+
+class CancelStep(bootsteps.StartStopStep):
+    """Runs the listener; a solo worker's jobs are guarded by the `Interrupter`, a prefork worker's are terminated
+    by the event loop's tick."""
+
+    requires = ("pipeline.delivery.fencing:DeliveryStep",)
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.listener: Listener | None = None
+        self.interrupter: Interrupter | None = None
+        self._pending: set[str] = set()
+        self._lock = threading.Lock()
+
+    def start(self, parent: Any) -> None:
+        self.pool = parent.pool
+        if is_solo(parent.pool):
+            self.interrupter = Interrupter()
+            GUARDS.append(self.interrupter)  # innermost: stopped first, so nothing is left to raise after a job
+        else:
+            timer = parent.hub if getattr(parent, "use_eventloop", False) else parent.timer
+            timer.call_repeatedly(TICK_S, self.tick)
+        self.listener = Listener(parent.leases, self.on_cancel).start()
+
+    def stop(self, parent: Any) -> None:
+        if self.listener is not None:
+            self.listener.stop()
+        if self.interrupter in GUARDS:
+            GUARDS.remove(self.interrupter)
+
+    def terminate(self, parent: Any) -> None:
+        self.stop(parent)
+
+    def on_cancel(self, task_id: str) -> None:
+        """The listener heard `task_id` cancelled (its thread)."""
+        state.revoked.add(task_id)  # held and not started: discarded when it would run (Request.revoked)
+        if self.interrupter is not None:
+            self.interrupter.interrupt(task_id)
+            return
+        with self._lock:
+            self._pending.add(task_id)
+
+    def tick(self) -> None:
+        """Prefork, on the event loop: terminate the requests of the cancelled ids, started or handed to the pool."""
+        with self._lock:
+            pending, self._pending = self._pending, set()
+        if not pending:
+            return
+        requests = set(state.active_requests) | set(state.reserved_requests)
+        for request in requests:
+            if request.id in pending and not getattr(request, "_lease_lost", False):
+                log.warning("job %s[%s] was cancelled: terminating it", request.name, request.id)
+                request.terminate(self.pool, signal=signal.SIGKILL)
