@@ -12,6 +12,8 @@
     ├── NotReplicated         fewer replicas than REDIS_WAIT_REPLICAS confirmed it within REDIS_WAIT_TIMEOUT_MS
     └── BrokerFull            Redis is at maxmemory (policy noeviction) and refused it
 
+    PriorityInvalid           a job's priority is not an integer from 0 to 9 (refused at enqueue; nothing is sent)
+
     ConfigError               the process's settings are invalid; it stops at start with one clear message
 
 Tasks raise these from their pure logic (or declare third-party exceptions as transient in their
@@ -61,6 +63,10 @@ class PayloadInvalid(PermanentError):
 class DeliveryLimitExceeded(PermanentError):
     """The message was delivered more than MAX_DELIVERIES times and no delivery ended with an outcome: each time,
     the worker holding it stopped (out of memory, a native crash, kill -9). It is dead-lettered, not run again."""
+
+
+class PriorityInvalid(PipelineError, ValueError):
+    """A job's priority is not an integer from 0 (most urgent) to 9: refused at enqueue, nothing is published."""
 
 
 class BrokerWriteRefused(PipelineError):

@@ -16,6 +16,7 @@ client's mistake) raises `PayloadInvalid`, a permanent error: no retry, straight
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import json
 import time
@@ -35,6 +36,7 @@ from pipeline.config import get_settings
 from pipeline.constants import DELIVERY_HEADERS, HEADER_IDEMPOTENCY_KEY, HEADER_RATE_SLOT, TASK_MODULES
 from pipeline.errors import PayloadInvalid, PermanentError
 from pipeline.producer import write
+from pipeline.producer.priority import check as check_priority
 from pipeline.retry import RetryPolicy
 
 P = TypeVar("P", bound=BaseModel)
@@ -279,11 +281,21 @@ class TypedTask(Generic[P, R]):
         return job, data, text
 
     def _send(
-        self, producer: Any, task_id: str, payload: dict[str, Any], headers: dict[str, Any], eta: datetime | None
+        self,
+        producer: Any,
+        task_id: str,
+        payload: dict[str, Any],
+        headers: dict[str, Any],
+        eta: datetime | None,
+        priority: int | None = None,
     ) -> Any:
         """Celery's own publish of one job (captured by `pipeline.producer`, never sent from here)."""
-        timing: dict[str, Any] = {"eta": eta} if eta is not None else {}
-        return self.task.apply_async((payload,), task_id=task_id, headers=headers, producer=producer, **timing)
+        options: dict[str, Any] = {k: v for k, v in (("eta", eta), ("priority", priority)) if v is not None}
+        return self.task.apply_async((payload,), task_id=task_id, headers=headers, producer=producer, **options)
+
+    def _sender(self, priority: int | None) -> write.Send:
+        """`_send` at `priority` (checked first: `PriorityInvalid`); None: Celery's task_default_priority."""
+        return self._send if priority is None else functools.partial(self._send, priority=check_priority(priority))
 
     def enqueue(
         self,
@@ -292,23 +304,27 @@ class TypedTask(Generic[P, R]):
         countdown: float | None = None,
         eta: datetime | None = None,
         idempotency_key: str | None = None,
+        priority: int | None = None,
     ) -> str:
-        """Validate `payload` and publish it; return the task id.
+        """Validate `payload` and publish it at `priority` (0 most urgent .. 9; None: TASK_DEFAULT_PRIORITY;
+        `pipeline.producer.priority`); return the task id.
 
-        Nothing reaches the broker if validation fails (`PayloadInvalid`). The job's record and its message
-        are written in one Redis round trip (`pipeline.producer`). With an `idempotency_key`, a second enqueue
-        with the same key (within ENQUEUE_IDEMPOTENCY_TTL) returns the first job's id. A `countdown` or `eta`
-        further ahead than DELAYED_RELEASE_AHEAD parks the job in Redis until it is due (`pipeline.publish`),
-        so no worker holds a long delay in memory.
+        Nothing reaches the broker if validation fails (`PayloadInvalid`, `PriorityInvalid`). The job's record and its
+        message are written in one Redis round trip (`pipeline.producer`). With an `idempotency_key`, a second enqueue
+        with the same key (within ENQUEUE_IDEMPOTENCY_TTL) returns the first job's id. A `countdown` or `eta` further
+        ahead than DELAYED_RELEASE_AHEAD parks the job in Redis until it is due (`pipeline.publish`), so no worker
+        holds a long delay in memory.
         """
+        send = self._sender(priority)
         _, data, text = self._checked(payload)
         due = due_time(countdown, eta)
         return write.enqueue_one(
-            self.name, self.queue, self._send, data, text, due=due, idempotency_key=idempotency_key
+            self.name, self.queue, send, data, text, due=due, idempotency_key=idempotency_key, priority=priority
         )
 
-    def enqueue_many(self, payloads: Iterable[P | Mapping[str, Any]]) -> list[str]:
-        """Validate every payload, then publish one job each; return their task ids in order.
+    def enqueue_many(self, payloads: Iterable[P | Mapping[str, Any]], *, priority: int | None = None) -> list[str]:
+        """Validate every payload, then publish one job each, all at `priority` (as `enqueue`); return their task
+        ids in order.
 
         One pydantic call validates the batch: an invalid item raises `PayloadInvalid` whose errors' `loc`
         start with the item's index, and nothing is published. Records and messages are written
@@ -316,7 +332,8 @@ class TypedTask(Generic[P, R]):
         """
         if self._list_adapter is None:
             self._list_adapter = TypeAdapter(list[self.payload_model])  # type: ignore[name-defined]  # a runtime model
-        return write.enqueue_many(self.name, self.queue, self._send, self._list_adapter, payloads)
+        send = self._sender(priority)
+        return write.enqueue_many(self.name, self.queue, send, self._list_adapter, payloads, priority=priority)
 
     def result(self, task_id: str, timeout: float | None = None) -> R:
         """Wait for the job and return its typed result (raises the job's error if it failed)."""

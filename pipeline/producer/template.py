@@ -232,17 +232,21 @@ def uuid4_strings(count: int) -> list[str]:
 
 
 _lock = threading.Lock()
-#: (process id, task name, keyed) → template; a forked child builds its own (`origin` names the process).
-_templates: dict[tuple[int, str, bool], Template] = {}
+#: (process id, task name, keyed, priority) → template; a forked child builds its own (`origin` names the process).
+_templates: dict[tuple[int, str, bool, int | None], Template] = {}
 
 
 def template_for(
-    name: str, send: Callable[[Producer, str, dict[str, Any], dict[str, Any]], Any], keyed: bool = False
+    name: str,
+    send: Callable[[Producer, str, dict[str, Any], dict[str, Any]], Any],
+    keyed: bool = False,
+    priority: int | None = None,
 ) -> Template:
-    """The template of task `name` (`keyed`: for jobs with an idempotency key), built on first use from
-    `send(producer, task_id, payload, headers)`: one publish of a sample job through Celery, captured
+    """The template of task `name` (`keyed`: for jobs with an idempotency key; `priority`: the one `send` gives
+    its jobs, None for the default: the message's priority and its list key differ by priority), built on first
+    use from `send(producer, task_id, payload, headers)`: one publish of a sample job through Celery, captured
     (`pipeline.publish.capture`), never sent."""
-    key = (os.getpid(), name, keyed)
+    key = (os.getpid(), name, keyed, priority)
     found = _templates.get(key)
     if found is not None:
         return found

@@ -97,11 +97,12 @@ def _templated(
     return ids, outs
 
 
-def _template(name: str, send: Send, keyed: bool = False) -> Template:
-    """The task's template (`template_for`). Building it publishes through Celery once, which declares the queue
-    (a write): at maxmemory that is refused, and the producer gets `BrokerFull`, not kombu's connection error."""
+def _template(name: str, send: Send, keyed: bool = False, priority: int | None = None) -> Template:
+    """The task's template at `priority` (`template_for`: its list key is the priority level's, as kombu chose it).
+    Building it publishes through Celery once, which declares the queue (a write): at maxmemory that is refused,
+    and the producer gets `BrokerFull`, not kombu's connection error."""
     try:
-        return template_for(name, lambda p, i, d, h: send(p, i, d, h, None), keyed=keyed)
+        return template_for(name, lambda p, i, d, h: send(p, i, d, h, None), keyed=keyed, priority=priority)
     except Exception as exc:
         refusal = oom_cause(exc)
         if refusal is None:
@@ -139,15 +140,17 @@ def enqueue_one(
     *,
     due: float | None = None,
     idempotency_key: str | None = None,
+    priority: int | None = None,
 ) -> str:
-    """Publish one job of task `name` (its payload, and `text` its JSON); return its id, or with an
-    `idempotency_key` already claimed (within ENQUEUE_IDEMPOTENCY_TTL) the id of the job that claimed it.
+    """Publish one job of task `name` (its payload, and `text` its JSON) through `send` (which gives it its
+    `priority`, None: the default one); return its id, or with an `idempotency_key` already claimed (within
+    ENQUEUE_IDEMPOTENCY_TTL) the id of the job that claimed it.
 
     Raises `NotReplicated` (fewer than REDIS_WAIT_REPLICAS replicas confirmed the job in time) or `BrokerFull`
     (Redis at maxmemory: nothing stored)."""
     now = time.time()
     if (due is None or due <= now) and not publish_hooked():
-        template = _template(name, send, keyed=bool(idempotency_key))
+        template = _template(name, send, keyed=bool(idempotency_key), priority=priority)
         (task_id,), (out,) = _templated(template, [(payload, text)], now, idempotency_key or None)
         claim = None
         if idempotency_key:
@@ -220,12 +223,19 @@ def dump_checked(name: str, adapter: TypeAdapter[list[Any]], jobs: list[BaseMode
 
 
 def enqueue_many(
-    name: str, queue: str, send: Send, adapter: TypeAdapter[list[Any]], payloads: Iterable[Any], chunk: int = CHUNK
+    name: str,
+    queue: str,
+    send: Send,
+    adapter: TypeAdapter[list[Any]],
+    payloads: Iterable[Any],
+    chunk: int = CHUNK,
+    priority: int | None = None,
 ) -> list[str]:
     """Validate every payload (one call), then store records and messages `chunk` jobs per round trip; return
-    the task ids in order. One bad payload: `PayloadInvalid` naming its index, nothing published."""
+    the task ids in order (`send` gives each its `priority`, as in `enqueue_one`). One bad payload: `PayloadInvalid`
+    naming its index, nothing published."""
     items = dump_checked(name, adapter, validate_many(name, adapter, list(payloads)))
-    template = _template(name, send)
+    template = _template(name, send, priority=priority)
     hooked = publish_hooked()
     ids: list[str] = []
     for start in range(0, len(items), chunk):
