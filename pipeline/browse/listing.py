@@ -30,6 +30,7 @@ from pipeline.constants import (
     HEADER_PUBLISHED_AT,
     JOB_RECORD_KEY,
     PRIORITY_SEPARATOR,
+    PRIORITY_STEPS,
     RECENT_JOBS_KEY,
     UNACKED_KEY,
     WORK_QUEUES,
@@ -56,16 +57,20 @@ def _iso(epoch: Any) -> str | None:
     return datetime.fromtimestamp(float(epoch), UTC).isoformat() if isinstance(epoch, int | float) else None
 
 
-def _headers(raw: bytes | str | None) -> dict[str, Any]:
-    """The headers of a kombu envelope (the body is left encoded: it is never read)."""
+def _envelope(raw: bytes | str | None) -> dict[str, Any]:
+    """A kombu envelope (the body is left encoded: it is never read); {} when it is not one."""
     try:
-        headers = json.loads(raw or b"{}").get("headers") or {}
-    except (ValueError, AttributeError):
+        envelope = json.loads(raw or b"{}")
+    except ValueError:
         return {}
-    return headers if isinstance(headers, dict) else {}
+    return envelope if isinstance(envelope, dict) else {}
 
 
-def _message_row(headers: dict[str, Any], queue: str, state: BrowseState, fallback_id: str = "?") -> JobRow:
+def _message_row(envelope: dict[str, Any], queue: str, state: BrowseState, fallback_id: str = "?") -> JobRow:
+    headers = envelope.get("headers")
+    headers = headers if isinstance(headers, dict) else {}
+    properties = envelope.get("properties")
+    priority = properties.get("priority") if isinstance(properties, dict) else None
     retries = headers.get("retries")
     return JobRow(
         id=str(headers.get("id") or fallback_id),
@@ -73,6 +78,7 @@ def _message_row(headers: dict[str, Any], queue: str, state: BrowseState, fallba
         queue=queue,
         state=state,
         attempts=retries if isinstance(retries, int) else None,
+        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else None,
         enqueued_at=_iso(headers.get(HEADER_PUBLISHED_AT)),
     )
 
@@ -86,14 +92,15 @@ def _queue_of(key: bytes | str) -> str:
 
 
 def _unacked(client: redis.Redis) -> list[tuple[str, dict[str, Any]]]:
-    """(queue, headers) of every delivered-but-unacknowledged job; kombu keeps [message, exchange, routing key]."""
+    """(queue, envelope) of every delivered-but-unacknowledged job; kombu keeps [message, exchange, routing key]."""
     found = []
     for value in client.hvals(UNACKED_KEY):
         try:
             message, _, routing_key = json.loads(value)
-            found.append((str(routing_key), message.get("headers") or {}))
-        except (ValueError, TypeError, AttributeError):
+        except (ValueError, TypeError):
             continue
+        if isinstance(message, dict):
+            found.append((str(routing_key), message))
     return found
 
 
@@ -128,6 +135,8 @@ def _recent(client: redis.Redis, queues: Iterable[str]) -> dict[str, list[tuple[
 
 class _Snapshot(NamedTuple):
     table: dict[str, dict[BrowseState, int]]
+    #: Queue → priority level → waiting jobs.
+    levels: dict[str, dict[str, int]]
     recent: dict[str, list[tuple[str, float, BrowseState]]]
     dead: list[dlq_admin.DeadLetter]
 
@@ -141,9 +150,13 @@ def _snapshot(client: redis.Redis) -> _Snapshot:
             pipe.llen(key)
     pipe.hvals(DELAYED_DEST_KEY)
     *lengths, dests = pipe.execute()
-    steps = len(queue_keys(WORK_QUEUES[0]))
+    steps = len(PRIORITY_STEPS)
+    levels = {}
     for i, queue in enumerate(WORK_QUEUES):
-        table[queue][BrowseState.WAITING] = sum(lengths[i * steps : (i + 1) * steps])
+        levels[queue] = {
+            str(step): n for step, n in zip(PRIORITY_STEPS, lengths[i * steps : (i + 1) * steps], strict=True)
+        }
+        table[queue][BrowseState.WAITING] = sum(levels[queue].values())
     for dest in dests:
         if (queue := _queue_of(dest)) in table:
             table[queue][BrowseState.SCHEDULED] += 1
@@ -158,7 +171,7 @@ def _snapshot(client: redis.Redis) -> _Snapshot:
     for entry in dead:
         if entry.queue in table:
             table[entry.queue][BrowseState.DEAD_LETTERED] += 1
-    return _Snapshot(table, recent, dead)
+    return _Snapshot(table, levels, recent, dead)
 
 
 def _waiting(client: redis.Redis, queue: str, position: Any, limit: int) -> tuple[list[JobRow], str | None]:
@@ -176,7 +189,8 @@ def _waiting(client: redis.Redis, queue: str, position: Any, limit: int) -> tupl
             continue
         need = limit - len(rows)
         rows += [
-            _message_row(_headers(raw), queue, BrowseState.WAITING) for raw in client.lrange(key, skip, skip + need - 1)
+            _message_row(_envelope(raw), queue, BrowseState.WAITING)
+            for raw in client.lrange(key, skip, skip + need - 1)
         ]
         skip = 0
         if len(rows) >= limit:
@@ -187,7 +201,7 @@ def _waiting(client: redis.Redis, queue: str, position: Any, limit: int) -> tupl
 
 def _running(client: redis.Redis, queue: str, position: Any, limit: int) -> tuple[list[JobRow], str | None]:
     offset = cursor_offset(position or 0)
-    rows = [_message_row(headers, queue, BrowseState.RUNNING) for q, headers in _unacked(client) if q == queue]
+    rows = [_message_row(message, queue, BrowseState.RUNNING) for q, message in _unacked(client) if q == queue]
     rows.sort(key=lambda r: (r.enqueued_at or "", r.id))
     for row in rows:  # the attempt under way counts, as in `job_status`
         row.attempts = (row.attempts or 0) + 1
@@ -219,7 +233,7 @@ def _scheduled(client: redis.Redis, queue: str, position: Any, limit: int) -> tu
     messages = client.hmget(DELAYED_MESSAGE_KEY, [m for m, _ in chosen]) if chosen else []
     rows = []
     for (member, score), raw in zip(chosen, messages, strict=True):
-        row = _message_row(_headers(raw), queue, BrowseState.SCHEDULED, member)
+        row = _message_row(_envelope(raw), queue, BrowseState.SCHEDULED, member)
         row.due_at = _iso(score)
         rows.append(row)
     last = chosen[-1] if chosen else None
@@ -316,5 +330,11 @@ def browse(queue: str, state: BrowseState, cursor: str | None = None, limit: int
             rows, next_cursor = _recent_rows(client, snapshot, queue, state, position, limit)
     table = snapshot.table
     return JobPage(
-        queue=queue, state=state, total=table[queue][state], jobs=rows, next_cursor=next_cursor, counts=table
+        queue=queue,
+        state=state,
+        total=table[queue][state],
+        jobs=rows,
+        next_cursor=next_cursor,
+        counts=table,
+        waiting_levels=snapshot.levels,
     )
