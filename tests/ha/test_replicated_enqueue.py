@@ -22,6 +22,7 @@ import redis
 
 from pipeline import lua
 from pipeline.broker import decode_message
+from pipeline.config import get_settings
 from pipeline.constants import (
     DELAYED_KEY,
     DELAYED_MESSAGE_KEY,
@@ -30,6 +31,7 @@ from pipeline.constants import (
     HEADER_IDEMPOTENCY_KEY,
     JOB_RECORD_KEY,
 )
+from pipeline.producer.priority import priority_key
 from tests.support.api import ApiServer
 from tests.support.monitor import Monitor
 from tests.support.procs import wait_for
@@ -65,7 +67,8 @@ def api(redis_pair: Replicated, work_dir: Path) -> Iterator[ApiServer]:
 
 @pytest.fixture(scope="module")
 def queue(producer: ProducerProcess) -> str:
-    return str(producer.call("queue", kind="probe"))
+    """The list the producer's probe jobs wait in: the probe queue's, at the default priority."""
+    return priority_key(str(producer.call("queue", kind="probe")), get_settings().task_default_priority)
 
 
 def messages(client: redis.Redis, key: str) -> list[dict[str, Any]]:
