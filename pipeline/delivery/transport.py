@@ -19,9 +19,10 @@ delivery). The same script first applies the acknowledgements the event loop def
 
 A script cannot block, so when every key is empty the channel waits with a command that does not consume: `BLMOVE k k
 RIGHT RIGHT <timeout>` moves a list's last element onto itself and wakes once `k` has one. It waits on each queue's
-list at TASK_DEFAULT_PRIORITY and at 0 (other levels: fetched after each wait): one key for `brpop_timeout`; several
-in turn for WAIT_MIN_S, doubling up to WAIT_MAX_S while nothing comes (an element on the key waited on starts at once;
-on another within one wait). `_brpop_sent_at` is set for every command: kombu's reply check applies.
+list at TASK_DEFAULT_PRIORITY, where jobs sent without one wait (other levels are fetched after each wait): one queue
+for `brpop_timeout` (WAIT_MAX_S when that list is not the most urgent); several in turn for WAIT_MIN_S, doubling up to
+WAIT_MAX_S while nothing comes (a job on the key waited on starts at once; on another within one wait).
+`_brpop_sent_at` is set for every command: kombu's reply check applies.
 
 kombu's visibility timeout had to outlast the longest job, so a dead worker's jobs waited that long
 (celery/celery#5935, celery/celery#2599); leases (`pipeline.delivery.lease`) replace it. Acknowledgements are fenced
@@ -277,10 +278,9 @@ class _Leased(full.FullRedis):
         if not queues:
             return
         if self._empty:
-            levels = (get_settings().task_default_priority, 0)  # where jobs sent without one wait; the most urgent
-            keys = list(dict.fromkeys(self._q_for_pri(q, p) for p in levels for q in queues))
-            if len(keys) == 1:
-                key, wait = keys[0], float(timeout or self.brpop_timeout or 1)
+            keys = [self._q_for_pri(q, get_settings().task_default_priority) for q in queues]  # see the module doc
+            if len(keys) == 1:  # a level below the queue's own key: a more urgent job is fetched within WAIT_MAX_S
+                key, wait = keys[0], float(timeout or self.brpop_timeout or 1) if keys == queues else WAIT_MAX_S
             else:
                 self._wait_turn = (self._wait_turn + 1) % len(keys)
                 key, wait = keys[self._wait_turn], self._wait_s
