@@ -22,7 +22,7 @@ import sys
 from bench.compare import DEFAULT_WORKERS, PARTS, Options, measure, table
 from bench.procs import redis_server
 
-STANDALONE = ("pdf_memory", "webhook_fanout", "replicated_enqueue", "fairness")
+STANDALONE = ("pdf_memory", "webhook_fanout", "replicated_enqueue", "fairness", "priority_overtake")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

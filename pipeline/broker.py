@@ -1,9 +1,9 @@
 """Read-only views of the Redis broker, a Redis client configured exactly like it, and its URL fit to show.
 
 Queue depth on Redis is the sum of `LLEN` over the queue's key and its priority sub-queue keys
-(`<queue>\\x06\\x16<priority>`); jobs delivered but not acknowledged sit in kombu's `unacked` hash.
-The client comes from the app's broker connection pool, so TLS and Sentinel settings apply as they do
-to Celery itself.
+(`<queue>\\x06\\x16<priority>`, `pipeline.producer.priority`), also given per priority level; jobs delivered but not
+acknowledged sit in kombu's `unacked` hash. The client comes from the app's broker connection pool, so TLS and
+Sentinel settings apply as they do to Celery itself.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -27,13 +27,13 @@ from pipeline.constants import (
     GROUP_COUNT_KEY,
     HEADER_PUBLISHED_AT,
     KEY_PREFIX,
-    PRIORITY_SEPARATOR,
     PRIORITY_STEPS,
     UNACKED_KEY,
     WORK_QUEUES,
 )
 from pipeline.errors import BrokerFull, NotReplicated
 from pipeline.lua import script, sha, source
+from pipeline.producer.priority import level_key
 
 #: `scheme://user:` of a URL with a password, and the password (up to the `@`); never across whitespace.
 _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/@:]*:)[^\s/@]+@")
@@ -233,8 +233,8 @@ def memory_stats() -> MemoryStats:
 
 
 def queue_keys(queue: str) -> list[str]:
-    """The Redis list keys kombu uses for `queue`, one per priority step."""
-    return [queue if step == 0 else f"{queue}{PRIORITY_SEPARATOR}{step}" for step in PRIORITY_STEPS]
+    """The Redis list keys kombu uses for `queue`, one per priority step (most urgent first)."""
+    return [level_key(queue, step) for step in PRIORITY_STEPS]
 
 
 def decode_message(raw: bytes | str) -> dict[str, Any]:
@@ -257,6 +257,8 @@ class QueueStats:
     name: str
     depth: int
     oldest_age_s: float | None
+    #: Waiting jobs per priority level (kombu's step: 0, 3, 6, 9; `pipeline.producer.priority`), most urgent first.
+    levels: dict[int, int] = field(default_factory=dict)
 
 
 def _oldest_age(client: redis.Redis, keys: list[str], now: float) -> float | None:
@@ -288,10 +290,12 @@ def queue_stats(queues: tuple[str, ...] = (*WORK_QUEUES, DEAD_LETTER_QUEUE)) -> 
         steps = len(PRIORITY_STEPS)
         for i, queue in enumerate(queues):
             at = i * (steps + 1)
-            grouped = sum(int(n) for n in replies[at + steps] if n)
-            depth = sum(replies[at : at + steps]) + grouped
+            grouped = [int(n or 0) for n in replies[at + steps]]  # per level, in its groups' lists
+            level_lengths = zip(PRIORITY_STEPS, replies[at : at + steps], grouped, strict=True)
+            levels = {step: int(n) + g for step, n, g in level_lengths}
+            depth = sum(levels.values())
             age = _oldest_age(client, queue_keys(queue), now) if depth else None
-            stats.append(QueueStats(queue, depth, age))
+            stats.append(QueueStats(queue, depth, age, levels))
         return stats
 
 

@@ -12,6 +12,8 @@
     ├── NotReplicated         fewer replicas than REDIS_WAIT_REPLICAS confirmed it within REDIS_WAIT_TIMEOUT_MS
     └── BrokerFull            Redis is at maxmemory (policy noeviction) and refused it
 
+    PriorityInvalid           a job's priority is not an integer from 0 to 9 (refused at enqueue; nothing is sent)
+
     ConfigError               the process's settings are invalid; it stops at start with one clear message
 
     JobCancelled              raised inside a running job that was cancelled (`pipeline cancel`): Celery's Ignore,
@@ -72,6 +74,10 @@ class JobCancelled(Ignore):
     """The job was cancelled while it ran (a solo worker raises it in the job: `pipeline.runtime.cancels`). Celery
     treats an `Ignore` as control flow: nothing is stored as a failure, nothing is dead-lettered; the worker records
     the job as cancelled. A job that catches it and goes on finishes, but its result is not stored over `cancelled`."""
+
+
+class PriorityInvalid(PipelineError, ValueError):
+    """A job's priority is not an integer from 0 (most urgent) to 9: refused at enqueue, nothing is published."""
 
 
 class BrokerWriteRefused(PipelineError):

@@ -16,6 +16,7 @@ client's mistake) raises `PayloadInvalid`, a permanent error: no retry, straight
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import json
 import time
@@ -36,6 +37,7 @@ from pipeline.constants import DELIVERY_HEADERS, HEADER_IDEMPOTENCY_KEY, HEADER_
 from pipeline.errors import JobCancelled, PayloadInvalid, PermanentError
 from pipeline.fairness import groups
 from pipeline.producer import write
+from pipeline.producer.priority import check as check_priority
 from pipeline.retry import RetryPolicy
 
 P = TypeVar("P", bound=BaseModel)
@@ -280,11 +282,21 @@ class TypedTask(Generic[P, R]):
         return job, data, text
 
     def _send(
-        self, producer: Any, task_id: str, payload: dict[str, Any], headers: dict[str, Any], eta: datetime | None
+        self,
+        producer: Any,
+        task_id: str,
+        payload: dict[str, Any],
+        headers: dict[str, Any],
+        eta: datetime | None,
+        priority: int | None = None,
     ) -> Any:
         """Celery's own publish of one job (captured by `pipeline.producer`, never sent from here)."""
-        timing: dict[str, Any] = {"eta": eta} if eta is not None else {}
-        return self.task.apply_async((payload,), task_id=task_id, headers=headers, producer=producer, **timing)
+        options: dict[str, Any] = {k: v for k, v in (("eta", eta), ("priority", priority)) if v is not None}
+        return self.task.apply_async((payload,), task_id=task_id, headers=headers, producer=producer, **options)
+
+    def _sender(self, priority: int | None) -> write.Send:
+        """`_send` at `priority` (checked first: `PriorityInvalid`); None: Celery's task_default_priority."""
+        return self._send if priority is None else functools.partial(self._send, priority=check_priority(priority))
 
     def enqueue(
         self,
@@ -293,26 +305,40 @@ class TypedTask(Generic[P, R]):
         countdown: float | None = None,
         eta: datetime | None = None,
         idempotency_key: str | None = None,
+        priority: int | None = None,
         group: str | None = None,
     ) -> str:
-        """Validate `payload` and publish it; return the task id.
+        """Validate `payload` and publish it at `priority` (0 most urgent .. 9; None: TASK_DEFAULT_PRIORITY;
+        `pipeline.producer.priority`); return the task id.
 
-        Nothing reaches the broker if validation fails (`PayloadInvalid`). The job's record and its message
-        are written in one Redis round trip (`pipeline.producer`). With an `idempotency_key`, a second enqueue
-        with the same key (within ENQUEUE_IDEMPOTENCY_TTL) returns the first job's id. A `countdown` or `eta`
-        further ahead than DELAYED_RELEASE_AHEAD parks the job in Redis until it is due (`pipeline.publish`),
-        so no worker holds a long delay in memory. With a `group` (a tenant), the job takes its turn among its
-        group's peers on the queue, and GROUP_CONCURRENCY caps how many of the group run at once (`pipeline.groups`).
+        Nothing reaches the broker if validation fails (`PayloadInvalid`, `PriorityInvalid`). The job's record and its
+        message are written in one Redis round trip (`pipeline.producer`). With an `idempotency_key`, a second enqueue
+        with the same key (within ENQUEUE_IDEMPOTENCY_TTL) returns the first job's id. A `countdown` or `eta` further
+        ahead than DELAYED_RELEASE_AHEAD parks the job in Redis until it is due (`pipeline.publish`), so no worker
+        holds a long delay in memory. With a `group` (a tenant), the job takes its turn among its group's peers on its
+        queue and level, and GROUP_CONCURRENCY caps how many of the group run at once (`pipeline.fairness.groups`).
         """
+        send = self._sender(priority)
         _, data, text = self._checked(payload)
         grouped = groups.checked(self.name, group)
         due = due_time(countdown, eta)
         return write.enqueue_one(
-            self.name, self.queue, self._send, data, text, due=due, idempotency_key=idempotency_key, group=grouped
+            self.name,
+            self.queue,
+            send,
+            data,
+            text,
+            due=due,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            group=grouped,
         )
 
-    def enqueue_many(self, payloads: Iterable[P | Mapping[str, Any]], *, group: str | None = None) -> list[str]:
-        """Validate every payload, then publish one job each; return their task ids in order.
+    def enqueue_many(
+        self, payloads: Iterable[P | Mapping[str, Any]], *, priority: int | None = None, group: str | None = None
+    ) -> list[str]:
+        """Validate every payload, then publish one job each, all at `priority` and in `group` (as `enqueue`);
+        return their task ids in order.
 
         One pydantic call validates the batch: an invalid item raises `PayloadInvalid` whose errors' `loc`
         start with the item's index, and nothing is published. Records and messages are written
@@ -320,8 +346,11 @@ class TypedTask(Generic[P, R]):
         """
         if self._list_adapter is None:
             self._list_adapter = TypeAdapter(list[self.payload_model])  # type: ignore[name-defined]  # a runtime model
+        send = self._sender(priority)
         grouped = groups.checked(self.name, group)
-        return write.enqueue_many(self.name, self.queue, self._send, self._list_adapter, payloads, group=grouped)
+        return write.enqueue_many(
+            self.name, self.queue, send, self._list_adapter, payloads, priority=priority, group=grouped
+        )
 
     def result(self, task_id: str, timeout: float | None = None) -> R:
         """Wait for the job and return its typed result (raises the job's error if it failed)."""

@@ -3,7 +3,8 @@
 The body parameter is exactly the kind's payload model (so the same JSON works for the API, the CLI and
 `send_task`). Delay and ETA are query parameters, at most `MAX_DELAY_S` ahead (a product limit: delayed
 jobs are parked in Redis, so no worker holds them meanwhile); the
-`Idempotency-Key` header makes a repeated request return the first job's id. The function returns only
+`Idempotency-Key` header makes a repeated request return the first job's id; `?priority=` (0-9, 0 the most
+urgent) is the job's priority (`pipeline.producer.priority`). The function returns only
 after `enqueue()` did, i.e. after the publish to Redis returned; broker errors propagate to the 503
 handler in `pipeline.api.errors`. The batch route takes a JSON array of such payloads (at most MAX_BATCH)
 and publishes them with `TypedTask.enqueue_many`: all or none, a bad item named by its index.
@@ -23,6 +24,7 @@ from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
 from pipeline.api.models import Accepted, AcceptedBatch
 from pipeline.constants import GROUP_MAX_LENGTH
+from pipeline.producer.priority import MAX_PRIORITY, MIN_PRIORITY
 from pipeline.task import TypedTask
 
 ETA_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?([Zz]|[+-]\d{2}:?\d{2})?$")
@@ -74,6 +76,18 @@ def require_json(content_type: Annotated[str | None, Header(include_in_schema=Fa
         raise HTTPException(415, detail="send the payload as JSON (Content-Type: application/json)")
 
 
+#: `?priority=`: 0 (most urgent) to 9; anything else is a 422 before anything is published.
+PriorityQuery = Annotated[
+    int | None,
+    Query(
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        description=f"{MIN_PRIORITY} (most urgent) to {MAX_PRIORITY}; omitted: TASK_DEFAULT_PRIORITY. Workers "
+        "take the most urgent level first (levels 0-2, 3-5, 6-8, 9; first in, first out within one).",
+    ),
+]
+
+
 def enqueue_endpoint(typed: TypedTask[Any, Any]) -> Any:
     """A route function whose body parameter is `typed`'s payload model (FastAPI reads `__signature__`)."""
 
@@ -82,11 +96,14 @@ def enqueue_endpoint(typed: TypedTask[Any, Any]) -> Any:
         payload: Any,
         delay_seconds: float | None,
         eta: datetime | None,
+        priority: int | None,
         idempotency_key: str | None,
         group: str | None = None,
     ) -> Accepted:
         countdown, when = _run_at(delay_seconds, eta)
-        task_id = typed.enqueue(payload, countdown=countdown, eta=when, idempotency_key=idempotency_key, group=group)
+        task_id = typed.enqueue(
+            payload, countdown=countdown, eta=when, idempotency_key=idempotency_key, priority=priority, group=group
+        )
         response.headers["Location"] = status_path(task_id)
         return Accepted(id=task_id, status_url=status_path(task_id))
 
@@ -120,6 +137,7 @@ def enqueue_endpoint(typed: TypedTask[Any, Any]) -> Any:
                 ),
             ],
         ),
+        inspect.Parameter("priority", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=PriorityQuery),
         inspect.Parameter(
             "idempotency_key",
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
@@ -169,6 +187,7 @@ def enqueue_batch_endpoint(typed: TypedTask[Any, Any]) -> tuple[Any, dict[str, A
 
     async def endpoint(
         request: Request,
+        priority: PriorityQuery = None,
         group: Annotated[str | None, Query(max_length=GROUP_MAX_LENGTH, description=GROUP_DESCRIPTION)] = None,
     ) -> AcceptedBatch:
         try:
@@ -176,7 +195,7 @@ def enqueue_batch_endpoint(typed: TypedTask[Any, Any]) -> tuple[Any, dict[str, A
         except ValidationError as exc:
             errors = exc.errors(include_url=False, include_input=False)
             raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from None
-        ids = await run_in_threadpool(lambda: typed.enqueue_many(jobs, group=group))
+        ids = await run_in_threadpool(lambda: typed.enqueue_many(jobs, priority=priority, group=group))
         return AcceptedBatch(ids=ids, status_urls=[status_path(i) for i in ids])
 
     endpoint.__name__ = f"enqueue_{typed.kind.replace('-', '_')}_batch"

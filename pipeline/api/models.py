@@ -37,6 +37,11 @@ class Kind(BaseModel):
 class QueueInfo(BaseModel):
     name: str
     depth: int = Field(description="Jobs waiting (all priorities).")
+    levels: dict[str, int] = Field(
+        default_factory=dict,
+        description="Jobs waiting per priority level, most urgent first: level '0' holds priorities 0-2, '3' 3-5, "
+        "'6' 6-8, '9' 9 (workers empty a level before taking the next).",
+    )
     in_flight: int = Field(description="Jobs delivered to a worker and not yet acknowledged.")
     oldest_wait_s: float | None = Field(description="Age of the oldest waiting job, seconds.")
 

@@ -53,7 +53,13 @@ def router() -> APIRouter:
     def queues() -> Queues:
         flying = in_flight_by_queue()
         infos = [
-            QueueInfo(name=s.name, depth=s.depth, in_flight=flying.get(s.name, 0), oldest_wait_s=s.oldest_age_s)
+            QueueInfo(
+                name=s.name,
+                depth=s.depth,
+                levels={str(step): n for step, n in s.levels.items()},
+                in_flight=flying.get(s.name, 0),
+                oldest_wait_s=s.oldest_age_s,
+            )
             for s in queue_stats()
         ]
         return Queues(queues=infos, in_flight=sum(flying.values()))

@@ -31,6 +31,7 @@ from pipeline.constants import (
     HEADER_PUBLISHED_AT,
     JOB_RECORD_KEY,
     PRIORITY_SEPARATOR,
+    PRIORITY_STEPS,
     RECENT_JOBS_KEY,
     UNACKED_KEY,
     WORK_QUEUES,
@@ -58,16 +59,20 @@ def _iso(epoch: Any) -> str | None:
     return datetime.fromtimestamp(float(epoch), UTC).isoformat() if isinstance(epoch, int | float) else None
 
 
-def _headers(raw: bytes | str | None) -> dict[str, Any]:
-    """The headers of a kombu envelope (the body is left encoded: it is never read)."""
+def _envelope(raw: bytes | str | None) -> dict[str, Any]:
+    """A kombu envelope (the body is left encoded: it is never read); {} when it is not one."""
     try:
-        headers = json.loads(raw or b"{}").get("headers") or {}
-    except (ValueError, AttributeError):
+        envelope = json.loads(raw or b"{}")
+    except ValueError:
         return {}
-    return headers if isinstance(headers, dict) else {}
+    return envelope if isinstance(envelope, dict) else {}
 
 
-def _message_row(headers: dict[str, Any], queue: str, state: BrowseState, fallback_id: str = "?") -> JobRow:
+def _message_row(envelope: dict[str, Any], queue: str, state: BrowseState, fallback_id: str = "?") -> JobRow:
+    headers = envelope.get("headers")
+    headers = headers if isinstance(headers, dict) else {}
+    properties = envelope.get("properties")
+    priority = properties.get("priority") if isinstance(properties, dict) else None
     retries = headers.get("retries")
     return JobRow(
         id=str(headers.get("id") or fallback_id),
@@ -75,6 +80,7 @@ def _message_row(headers: dict[str, Any], queue: str, state: BrowseState, fallba
         queue=queue,
         state=state,
         attempts=retries if isinstance(retries, int) else None,
+        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else None,
         enqueued_at=_iso(headers.get(HEADER_PUBLISHED_AT)),
     )
 
@@ -88,14 +94,15 @@ def _queue_of(key: bytes | str) -> str:
 
 
 def _unacked(client: redis.Redis) -> list[tuple[str, dict[str, Any]]]:
-    """(queue, headers) of every delivered-but-unacknowledged job; kombu keeps [message, exchange, routing key]."""
+    """(queue, envelope) of every delivered-but-unacknowledged job; kombu keeps [message, exchange, routing key]."""
     found = []
     for value in client.hvals(UNACKED_KEY):
         try:
             message, _, routing_key = json.loads(value)
-            found.append((str(routing_key), message.get("headers") or {}))
-        except (ValueError, TypeError, AttributeError):
+        except (ValueError, TypeError):
             continue
+        if isinstance(message, dict):
+            found.append((str(routing_key), message))
     return found
 
 
@@ -130,12 +137,14 @@ def _recent(client: redis.Redis, queues: Iterable[str]) -> dict[str, list[tuple[
 
 class _Snapshot(NamedTuple):
     table: dict[str, dict[BrowseState, int]]
+    #: Queue → priority level → waiting jobs.
+    levels: dict[str, dict[str, int]]
     recent: dict[str, list[tuple[str, float, BrowseState]]]
     dead: list[dlq_admin.DeadLetter]
 
 
-def _waiting_counts(client: redis.Redis) -> tuple[dict[str, int], list[Any]]:
-    """Jobs waiting per work queue (every priority level, in groups too), and the parked jobs' destinations."""
+def _waiting_counts(client: redis.Redis) -> tuple[dict[str, dict[str, int]], list[Any]]:
+    """Jobs waiting per work queue and priority level (in groups too), and the parked jobs' destinations."""
     pipe = client.pipeline(transaction=False)
     for queue in WORK_QUEUES:
         for key in queue_keys(queue):
@@ -143,20 +152,22 @@ def _waiting_counts(client: redis.Redis) -> tuple[dict[str, int], list[Any]]:
         pipe.hmget(GROUP_COUNT_KEY, queue_keys(queue))  # jobs waiting in groups
     pipe.hvals(DELAYED_DEST_KEY)
     *replies, dests = pipe.execute()
-    steps = len(queue_keys(WORK_QUEUES[0]))
-    waiting = {}
+    steps = len(PRIORITY_STEPS)
+    levels = {}
     for i, queue in enumerate(WORK_QUEUES):
         at = i * (steps + 1)
-        waiting[queue] = sum(replies[at : at + steps]) + sum(int(n) for n in replies[at + steps] if n)
-    return waiting, dests
+        grouped = [int(n or 0) for n in replies[at + steps]]
+        level_lengths = zip(PRIORITY_STEPS, replies[at : at + steps], grouped, strict=True)
+        levels[queue] = {str(step): int(n) + g for step, n, g in level_lengths}
+    return levels, dests
 
 
 def _snapshot(client: redis.Redis) -> _Snapshot:
     """Jobs per work queue and state (a dead letter counts under its original queue), and what they came from."""
     table = {queue: dict.fromkeys(BrowseState, 0) for queue in WORK_QUEUES}
-    waiting, dests = _waiting_counts(client)
+    levels, dests = _waiting_counts(client)
     for queue in WORK_QUEUES:
-        table[queue][BrowseState.WAITING] = waiting[queue]
+        table[queue][BrowseState.WAITING] = sum(levels[queue].values())
     for dest in dests:
         if (queue := _queue_of(dest)) in table:
             table[queue][BrowseState.SCHEDULED] += 1
@@ -171,7 +182,7 @@ def _snapshot(client: redis.Redis) -> _Snapshot:
     for entry in dead:
         if entry.queue in table:
             table[entry.queue][BrowseState.DEAD_LETTERED] += 1
-    return _Snapshot(table, recent, dead)
+    return _Snapshot(table, levels, recent, dead)
 
 
 def _waiting(client: redis.Redis, queue: str, position: Any, limit: int) -> tuple[list[JobRow], str | None]:
@@ -189,7 +200,8 @@ def _waiting(client: redis.Redis, queue: str, position: Any, limit: int) -> tupl
             continue
         need = limit - len(rows)
         rows += [
-            _message_row(_headers(raw), queue, BrowseState.WAITING) for raw in client.lrange(key, skip, skip + need - 1)
+            _message_row(_envelope(raw), queue, BrowseState.WAITING)
+            for raw in client.lrange(key, skip, skip + need - 1)
         ]
         skip = 0
         if len(rows) >= limit:
@@ -200,7 +212,7 @@ def _waiting(client: redis.Redis, queue: str, position: Any, limit: int) -> tupl
 
 def _running(client: redis.Redis, queue: str, position: Any, limit: int) -> tuple[list[JobRow], str | None]:
     offset = cursor_offset(position or 0)
-    rows = [_message_row(headers, queue, BrowseState.RUNNING) for q, headers in _unacked(client) if q == queue]
+    rows = [_message_row(message, queue, BrowseState.RUNNING) for q, message in _unacked(client) if q == queue]
     rows.sort(key=lambda r: (r.enqueued_at or "", r.id))
     for row in rows:  # the attempt under way counts, as in `job_status`
         row.attempts = (row.attempts or 0) + 1
@@ -232,7 +244,7 @@ def _scheduled(client: redis.Redis, queue: str, position: Any, limit: int) -> tu
     messages = client.hmget(DELAYED_MESSAGE_KEY, [m for m, _ in chosen]) if chosen else []
     rows = []
     for (member, score), raw in zip(chosen, messages, strict=True):
-        row = _message_row(_headers(raw), queue, BrowseState.SCHEDULED, member)
+        row = _message_row(_envelope(raw), queue, BrowseState.SCHEDULED, member)
         row.due_at = _iso(score)
         rows.append(row)
     last = chosen[-1] if chosen else None
@@ -329,5 +341,11 @@ def browse(queue: str, state: BrowseState, cursor: str | None = None, limit: int
             rows, next_cursor = _recent_rows(client, snapshot, queue, state, position, limit)
     table = snapshot.table
     return JobPage(
-        queue=queue, state=state, total=table[queue][state], jobs=rows, next_cursor=next_cursor, counts=table
+        queue=queue,
+        state=state,
+        total=table[queue][state],
+        jobs=rows,
+        next_cursor=next_cursor,
+        counts=table,
+        waiting_levels=snapshot.levels,
     )

@@ -44,6 +44,9 @@ class JobRow(BaseModel):
     attempts: int | None = Field(
         default=None, description="Attempts made so far, the one under way included (0 while waiting)."
     )
+    priority: int | None = Field(
+        default=None, description="A waiting, scheduled or running job's priority (0 most urgent .. 9), as sent."
+    )
     enqueued_at: str | None = Field(default=None, description="When it was published or accepted (ISO 8601, UTC).")
     due_at: str | None = Field(default=None, description="When a scheduled job is released (ISO 8601, UTC).")
     finished_at: str | None = Field(default=None, description="When its last attempt ended (ISO 8601, UTC).")
@@ -58,6 +61,11 @@ class JobPage(BaseModel):
     jobs: list[JobRow]
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
     counts: dict[str, dict[BrowseState, int]] = Field(description="Queue → state → number of jobs.")
+    waiting_levels: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description="Queue → priority level → waiting jobs, most urgent first: level '0' holds priorities 0-2, "
+        "'3' 3-5, '6' 6-8, '9' 9; workers empty a level before taking the next.",
+    )
 
 
 def encode_cursor(queue: str, state: BrowseState, position: Any) -> str:

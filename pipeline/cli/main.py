@@ -15,7 +15,7 @@ from pipeline.cli import dlq as cli_dlq
 from pipeline.cli.output import broker_errors, emit_json, fail, parse_time, read_payload, read_payloads, refused
 from pipeline.compat import PRODUCER_LIBRARIES, versions
 from pipeline.config import get_settings
-from pipeline.errors import BrokerWriteRefused, PayloadInvalid
+from pipeline.errors import BrokerWriteRefused, PayloadInvalid, PriorityInvalid
 from pipeline.status import JobState, JobStatus, job_status
 
 if TYPE_CHECKING:
@@ -37,6 +37,10 @@ def _start() -> None:
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+PriorityOpt = Annotated[
+    int | None,
+    typer.Option(help="0 (most urgent) to 9; default TASK_DEFAULT_PRIORITY. Workers take urgent levels first."),
+]
 
 
 @app.command()
@@ -60,6 +64,7 @@ def enqueue(
     delay: Annotated[float | None, typer.Option(help="Run after this many seconds.")] = None,
     at: Annotated[str | None, typer.Option(help="Run at this time (ISO 8601, UTC if no offset).")] = None,
     idempotency_key: Annotated[str | None, typer.Option(help="Same key → same job, not a second one.")] = None,
+    priority: PriorityOpt = None,
     group: Annotated[str | None, typer.Option(help=GROUP_HELP)] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Follow the job to its end, with progress.")] = False,
     timeout: Annotated[float, typer.Option(help="With --wait: give up after this many seconds.")] = 3600,
@@ -70,10 +75,17 @@ def enqueue(
     eta: datetime | None = parse_time(at) if at else None
     try:
         task_id = typed.enqueue(
-            read_payload(payload, set_ or []), countdown=delay, eta=eta, idempotency_key=idempotency_key, group=group
+            read_payload(payload, set_ or []),
+            countdown=delay,
+            eta=eta,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            group=group,
         )
     except PayloadInvalid as exc:
         raise _invalid(exc, as_json) from None
+    except PriorityInvalid as exc:
+        raise fail(str(exc), 2, as_json) from None
     except BrokerWriteRefused as exc:
         raise refused(exc, as_json) from None
     if not wait:
@@ -100,15 +112,18 @@ def enqueue(
 def enqueue_many(
     kind: Annotated[str, typer.Argument(help="Job kind (see `pipeline kinds`) or full task name.")],
     payloads: Annotated[str, typer.Argument(help="A JSON array or JSON Lines: @file, - for stdin, or the text.")],
+    priority: PriorityOpt = None,
     group: Annotated[str | None, typer.Option(help=GROUP_HELP)] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Validate every payload, then publish one job each (all or none); print their ids in order."""
     typed = _typed(kind, as_json)
     try:
-        ids = typed.enqueue_many(read_payloads(payloads), group=group)
+        ids = typed.enqueue_many(read_payloads(payloads), priority=priority, group=group)
     except PayloadInvalid as exc:
         raise _invalid(exc, as_json) from None
+    except PriorityInvalid as exc:
+        raise fail(str(exc), 2, as_json) from None
     except BrokerWriteRefused as exc:
         raise refused(exc, as_json) from None
     if as_json:
@@ -201,7 +216,8 @@ def cancel(task_id: Annotated[str, typer.Argument(metavar="ID")], as_json: JsonO
 
 @app.command()
 def queues(as_json: JsonOpt = False) -> None:
-    """Depth (all priorities) and oldest waiting job per queue, jobs in flight, and Redis's memory against maxmemory."""
+    """Depth (all priorities, then per priority level) and oldest waiting job per queue, jobs in flight, and Redis's
+    memory against maxmemory."""
     from pipeline.broker import memory_stats, queue_stats, unacked_count
 
     stats = queue_stats()
@@ -210,10 +226,14 @@ def queues(as_json: JsonOpt = False) -> None:
     if as_json:
         emit_json({"queues": [s.__dict__ for s in stats], "in_flight": in_flight, "memory": _memory_json(memory)})
         return
-    typer.echo(f"{'QUEUE':12} {'DEPTH':>7} {'OLDEST':>10}")
+    steps = list(stats[0].levels) if stats else []
+    levels = " ".join(f"{'P' + str(step):>6}" for step in steps)
+    typer.echo(f"{'QUEUE':12} {'DEPTH':>7} {levels} {'OLDEST':>10}")
     for s in stats:
         age = f"{s.oldest_age_s:.1f}s" if s.oldest_age_s is not None else "-"
-        typer.echo(f"{s.name:12} {s.depth:>7} {age:>10}")
+        per_level = " ".join(f"{s.levels.get(step, 0):>6}" for step in steps)
+        typer.echo(f"{s.name:12} {s.depth:>7} {per_level} {age:>10}")
+    typer.echo("P0..P9: waiting per priority level (P0: priorities 0-2, taken first; P3: 3-5; P6: 6-8; P9: 9)")
     typer.echo(f"in flight (delivered, not yet acknowledged): {in_flight}")
     typer.echo(memory_line(memory))
     if memory.policy_warning:

@@ -130,7 +130,10 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
         "result_backend_max_retries": 10,
         "task_default_queue": WORK_QUEUES[0],
         "task_queues": [Queue(name, routing_key=name) for name in WORK_QUEUES],
-        "task_routes": {pattern: {"queue": queue} for pattern, queue in ROUTES.items()},
+        # A job sent without a priority gets the default: `Task.apply_async` through task_default_priority,
+        # `send_task` through its route (an explicit priority wins over both; `pipeline.producer.priority`).
+        "task_default_priority": settings.task_default_priority,
+        "task_routes": task_routes(settings),
         # The `short` profile's until the worker knows its queues (`pipeline.runtime.worker.Worker.setup_queues`).
         "worker_prefetch_multiplier": prefetch_multiplier(settings, "short"),
         # Bounded stop: SIGTERM (remapped to SIGQUIT by the start scripts) waits this long, then requeues.
@@ -169,6 +172,14 @@ def worker_profile(settings: Settings, queues: Iterable[str]) -> str:
 def prefetch_multiplier(settings: Settings, profile: str) -> int:
     """WORKER_PREFETCH_MULTIPLIER when set, else the profile's."""
     return settings.worker_prefetch_multiplier or PROFILE_PREFETCH[profile]
+
+
+def task_routes(settings: Settings) -> dict[str, dict[str, Any]]:
+    """ROUTES, each with the default priority, then every other task on the default queue with it too (a route's
+    options are defaults: a caller's own queue or priority wins)."""
+    routes = {pattern: {"queue": queue} for pattern, queue in ROUTES.items()}
+    routes["*"] = {"queue": WORK_QUEUES[0]}
+    return {pattern: {**route, "priority": settings.task_default_priority} for pattern, route in routes.items()}
 
 
 def task_annotations(settings: Settings) -> dict[str, dict[str, Any]]:

@@ -17,12 +17,12 @@ message) and a bounded delivery history (`pipeline:deliveries:<tag>`). `QoS.appe
 in-memory bookkeeping. The count reaches the worker as the message header `x-delivery-count` (1 on the first
 delivery). The same script first applies the acknowledgements the event loop deferred (`pipeline.delivery.acks`).
 
-A script cannot block, so when every key is empty the channel waits with a command that does not consume:
-`BLMOVE k k RIGHT RIGHT <timeout>` moves a list's last element onto itself (no change) and wakes as soon as
-`k` has one. One queue: it waits on the queue's key for `brpop_timeout` (priority sub-queues are fetched
-after each wait). Several queues: it waits on each queue's key in turn for WAIT_MIN_S, doubling up to
-WAIT_MAX_S while nothing comes (an element on the key being waited on starts at once; on another key within
-one wait). `_brpop_sent_at` is set for every command sent, so kombu's reply health check still applies.
+A script cannot block, so when every key is empty the channel waits with a command that does not consume: `BLMOVE k k
+RIGHT RIGHT <timeout>` moves a list's last element onto itself and wakes once `k` has one. It waits on each queue's
+list at TASK_DEFAULT_PRIORITY, where jobs sent without one wait (other levels are fetched after each wait): one queue
+for `brpop_timeout` (WAIT_MAX_S when that list is not the most urgent); several in turn for WAIT_MIN_S, doubling up to
+WAIT_MAX_S while nothing comes (a job on the key waited on starts at once; on another within one wait).
+`_brpop_sent_at` is set for every command: kombu's reply check applies.
 
 kombu's visibility timeout had to outlast the longest job, so a dead worker's jobs waited that long
 (celery/celery#5935, celery/celery#2599); leases (`pipeline.delivery.lease`) replace it. Acknowledgements are fenced
@@ -55,6 +55,7 @@ from kombu.utils.encoding import bytes_to_str
 
 from pipeline.broker import is_oom
 from pipeline.compat.results import Stored
+from pipeline.config import get_settings
 from pipeline.constants import LEASE_KEY
 from pipeline.delivery import acks, fetch, full, replicas
 from pipeline.delivery.lease import Leases
@@ -277,11 +278,12 @@ class _Leased(full.FullRedis):
         if not queues:
             return
         if self._empty:
-            if len(queues) == 1:
-                key, wait = queues[0], float(timeout or self.brpop_timeout or 1)
+            keys = [self._q_for_pri(q, get_settings().task_default_priority) for q in queues]  # see the module doc
+            if len(keys) == 1:  # a level below the queue's own key: a more urgent job is fetched within WAIT_MAX_S
+                key, wait = keys[0], float(timeout or self.brpop_timeout or 1) if keys == queues else WAIT_MAX_S
             else:
-                self._wait_turn = (self._wait_turn + 1) % len(queues)
-                key, wait = queues[self._wait_turn], self._wait_s
+                self._wait_turn = (self._wait_turn + 1) % len(keys)
+                key, wait = keys[self._wait_turn], self._wait_s
                 self._wait_s = min(WAIT_MAX_S, self._wait_s * 2)
             command: list[Any] = ["BLMOVE", key, key, "RIGHT", "RIGHT", f"{wait:.3f}"]
             if full.waiting(self):  # BLMOVE may grow memory: refused at maxmemory

@@ -251,8 +251,9 @@ def uuid4_strings(count: int) -> list[str]:
 
 
 _lock = threading.Lock()
-#: (process id, task name, keyed) → template; a forked child builds its own (`origin` names the process).
-_templates: dict[tuple[int, str, bool, bool], Template] = {}
+#: (process id, task name, keyed, grouped, priority) → template; a forked child builds its own (`origin` names the
+#: process).
+_templates: dict[tuple[int, str, bool, bool, int | None], Template] = {}
 
 
 def template_for(
@@ -260,12 +261,13 @@ def template_for(
     send: Callable[[Producer, str, dict[str, Any], dict[str, Any]], Any],
     keyed: bool = False,
     grouped: bool = False,
+    priority: int | None = None,
 ) -> Template:
-    """The template of task `name` (`keyed`: for jobs with an idempotency key; `grouped`: with a group), built on
-    first use from
-    `send(producer, task_id, payload, headers)`: one publish of a sample job through Celery, captured
-    (`pipeline.publish.capture`), never sent."""
-    key = (os.getpid(), name, keyed, grouped)
+    """The template of task `name` (`keyed`: for jobs with an idempotency key; `grouped`: with a group header;
+    `priority`: the one `send` gives its jobs, None for the default: the message's priority and its list key differ
+    by priority), built on first use from `send(producer, task_id, payload, headers)`: one publish of a sample job
+    through Celery, captured (`pipeline.publish.capture`), never sent."""
+    key = (os.getpid(), name, keyed, grouped, priority)
     found = _templates.get(key)
     if found is not None:
         return found

@@ -103,11 +103,16 @@ def _templated(
     return ids, outs
 
 
-def _template(name: str, send: Send, keyed: bool = False, grouped: bool = False) -> Template:
-    """The task's template (`template_for`). Building it publishes through Celery once, which declares the queue
-    (a write): at maxmemory that is refused, and the producer gets `BrokerFull`, not kombu's connection error."""
+def _template(
+    name: str, send: Send, keyed: bool = False, grouped: bool = False, priority: int | None = None
+) -> Template:
+    """The task's template at `priority` (`template_for`: its list key is the priority level's, as kombu chose it).
+    Building it publishes through Celery once, which declares the queue (a write): at maxmemory that is refused,
+    and the producer gets `BrokerFull`, not kombu's connection error."""
     try:
-        return template_for(name, lambda p, i, d, h: send(p, i, d, h, None), keyed=keyed, grouped=grouped)
+        return template_for(
+            name, lambda p, i, d, h: send(p, i, d, h, None), keyed=keyed, grouped=grouped, priority=priority
+        )
     except Exception as exc:
         refusal = oom_cause(exc)
         if refusal is None:
@@ -154,16 +159,18 @@ def enqueue_one(
     *,
     due: float | None = None,
     idempotency_key: str | None = None,
+    priority: int | None = None,
     group: str | None = None,
 ) -> str:
-    """Publish one job of task `name` (its payload, and `text` its JSON); return its id, or with an
-    `idempotency_key` already claimed (within ENQUEUE_IDEMPOTENCY_TTL) the id of the job that claimed it.
+    """Publish one job of task `name` (its payload, and `text` its JSON) through `send` (which gives it its
+    `priority`, None: the default one); return its id, or with an `idempotency_key` already claimed (within
+    ENQUEUE_IDEMPOTENCY_TTL) the id of the job that claimed it.
 
     Raises `NotReplicated` (fewer than REDIS_WAIT_REPLICAS replicas confirmed the job in time) or `BrokerFull`
     (Redis at maxmemory: nothing stored)."""
     now = time.time()
     if (due is None or due <= now) and not publish_hooked():
-        template = _template(name, send, keyed=bool(idempotency_key), grouped=bool(group))
+        template = _template(name, send, keyed=bool(idempotency_key), grouped=bool(group), priority=priority)
         (task_id,), (out,) = _templated(template, [(payload, text)], now, idempotency_key or None, group or None)
         claim = None
         if idempotency_key:
@@ -253,12 +260,14 @@ def enqueue_many(
     adapter: TypeAdapter[list[Any]],
     payloads: Iterable[Any],
     chunk: int = CHUNK,
+    priority: int | None = None,
     group: str | None = None,
 ) -> list[str]:
     """Validate every payload (one call), then store records and messages `chunk` jobs per round trip; return
-    the task ids in order. One bad payload: `PayloadInvalid` naming its index, nothing published."""
+    the task ids in order (`send` gives each its `priority`, as in `enqueue_one`). One bad payload: `PayloadInvalid`
+    naming its index, nothing published."""
     items = dump_checked(name, adapter, validate_many(name, adapter, list(payloads)))
-    template = _template(name, send, grouped=bool(group))
+    template = _template(name, send, grouped=bool(group), priority=priority)
     hooked = publish_hooked()
     ids: list[str] = []
     for start in range(0, len(items), chunk):

@@ -25,7 +25,7 @@ from celery import Celery
 
 from pipeline.constants import DELAYED_KEY
 from tests.support.beat import Beat
-from tests.support.procs import ROOT, RedisServer, wait_for
+from tests.support.procs import ROOT, RedisServer, wait_for, waiting
 from tests.support.scrape import scrape, try_scrape, value
 
 pytestmark = pytest.mark.faults
@@ -208,7 +208,7 @@ def test_worker_survives_three_redis_restarts_under_load(
         wait_for(settled, 60, 0.2, what="every acknowledged job to run")
     except TimeoutError:
         missing = set(sent) - set(done(ledger_redis, key))
-        state = {"queued": broker.llen("default"), "unacked": broker.hgetall("unacked"), "missing": missing}
+        state = {"queued": waiting(broker, "default"), "unacked": broker.hgetall("unacked"), "missing": missing}
         raise AssertionError(f"not settled: {state}\n{worker.log()[-3000:]}") from None
     assert alive(worker.proc, worker_pid), f"worker exited:\n{worker.log()[-3000:]}"
     assert "Unrecoverable error" not in worker.log()

@@ -17,7 +17,7 @@ import pytest
 from pipeline.status import JobState, job_status
 from tests.support.cli import run_cli
 from tests.support.dlq import dead_letter
-from tests.support.procs import Worker, wait_for
+from tests.support.procs import Worker, wait_for, waiting
 from tests.support.worker_app import attempts, ledger, ledger_client
 
 pytestmark = pytest.mark.faults
@@ -55,6 +55,6 @@ def test_a_worker_killing_job_is_dead_lettered_after_max_deliveries(make_worker:
     broker = ledger_client()  # the broker's Redis
     # Acknowledged: neither held nor queued any more, so it never comes back.
     wait_for(lambda: not any(task_id.encode() in raw for raw in broker.hvals("unacked")), 10, 0.1, what="the ack")
-    assert broker.llen(QUEUE) == 0
+    assert waiting(broker, QUEUE) == 0
     shown = run_cli("dlq", "show", task_id).stdout
     assert "delivery_limit" in shown and all(f"{n}. " in shown and f"victim{n}@" in shown for n in (1, 2, 3))

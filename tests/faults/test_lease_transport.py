@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
+from pipeline.config import get_settings
 from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
 from pipeline.delivery import transport
 from pipeline.delivery.lease import Leases
@@ -25,9 +26,11 @@ from tests.support.procs import RedisServer
 pytestmark = pytest.mark.faults
 
 
-def _publish(conn: Connection, name: str, body: Any) -> None:
+def _publish(conn: Connection, name: str, body: Any, priority: int | None = None) -> None:
     queue = Queue(name, Exchange(name, "direct"), name)
-    Producer(conn.channel()).publish(body, exchange=queue.exchange, routing_key=name, declare=[queue])
+    Producer(conn.channel()).publish(
+        body, exchange=queue.exchange, routing_key=name, declare=[queue], priority=priority
+    )
 
 
 def _drain(conn: Connection, name: str, n: int, timeout: float = 5) -> list[Any]:
@@ -268,9 +271,12 @@ def test_a_non_message_is_dead_lettered_and_untracked(
     assert client.hlen("unacked") == 1 and client.hlen(LEASE_KEY) == 1 and client.llen(queue_name) == 0
 
 
-def _start_latencies(own_redis: RedisServer, conn: Connection, names: list[str], jobs: int) -> list[float]:
-    """Seconds from publish to delivery, each job published by another client while the consumer is idle and
-    draining (waiting in Redis), after a pause long enough for the waits to back off to their longest."""
+def _start_latencies(
+    own_redis: RedisServer, conn: Connection, names: list[str], jobs: int, priority: int | None = None
+) -> list[float]:
+    """Seconds from publish to delivery, each job published by another client (at `priority`; None: kombu's
+    default, 0) while the consumer is idle and draining (waiting in Redis), after a pause long enough for the waits
+    to back off to their longest."""
     queues = [Queue(name, Exchange(name, "direct"), name) for name in names]
     got: list[float] = []
     sent: list[float] = []
@@ -280,7 +286,7 @@ def _start_latencies(own_redis: RedisServer, conn: Connection, names: list[str],
         for n in range(jobs):
             time.sleep(0.7 + 0.13 * (n % 3))
             sent.append(time.monotonic())
-            _publish(other, names[n % len(names)], {"n": n})
+            _publish(other, names[n % len(names)], {"n": n}, priority)
 
     with Consumer(conn.channel(), queues, callbacks=[lambda body, message: got.append(time.monotonic())]):
         thread = threading.Thread(target=publish_later, daemon=True)
@@ -295,10 +301,15 @@ def _start_latencies(own_redis: RedisServer, conn: Connection, names: list[str],
 
 
 def test_an_idle_single_queue_starts_a_job_at_once(own_redis: RedisServer, conn: Connection, queue_name: str) -> None:
-    """One queue: the wait is a blocking BLMOVE on the queue's key, woken by the job's LPUSH."""
-    latencies = _start_latencies(own_redis, conn, [queue_name], 6)
+    """One queue: the wait is a blocking BLMOVE on the queue's list at the default priority (where jobs sent without
+    one wait), woken by the job's LPUSH; a job at a more urgent level is fetched after that wait, within WAIT_MAX_S."""
+    default = get_settings().task_default_priority
+    latencies = _start_latencies(own_redis, conn, [queue_name], 6, default)
     print(f"start latency, 1 queue (s): median {latencies[3]:.4f}, max {latencies[-1]:.4f}")
     assert latencies[3] < 0.03, latencies  # the median: a loaded CI box may delay any single one
+    urgent = _start_latencies(own_redis, conn, [queue_name], 3, 0)
+    print(f"start latency, 1 queue, priority 0 (s): median {urgent[1]:.4f}, max {urgent[-1]:.4f}")
+    assert urgent[1] < transport.WAIT_MAX_S + 0.15, urgent
 
 
 def test_an_idle_consumer_of_several_queues_starts_a_job_within_one_short_wait(

@@ -23,7 +23,7 @@ import pytest
 from celery import Celery
 
 from pipeline.constants import LEASE_KEY
-from tests.support.procs import RedisServer, wait_for
+from tests.support.procs import RedisServer, wait_for, waiting
 
 pytestmark = pytest.mark.faults
 
@@ -58,7 +58,7 @@ def _done(ledger: RedisServer, key: str) -> collections.Counter[str]:
 def _settled(broker: RedisServer) -> bool:
     """Nothing queued or held: no job can run (again) from here on."""
     client = broker.client()
-    return client.hlen("unacked") == 0 and client.llen("default") == 0
+    return client.hlen("unacked") == 0 and waiting(client, "default") == 0
 
 
 def test_kill_9_with_three_jobs_in_flight_all_finish_once_on_a_peer_within_lease_plus_sweep(

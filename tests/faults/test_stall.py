@@ -23,7 +23,7 @@ from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.observability.health import health_path
 from tests.support.cli import run_cli
-from tests.support.procs import RedisServer, wait_for
+from tests.support.procs import RedisServer, wait_for, waiting
 from tests.support.worker_app import attempts, ledger, ledger_client
 
 pytestmark = pytest.mark.faults
@@ -81,7 +81,7 @@ def test_an_idle_worker_is_healthy(node: Any, make_worker: Any) -> None:
     make_worker(name, env=ENV, queues=QUEUE, concurrency=1)
     wait_for(lambda: healthy(name), 10, 0.2, what="a healthy heartbeat")
     finish(send(2, "idle"))  # it fetches and runs jobs, and stays healthy past the timeout
-    wait_for(lambda: ledger_client().llen(QUEUE) == 0, 5, what="the queue to drain")
+    wait_for(lambda: waiting(ledger_client(), QUEUE) == 0, 5, what="the queue to drain")
     result = probe(name)
     assert result.returncode == 0 and "healthy" in result.stdout, result
 
@@ -96,7 +96,7 @@ def test_a_frozen_worker_fails_with_a_stale_heartbeat_then_recovers(node: Any, m
         reason = wait_for(lambda: unhealthy_with(name, "heartbeat stale"), 12, 0.3, what="a stale heartbeat")
         assert "event loop is not running" in str(reason)
         # The BRPOP the worker issued before it froze takes one job; the others wait in the queue.
-        assert ledger_client().llen(QUEUE) >= 2
+        assert waiting(ledger_client(), QUEUE) >= 2
     finally:
         worker.send_signal(signal.SIGCONT)
     wait_for(lambda: healthy(name), 10, 0.2, what="a fresh heartbeat after SIGCONT")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.dlq import dead_letter
-from tests.support.procs import wait_for
+from tests.support.procs import wait_for, waiting
 from tests.support.worker_app import attempts, ledger, ledger_client
 
 pytestmark = pytest.mark.faults
@@ -54,7 +54,7 @@ def test_sigterm_requeues_a_long_task_within_the_soft_shutdown_bound(make_worker
     stopped_after = time.monotonic() - begun
     assert stopped_after < 2 + 10, stopped_after  # soft-shutdown bound plus process teardown
     assert done(key) == []
-    assert ledger_client().llen(QUEUE) == 1  # requeued at once, not left for the lease to expire
+    assert waiting(ledger_client(), QUEUE) == 1  # requeued at once, not left for the lease to expire
     make_worker("term2", env=env, queues=QUEUE, concurrency=1)
     assert ledger.result(task_id, timeout=30).key == key
     assert len(attempts(key)) == 2 and len(done(key)) == 1
@@ -68,7 +68,7 @@ def test_sigterm_lets_a_short_task_finish(make_worker: Any) -> None:
     w1.send_signal(signal.SIGTERM)
     w1.wait(30)
     assert len(done(key)) == 1 and len(attempts(key)) == 1
-    assert ledger_client().llen(QUEUE) == 0
+    assert waiting(ledger_client(), QUEUE) == 0
 
 
 def test_killed_pool_child_is_retried_then_dead_lettered_from_the_main_process(make_worker: Any) -> None:

@@ -23,7 +23,7 @@ from celery import Celery
 
 from pipeline.constants import LEASE_KEY
 from tests.support import faketime
-from tests.support.procs import RedisServer, Worker, wait_for
+from tests.support.procs import RedisServer, Worker, wait_for, waiting
 
 pytestmark = pytest.mark.ha
 
@@ -105,7 +105,7 @@ def test_workers_90_s_behind_and_ahead_of_a_correct_one_each_run_their_own_jobs_
 
     wait_for(all_done, JOB_S * 4, 0.2, what="every job's result")
     client = own_redis.client()
-    wait_for(lambda: client.hlen("unacked") == 0 and client.llen("default") == 0, 15, 0.1, what="acknowledgements")
+    wait_for(lambda: client.hlen("unacked") == 0 and waiting(client, "default") == 0, 15, 0.1, what="acknowledgements")
     records = _records(ledger_redis, key)
     runs = [(r["t"], r["event"], node_of[r["node"].split("@")[0]], r["task_id"][:8]) for r in records]
     began = {r["task_id"]: r["t"] for r in records if r["event"] == "start"}

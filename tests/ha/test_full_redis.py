@@ -23,7 +23,7 @@ from kombu.exceptions import OperationalError
 from pipeline.broker import is_oom
 from pipeline.delivery import transport
 from pipeline.delivery.lease import Leases
-from tests.support.procs import RedisServer, wait_for
+from tests.support.procs import RedisServer, wait_for, waiting
 
 pytestmark = pytest.mark.ha
 
@@ -79,7 +79,7 @@ def test_a_backlog_that_filled_redis_is_drained_with_every_accepted_job_run_once
     worker = make_worker(f"full-{pool}-{key[:6]}", env=env, concurrency=2, pool=pool)
     ledger = ledger_redis.client()
     wait_for(lambda: ledger.llen(f"test:done:{key}") >= len(accepted), 120, 0.5, what="the backlog to drain")
-    wait_for(lambda: broker.hlen("unacked") == 0 and broker.llen("default") == 0, 30, 0.2, what="nothing held")
+    wait_for(lambda: broker.hlen("unacked") == 0 and waiting(broker, "default") == 0, 30, 0.2, what="nothing held")
     done = collections.Counter(x.decode() for x in ledger.lrange(f"test:done:{key}", 0, -1))
     assert set(done) == set(accepted)  # every accepted job ran (lost = 0)
     assert max(done.values()) == 1  # none twice

@@ -28,7 +28,7 @@ from celery import Celery
 
 from pipeline.constants import LEASE_KEY
 from tests.support import netns
-from tests.support.procs import Worker, wait_for
+from tests.support.procs import Worker, wait_for, waiting
 from tests.support.topology import Node
 
 pytestmark = pytest.mark.ha
@@ -84,7 +84,8 @@ class Site:
     def settled(self) -> bool:
         """Nothing queued or held: every job is acknowledged, none can run (again)."""
         client = self.broker.client()
-        queued = sum(client.llen(self.queue(q)) for q in ("jobs", "solo_jobs", "own", "solo_own", "blockers"))
+        names = ("jobs", "solo_jobs", "own", "solo_own", "blockers")
+        queued = sum(waiting(client, self.queue(q)) for q in names)
         return client.hlen("unacked") == 0 and client.hlen(LEASE_KEY) == 0 and queued == 0
 
     def stored_by(self, task_id: str) -> str:

@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from pipeline import lua
-from pipeline.broker import decode_message
+from pipeline.broker import decode_message, queue_keys
 from pipeline.constants import (
     DELAYED_KEY,
     DELAYED_MESSAGE_KEY,
@@ -68,24 +68,24 @@ def queue(producer: ProducerProcess) -> str:
     return str(producer.call("queue", kind="probe"))
 
 
-def messages(client: redis.Redis, key: str) -> list[dict[str, Any]]:
-    """The headers of every message on list `key`."""
-    return [decode_message(raw)["headers"] for raw in client.lrange(key, 0, -1)]
+def messages(client: redis.Redis, queue: str) -> list[dict[str, Any]]:
+    """The headers of every message waiting in `queue` (every priority level)."""
+    return [decode_message(raw)["headers"] for key in queue_keys(queue) for raw in client.lrange(key, 0, -1)]
 
 
-def ids_on(client: redis.Redis, key: str) -> list[str]:
-    return [h["id"] for h in messages(client, key)]
+def ids_on(client: redis.Redis, queue: str) -> list[str]:
+    return [h["id"] for h in messages(client, queue)]
 
 
-def keyed(client: redis.Redis, key: str, idempotency_key: str) -> list[str]:
-    """Ids of the messages on list `key` carrying this idempotency key."""
-    return [h["id"] for h in messages(client, key) if h.get(HEADER_IDEMPOTENCY_KEY) == idempotency_key]
+def keyed(client: redis.Redis, queue: str, idempotency_key: str) -> list[str]:
+    """Ids of the messages waiting in `queue` carrying this idempotency key."""
+    return [h["id"] for h in messages(client, queue) if h.get(HEADER_IDEMPOTENCY_KEY) == idempotency_key]
 
 
-def carrying(client: redis.Redis, key: str, message: str) -> list[str]:
-    """Ids of the messages on list `key` whose payload's `message` is this one."""
+def carrying(client: redis.Redis, queue: str, message: str) -> list[str]:
+    """Ids of the messages waiting in `queue` whose payload's `message` is this one."""
     found = []
-    for raw in client.lrange(key, 0, -1):
+    for raw in (raw for key in queue_keys(queue) for raw in client.lrange(key, 0, -1)):
         envelope = decode_message(raw)
         if envelope["body"][0][0].get("message") == message:
             found.append(envelope["headers"]["id"])

@@ -384,3 +384,30 @@ def test_kinds_offer_the_job_types_and_not_housekeeping(api: ApiServer) -> None:
         assert {"probe", "email", "pdf", "transcode", "webhook"} <= kinds
         assert not kinds & {"dlq-retention", "artifact-purge"}
         assert client.post("/jobs/dlq-retention", json={}).status_code == 404
+
+
+def levels(client: httpx.Client, queue: str = "default") -> dict[str, int]:
+    stats = client.get("/queues").json()
+    return dict(next(q["levels"] for q in stats["queues"] if q["name"] == queue))
+
+
+def test_priority_picks_the_level_and_a_bad_one_is_refused(idle: ApiServer) -> None:
+    """`?priority=` on one job and on a batch: the job waits at its priority's level (none given: the default's,
+    3); out of range or not an integer is a 422 naming the parameter, and nothing is published."""
+    with idle.client() as client:
+        before = levels(client)
+        assert client.post("/jobs/probe", params={"priority": 0}, json={}).status_code == 202
+        assert client.post("/jobs/probe", json={}).status_code == 202
+        batch = client.post("/jobs/probe/batch", params={"priority": 7}, json=[{}, {}])
+        assert batch.status_code == 202
+        after = levels(client)
+        assert {k: after[k] - before[k] for k in after} == {"0": 1, "3": 1, "6": 2, "9": 0}
+
+        for bad in ("10", "-1", "1.5", "urgent", "true"):
+            one = client.post("/jobs/probe", params={"priority": bad}, json={})
+            assert one.status_code == 422, bad
+            assert one.json()["detail"][0]["loc"] == ["query", "priority"]
+            many = client.post("/jobs/probe/batch", params={"priority": bad}, json=[{}])
+            assert many.status_code == 422, bad
+            assert many.json()["detail"][0]["loc"] == ["query", "priority"]
+        assert levels(client) == after

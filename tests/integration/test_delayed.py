@@ -14,7 +14,7 @@ from pipeline.broker import broker_redis, decode_message
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
 from pipeline.scheduling.delayed import release_due
 from pipeline.status import job_status
-from tests.support.procs import wait_for
+from tests.support.procs import wait_for, waiting
 from tests.support.worker_app import attempts, ledger
 
 pytestmark = pytest.mark.integration
@@ -61,7 +61,8 @@ def test_parked_job_is_scheduled_and_released_as_celery_would_publish_it() -> No
         with broker_redis() as client:
             dest = client.hget(DELAYED_DEST_KEY, task_id)
             body = client.hget(DELAYED_MESSAGE_KEY, task_id)
-        assert dest == b"default"
+        assert dest == b"default\x06\x163"  # the list of its priority: TASK_DEFAULT_PRIORITY (3)
+        assert decode_message(body or b"")["properties"]["priority"] == 3
         envelope: dict[str, Any] = decode_message(body or b"")
         assert envelope["headers"]["task"] == "test.ledger"
         assert envelope["headers"]["id"] == task_id
@@ -99,7 +100,7 @@ def test_five_thousand_parked_jobs_do_not_grow_worker_memory(make_worker: Any) -
         time.sleep(3)  # a dozen release polls: nothing is due, nothing reaches the worker
         after = rss_kib(worker.pid)
         with broker_redis() as client:
-            assert client.llen("default") == 0
+            assert waiting(client, "default") == 0
             assert client.zcard(DELAYED_KEY) >= 5000
         print(f"worker RSS {before} KiB -> {after} KiB with 5,000 parked jobs")
         # Held in the worker as Celery ETA requests, 5,000 such jobs grew it by ~45 MiB (measured once).

@@ -15,6 +15,7 @@ from celery.result import AsyncResult
 from pydantic import TypeAdapter
 
 from pipeline import lua, publish
+from pipeline.broker import queue_keys
 from pipeline.celery_app import get_app
 from pipeline.constants import JOB_RECORD_KEY
 from pipeline.errors import PayloadInvalid
@@ -161,7 +162,7 @@ def test_a_publish_hook_sees_every_job_when_one_is_connected(redis_server: Redis
     assert seen_ids == [one, *many]
     assert all(accepted_record(i) is not None for i in [one, *many])
     client = redis_server.client()
-    stored = [json.loads(m) for m in client.lrange("default", 0, -1)]
+    stored = [json.loads(m) for key in queue_keys("default") for m in client.lrange(key, 0, -1)]
     mine = {m["headers"]["id"]: m["headers"] for m in stored if m["headers"]["id"] in seen_ids}
     for headers in mine.values():  # those no worker has taken yet carry the hook's header and the stamp
         assert headers["x-audit"] == "seen" and headers["pipeline_published_at"] > 0

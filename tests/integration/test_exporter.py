@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,15 +19,6 @@ from tests.support.scrape import Samples, scrape, try_scrape, value
 from tests.support.worker_app import ledger
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def fill_queue(redis_server: RedisServer) -> Iterator[str]:
-    queue = f"obs-fill-{uuid.uuid4().hex[:8]}"
-    yield queue
-    from pipeline.broker import queue_keys
-
-    redis_server.client().delete(*queue_keys(queue))
 
 
 @pytest.fixture
@@ -58,30 +48,30 @@ def running_exporter(work_dir: Path, *queues: str) -> Iterator[int]:
     assert proc.returncode == 0
 
 
-def test_exporter_reports_depth_dlq_and_age(fill_queue: str, clean_dlq: None, work_dir: Path) -> None:
+def test_exporter_reports_depth_dlq_and_age(spare_queue: str, clean_dlq: None, work_dir: Path) -> None:
     for _ in range(3):
-        ledger.task.apply_async(({"key": "exporter"},), queue=fill_queue)
+        ledger.task.apply_async(({"key": "exporter"},), queue=spare_queue)
     for _ in range(2):
-        ledger.task.apply_async(({"key": "exporter"},), queue=fill_queue, priority=9)
+        ledger.task.apply_async(({"key": "exporter"},), queue=spare_queue, priority=9)
     for _ in range(2):
         publish(DeadLetter(reason="failed", task_name="test.ledger", exception_type="ValueError"))
 
-    with running_exporter(work_dir, fill_queue, "default") as port:
+    with running_exporter(work_dir, spare_queue, "default") as port:
         samples = wait_for(lambda: try_scrape(port), 20, 0.2, what="exporter /metrics")
         assert isinstance(samples, dict)
-        assert value(samples, "pipeline_queue_depth", queue=fill_queue) == 5
+        assert value(samples, "pipeline_queue_depth", queue=spare_queue) == 5
         assert value(samples, "pipeline_dlq_size") == 2
         assert value(samples, "pipeline_broker_up") == 1
         in_flight = value(samples, "pipeline_queue_in_flight")
         assert in_flight is not None
         assert in_flight >= 0
-        age = value(samples, "pipeline_queue_oldest_age_seconds", queue=fill_queue)
+        age = value(samples, "pipeline_queue_oldest_age_seconds", queue=spare_queue)
         assert age is not None
         assert age > 0
         assert value(samples, "pipeline_queue_depth", queue="dead_letter") is None, "the DLQ is its own figure"
         # Figures are read at scrape time: a job more shows at once.
-        ledger.task.apply_async(({"key": "exporter"},), queue=fill_queue, priority=6)
-        assert value(scrape(port), "pipeline_queue_depth", queue=fill_queue) == 6
+        ledger.task.apply_async(({"key": "exporter"},), queue=spare_queue, priority=6)
+        assert value(scrape(port), "pipeline_queue_depth", queue=spare_queue) == 6
 
 
 def test_exporter_reports_parked_delayed_jobs(no_parked_jobs: None, work_dir: Path) -> None:

@@ -73,7 +73,8 @@ def test_waiting_jobs_of_every_priority_page_newest_first_and_never_skip(
     with idle.client() as client:
         accepted = [client.post("/jobs/probe", json={"message": MARKER}).json()["id"] for _ in range(5)]
         redis = idle_redis.client()
-        redis.rpoplpush("default", "default\x06\x163")  # the oldest job, as if sent with a lower priority
+        # Sent with the default priority (3): the oldest job moved to the next level, as if sent with priority 6.
+        redis.rpoplpush("default\x06\x163", "default\x06\x166")
 
         first = listing(client, "default", "waiting", limit=2)
         assert first["total"] == 5
@@ -83,17 +84,25 @@ def test_waiting_jobs_of_every_priority_page_newest_first_and_never_skip(
         pages = every_page(client, "default", "waiting", 2)
         assert [len(p) for p in pages] == [2, 2, 1]
         rows = [row for page in pages for row in page]
-        # Priority step 0 first (newest first within it), then the lower-priority sub-queue.
+        # Priority step 3 first (newest first within it), then the lower-priority sub-queue.
         assert [r["id"] for r in rows] == [*reversed(accepted[1:]), accepted[0]]
+        assert {r["priority"] for r in rows} == {3}
+        assert first["waiting_levels"]["default"] == {"0": 0, "3": 4, "6": 1, "9": 0}
         assert {r["task"] for r in rows} == {"pipeline.probe"}
         assert {r["state"] for r in rows} == {"waiting"} and {r["queue"] for r in rows} == {"default"}
         assert all(r["enqueued_at"] and r["attempts"] == 0 for r in rows)
 
         # A worker taking the oldest jobs between two pages makes the next page skip nothing.
         page1 = listing(client, "default", "waiting", limit=2)
-        redis.rpop("default")
+        redis.rpop("default\x06\x163")
         page2 = listing(client, "default", "waiting", limit=2, cursor=page1["next_cursor"])
         assert [r["id"] for r in page2["jobs"]] == [accepted[2], accepted[0]]  # accepted[1] was taken
+
+        # An urgent job is listed first, at its level.
+        urgent = client.post("/jobs/probe", params={"priority": 1}, json={"message": MARKER}).json()["id"]
+        page = listing(client, "default", "waiting", limit=1)
+        assert [(r["id"], r["priority"]) for r in page["jobs"]] == [(urgent, 1)]
+        assert page["waiting_levels"]["default"] == {"0": 1, "3": 3, "6": 1, "9": 0}
 
 
 def test_scheduled_jobs_page_by_due_time(idle: ApiServer) -> None:

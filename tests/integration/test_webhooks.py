@@ -14,6 +14,7 @@ from tasks import webhook_http, webhooks
 from tests.conftest import TEST_ENV
 from tests.support.dlq import dead_letter
 from tests.support.http_peer import HttpPeer
+from tests.support.procs import waiting
 
 pytestmark = pytest.mark.integration
 
@@ -112,9 +113,9 @@ def test_enqueue_many_publishes_nothing_when_one_payload_is_invalid(redis_server
     from pipeline.errors import PayloadInvalid
 
     client = redis_server.client()
-    before = client.llen("webhooks")
+    before = waiting(client, "webhooks")
     good = {"url": "https://example.com/h", "event": "e", "payload": {}}
     with pytest.raises(PayloadInvalid) as caught:
         webhooks.enqueue_many([good, good, {**good, "url": "not a url"}])
     assert caught.value.errors[0]["loc"][0] == 2
-    assert client.llen("webhooks") == before
+    assert waiting(client, "webhooks") == before

@@ -29,7 +29,7 @@ from pipeline.status import JobState, job_status
 from pipeline.task import load_task_modules
 from tests.support.dlq import dead_letter
 from tests.support.limited import limited, starts
-from tests.support.procs import RedisServer, Worker, free_port, wait_for
+from tests.support.procs import RedisServer, Worker, free_port, wait_for, waiting
 from tests.support.scrape import scrape, value
 from tests.support.tracked import tracked, untracked
 from tests.support.worker_app import attempts, ledger, ledger_client
@@ -314,7 +314,7 @@ def test_io_profile_sigterm_during_a_job_requeues_it_at_once(work_dir: Path, red
     finally:
         worker.stop()
     assert code == 0
-    assert redis_server.client().llen(queue) == 1, "the interrupted job is back on its queue"
+    assert waiting(redis_server.client(), queue) == 1, "the interrupted job is back on its queue"
     assert len(attempts(key)) == 1
     assert ledger.task.AsyncResult(job.id).state == "PENDING", "neither failed nor dead-lettered"
 

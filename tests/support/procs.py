@@ -30,6 +30,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def waiting(client: redis.Redis, queue: str) -> int:
+    """Jobs waiting in `queue`, every priority level (kombu's list per level)."""
+    from pipeline.broker import queue_keys
+
+    return sum(int(client.llen(key)) for key in queue_keys(queue))
+
+
 def wait_for(
     predicate: Callable[[], object], timeout: float, interval: float = 0.05, what: str = "condition"
 ) -> object:

@@ -27,7 +27,9 @@ def test_defaults_give_reliable_celery_conf() -> None:
     assert conf["worker_soft_shutdown_timeout"] > 0 and conf["broker_connection_retry_on_startup"]
     assert conf["result_expires"] > 0
     assert {q.name for q in conf["task_queues"]} == {"default", "email", "pdf", "transcode", "webhooks"}
-    assert conf["task_routes"]["media.*"] == {"queue": "transcode"}
+    assert conf["task_routes"]["media.*"] == {"queue": "transcode", "priority": 3}
+    # A job sent without a priority (apply_async, or send_task through the routes) waits one level below the top.
+    assert conf["task_default_priority"] == conf["task_routes"]["*"]["priority"] == 3
 
 
 def test_only_workers_consume_through_the_delivery_layers_transport() -> None:

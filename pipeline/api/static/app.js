@@ -384,7 +384,7 @@ async function loadBrowser() {
   if (response.status !== 200) return;
   const page = response.body;
   b.next = page.next_cursor;
-  renderCounts(page.counts);
+  renderCounts(page.counts, page.waiting_levels || {});
   $("browser-list-title").textContent = `${stateLabel(page.state)} in ${page.queue} (${page.total})`;
   $("browser-empty").hidden = page.jobs.length > 0;
   $("browser-table").hidden = page.jobs.length === 0;
@@ -394,7 +394,15 @@ async function loadBrowser() {
   $("browser-position").textContent = `page ${b.back.length + 1}`;
 }
 
-function renderCounts(counts) {
+// Waiting jobs per priority level ("P0 2 · P3 40"; levels with none left out): workers take P0 first.
+function levelsText(levels) {
+  return Object.entries(levels || {})
+    .filter(([, n]) => n > 0)
+    .map(([level, n]) => `P${level} ${n}`)
+    .join(" · ");
+}
+
+function renderCounts(counts, waitingLevels) {
   $("counts-head").replaceChildren(el("th", {}, "Queue"), ...BROWSE_STATES.map((name) => el("th", {}, stateLabel(name))));
   $("counts-rows").replaceChildren(
     ...Object.entries(counts).map(([queue, byState]) =>
@@ -405,6 +413,7 @@ function renderCounts(counts) {
         ...BROWSE_STATES.map((name) => {
           const n = byState[name] || 0;
           const selected = queue === state.browser.queue && name === state.browser.state;
+          const levels = name === "waiting" ? levelsText(waitingLevels[queue]) : "";
           return el(
             "td",
             {},
@@ -413,6 +422,7 @@ function renderCounts(counts) {
               { type: "button", class: `small ${n ? "" : "zero"}`, dataset: { queue, state: name }, "aria-pressed": String(selected), "aria-label": `${stateLabel(name)} in ${queue}: ${n}`, onclick: () => browseFrom(queue, name) },
               String(n),
             ),
+            levels ? el("div", { class: "muted small levels", dataset: { queue }, title: "waiting per priority level: P0 holds priorities 0-2 and is taken first, then P3 (3-5), P6 (6-8), P9" }, levels) : null,
           );
         }),
       ),
@@ -431,6 +441,7 @@ function browserRow(job) {
     el("td", { class: "nowrap" }, job.enqueued_at ? new Date(job.enqueued_at).toLocaleString() : "–"),
     el("td", { class: "nowrap" }, done ? new Date(done).toLocaleString() : "–"),
     el("td", { class: "num" }, job.attempts === null || job.attempts === undefined ? "–" : String(job.attempts)),
+    el("td", { class: "num" }, job.priority === null || job.priority === undefined ? "–" : String(job.priority)),
     el("td", { class: "muted small" }, job.exception ? job.exception.split(".").pop() : ""),
   );
 }
@@ -526,6 +537,7 @@ async function loadQueues() {
         { class: `queue ${q.depth ? "busy" : ""}`, title: q.oldest_wait_s !== null ? `oldest waiting ${fmtSeconds(q.oldest_wait_s)}` : "nothing waiting" },
         el("span", {}, q.name),
         el("strong", {}, String(q.depth)),
+        q.depth && levelsText(q.levels) ? el("span", { class: "muted small levels" }, levelsText(q.levels)) : null,
         q.in_flight ? el("span", { class: "muted small" }, `+${q.in_flight} running`) : null,
       ),
     ),
