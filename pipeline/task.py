@@ -27,7 +27,6 @@ from typing import Any, Generic, Protocol, TypeVar
 from celery import Celery, Task, shared_task
 from celery.exceptions import Retry
 from celery.result import AsyncResult
-from celery.utils.time import rate as per_second
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from pipeline import publish
@@ -39,6 +38,7 @@ from pipeline.fairness import groups
 from pipeline.producer import write
 from pipeline.producer.priority import check as check_priority
 from pipeline.retry import RetryPolicy
+from pipeline.scheduling.rates import ClusterRate
 
 P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
@@ -66,33 +66,6 @@ class Guard(Protocol):
 #: Guards around each run of a task's function, outermost first. The worker's runtime installs the solo pool's
 #: time limits (`pipeline.runtime.timelimits`) and its heartbeat keep-alive (`pipeline.runtime.stall`) here.
 GUARDS: list[Guard] = []
-
-
-@dataclasses.dataclass(frozen=True)
-class ClusterRate:
-    """A limit shared by every worker: `rate` ("20/s", or a callable read when the job runs), up to `burst`
-    jobs at once, one limit per `key(job)` when given. Declared with `typed_task(cluster_rate=...)`."""
-
-    rate: str | Callable[[], str]
-    burst: int = 1
-    key: Callable[[Any], str] | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.rate, str):
-            self.interval()  # a malformed rate fails where the task is declared
-        if self.burst < 1:
-            raise ValueError("cluster_burst must be at least 1")
-
-    def interval(self) -> float:
-        """Seconds between two jobs (Celery's rate syntax: N/s, N/m, N/h)."""
-        text = self.rate() if callable(self.rate) else self.rate
-        try:
-            jobs_per_second = float(per_second(text))
-        except (KeyError, ValueError):
-            jobs_per_second = 0.0
-        if jobs_per_second <= 0:
-            raise ValueError(f"rate {text!r}: expected N/s, N/m or N/h with N > 0")
-        return 1 / jobs_per_second
 
 
 def request_header(request: Any, name: str) -> Any:

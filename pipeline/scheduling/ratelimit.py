@@ -27,7 +27,8 @@ from pipeline.broker import broker_redis
 from pipeline.constants import HEADER_RATE_SLOT, HEADER_THROTTLED, RATE_LIMIT_KEY
 from pipeline.lua import script
 from pipeline.observability import metrics
-from pipeline.task import ClusterRate, PipelineTask, request_header
+from pipeline.scheduling.rates import ClusterRate
+from pipeline.task import PipelineTask, request_header
 
 
 def _redis_key(limit: ClusterRate, task_name: str, job: Any) -> str:

@@ -65,7 +65,7 @@ def test_a_waiting_job_is_dropped_by_the_fetch_unrun(transcode_worker: Worker) -
     task_id = str(uuid.uuid4())
     record_accepted(task_id, "test.run", queue=TRANSCODE_QUEUE)
     # Waiting on a queue no worker consumes, then moved where the transcode worker fetches.
-    run.task.apply_async(({"key": key},), task_id=task_id, queue="cancel-idle")
+    run.task.apply_async(({"key": key},), task_id=task_id, queue="cancel-idle", priority=0)  # its plain list
     assert job_status(task_id).state is JobState.QUEUED
     assert cancel(task_id).state is JobState.CANCELLED
     with broker_redis() as client:
