@@ -35,10 +35,10 @@ from pipeline.config import get_settings
 from pipeline.constants import DELIVERY_HEADERS, HEADER_IDEMPOTENCY_KEY, HEADER_RATE_SLOT, TASK_MODULES
 from pipeline.errors import JobCancelled, PayloadInvalid, PermanentError
 from pipeline.fairness import groups
+from pipeline.fairness.rates import ClusterRate
 from pipeline.producer import write
 from pipeline.producer.priority import check as check_priority
 from pipeline.retry import RetryPolicy
-from pipeline.scheduling.rates import ClusterRate
 
 P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)

@@ -25,9 +25,9 @@ from celery.exceptions import Ignore
 from pipeline import publish
 from pipeline.broker import broker_redis
 from pipeline.constants import HEADER_RATE_SLOT, HEADER_THROTTLED, RATE_LIMIT_KEY
+from pipeline.fairness.rates import ClusterRate
 from pipeline.lua import script
 from pipeline.observability import metrics
-from pipeline.scheduling.rates import ClusterRate
 from pipeline.task import PipelineTask, request_header
 
 

@@ -12,7 +12,7 @@ from celery.result import AsyncResult
 
 from pipeline.celery_app import get_app
 from pipeline.constants import RATE_LIMIT_KEY
-from pipeline.scheduling.rates import ClusterRate
+from pipeline.fairness.rates import ClusterRate
 from tests.support.limited import limited, starts
 from tests.support.procs import RedisServer, wait_for
 
