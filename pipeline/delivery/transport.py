@@ -251,6 +251,7 @@ class _Leased(full.FullRedis):
     _empty = False  # the last fetch found nothing: wait before the next one
     _wait_turn = 0
     _carried: tuple[list[str], list[Stored]] | None = None  # acknowledgements and results the fetch in flight carries
+    paused: frozenset[str] | set[str] = frozenset()  # consumed queues the last fetch found paused
     _replicas_due = False  # a WAIT was sent after the fetch in flight: its reply is read after the fetch's
 
     def _fetch_soon(self: Any) -> bool:
@@ -277,11 +278,12 @@ class _Leased(full.FullRedis):
         if not queues:
             return
         if self._empty:
+            queues, longest = fetch.idle_keys(self, queues)  # never a paused queue's key: it may hold jobs
             if len(queues) == 1:
-                key, wait = queues[0], float(timeout or self.brpop_timeout or 1)
+                key, wait = queues[0], min(float(timeout or self.brpop_timeout or 1), longest)
             else:
                 self._wait_turn = (self._wait_turn + 1) % len(queues)
-                key, wait = queues[self._wait_turn], self._wait_s
+                key, wait = queues[self._wait_turn], min(self._wait_s, longest)
                 self._wait_s = min(WAIT_MAX_S, self._wait_s * 2)
             command: list[Any] = ["BLMOVE", key, key, "RIGHT", "RIGHT", f"{wait:.3f}"]
             if full.waiting(self):  # BLMOVE may grow memory: refused at maxmemory
@@ -334,7 +336,7 @@ class _Leased(full.FullRedis):
                 raise Empty()
             carried, self._carried = self._carried, None
             fetch.acknowledged(self, reply, carried[0] if carried else [])
-            if len(reply) <= 1:
+            if len(reply) <= fetch.FIRST:
                 self._empty = True
                 raise Empty()
             self._empty = False
@@ -360,7 +362,7 @@ class _Leased(full.FullRedis):
             numkeys, *rest = fetch.args(self, [queue], 1)
             reply = script(fetch.FETCH)(keys=rest[:numkeys], args=rest[numkeys:], client=client)
             self._maybe_update_queues_expire(client, queue)
-        if len(reply) <= 1:
+        if len(reply) <= fetch.FIRST:
             raise Empty()
         ((key, tag, count, item, kind),) = fetch.elements(reply)
         payload = fetch.accept(self, key, tag, count, item, kind, queue)
