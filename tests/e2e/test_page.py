@@ -4,8 +4,7 @@ A person's path through the page: give the token, start a job with progress (a t
 clip; the probe when the transcode kind is absent), watch its bar reach 100 % and open its result;
 send a job that fails, replay it from the dead-letter queue; pause and resume a queue; browse every queue's jobs by
 state, including jobs the page did not start, and cancel one. Screenshots of the page go to test-artifacts/. The
-browser is
-the system's (`scripts/ensure-system-deps` installs it); nothing is downloaded.
+browser is the system's (`scripts/ensure-system-deps` installs it); nothing is downloaded.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@ it already holds, loses none, and starts them all once when the queue is resumed
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -12,8 +14,10 @@ from typing import Any
 import pytest
 
 from pipeline.broker import queue_keys
+from pipeline.config import get_settings
 from pipeline.constants import PAUSED_KEY, UNACKED_KEY
 from pipeline.observability.exporter import QueueCollector
+from pipeline.observability.health import health_path
 from tests.support.cli import run_cli
 from tests.support.procs import RedisServer, Worker, wait_for
 from tests.support.scrape import value
@@ -34,18 +38,23 @@ def test_a_paused_queue_starts_nothing_loses_nothing_and_runs_everything_once_re
     batch within a second; paused while the first runs, the first finishes and the other three go back to the queue
     unstarted; resumed again, each of the four has run exactly once."""
     client = redis_server.client()
-    queue, key = f"pause-{uuid.uuid4().hex[:8]}", f"pause-{uuid.uuid4().hex[:8]}"
+    name = f"pause-{uuid.uuid4().hex[:8]}"
+    queue, key, node = name, name, f"{name}@{socket.gethostname()}"
     client.sadd(PAUSED_KEY, queue)  # `pipeline.scheduling.pause` accepts work queues only: the CLI test covers it
     try:
-        make_worker("pause", {"WORKER_PREFETCH_MULTIPLIER": "4"}, queues=queue, pool="solo", concurrency=1)
+        env = {"WORKER_PREFETCH_MULTIPLIER": "4", "STALL_TIMEOUT": "1"}
+        worker = make_worker(name, env, queues=queue, pool="solo", concurrency=1)
         ids = [
             app.send_task("test.ledger", args=[{"key": key, "sleep_s": 0.8 if i == 0 else 0}], queue=queue).id
             for i in range(4)
         ]
         before = _fetches(client)
-        time.sleep(0.6)  # longer than an idle worker's wait while its queues are paused: it fetched meanwhile
+        time.sleep(2)  # longer than an idle worker's wait while its queues are paused, and than STALL_TIMEOUT
         assert attempts(key) == [] and sum(client.llen(k) for k in queue_keys(queue)) == 4
-        assert _fetches(client) - before < 20  # it waits between fetches (a busy loop makes thousands)
+        assert _fetches(client) - before < 40  # it waits between fetches (a busy loop makes thousands)
+        # Jobs of a paused queue wait by design: the stall watchdog does not call the worker stuck.
+        health = run_cli("worker-health", "--node", node)
+        assert health.returncode == 0 and "worker stalled" not in worker.log(), health.stderr
 
         resumed = time.time()
         client.srem(PAUSED_KEY, queue)
@@ -68,6 +77,8 @@ def test_a_paused_queue_starts_nothing_loses_nothing_and_runs_everything_once_re
     finally:
         client.srem(PAUSED_KEY, queue)
         client.delete(*queue_keys(queue))
+        with contextlib.suppress(FileNotFoundError):
+            health_path(get_settings().worker_health_dir, node).unlink()
 
 
 def _unacked(client: Any, ids: list[str]) -> list[str]:
