@@ -20,8 +20,8 @@ their queue, or, when Redis cannot be reached, are given up for a sweep to resto
 The script pops nothing from a paused queue (`pipeline.scheduling.pause`) and names the consumed queues it found
 paused (the transport does not wait on their keys: `idle_keys`). A batch's later job that would start more than
 PAUSE_RECHECK_S after the batch was fetched is started only if its queue is still not paused, else it goes back to
-the head of its queue like the deliveries above: a pause reaches the jobs a worker already holds within
-PAUSE_RECHECK_S.
+the head of its queue like the deliveries above, its delivery not counted (`_uncount`): a pause reaches the jobs a
+worker already holds within PAUSE_RECHECK_S.
 """
 
 from __future__ import annotations
@@ -202,6 +202,8 @@ def deliver(channel: Any, reply: list[Any]) -> None:
             done += 1
     finally:
         rest = held_back + [tag for tag, _dest, _payload in ready[done:] if tag]
+        if held_back:
+            _uncount(channel, held_back)
         if rest:
             _put_back(channel, rest)
 
@@ -213,6 +215,19 @@ def _paused_now(channel: Any, queue: str) -> bool:
             return bool(client.sismember(PAUSED_KEY, queue))
     except channel.connection_errors:
         return False  # not known: it goes on, as it would have without the check
+
+
+def _uncount(channel: Any, tags: list[str]) -> None:
+    """Deliveries held back unstarted for a pause: not counted toward MAX_DELIVERIES (a queue paused and resumed
+    again and again would otherwise dead-letter a job that never ran)."""
+    try:
+        with channel.conn_or_acquire() as client:
+            pipe = client.pipeline(transaction=False)
+            for tag in tags:
+                pipe.hincrby(DELIVERIES_KEY, tag, -1)
+            pipe.execute()
+    except channel.connection_errors:
+        pass  # still counted: the limit comes one delivery sooner for them
 
 
 def _put_back(channel: Any, tags: list[str]) -> None:

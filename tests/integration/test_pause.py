@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.broker import queue_keys
 from pipeline.config import get_settings
-from pipeline.constants import PAUSED_KEY, UNACKED_KEY
+from pipeline.constants import DELIVERIES_KEY, PAUSED_KEY, UNACKED_KEY
 from pipeline.observability.exporter import QueueCollector
 from pipeline.observability.health import health_path
 from tests.support.cli import run_cli
@@ -68,8 +68,10 @@ def test_a_paused_queue_starts_nothing_loses_nothing_and_runs_everything_once_re
         wait_for(lambda: sum(client.llen(k) for k in queue_keys(queue)) == 3, 2, what="the held jobs to go back")
         time.sleep(0.3)
         assert [a["task_id"] for a in attempts(key)] == [ids[0]]  # running jobs finish; held ones never start
-        held = [json.loads(raw)["headers"]["id"] for k in queue_keys(queue) for raw in client.lrange(k, 0, -1)]
-        assert sorted(held) == sorted(ids[1:]) and not _unacked(client, ids)
+        held = [json.loads(raw) for k in queue_keys(queue) for raw in client.lrange(k, 0, -1)]
+        assert sorted(m["headers"]["id"] for m in held) == sorted(ids[1:]) and not _unacked(client, ids)
+        tags = [m["properties"]["delivery_tag"] for m in held]
+        assert client.hmget(DELIVERIES_KEY, tags) == [b"0"] * 3  # never started: no delivery toward the limit
 
         client.srem(PAUSED_KEY, queue)
         wait_for(lambda: ledger_client().llen(f"test:done:{key}") == 4, 5, what="every job to run")
