@@ -472,8 +472,8 @@ def test_cancel_parks_nothing_writes_the_tombstone_and_the_fetch_drops_the_cance
 
     client.lpush("jobs", _job("tag-w", "waiting"), _job("tag-k", "kept"))
     reply = _fetch(client, ["jobs"], "0")
-    assert reply[1:6] == [b"jobs", b"tag-w", 1, _job("tag-w", "waiting").encode(), 3]
-    assert reply[6:11] == [b"jobs", b"tag-k", 1, _job("tag-k", "kept").encode(), 0]
+    assert reply[2:7] == [b"jobs", b"tag-w", 1, _job("tag-w", "waiting").encode(), 3]
+    assert reply[7:12] == [b"jobs", b"tag-k", 1, _job("tag-k", "kept").encode(), 0]
     assert client.hkeys("unacked") == [b"tag-k"] and client.hkeys("pipeline:lease") == [b"tag-k"]
     assert client.zrange("unacked_index", 0, -1) == [b"tag-k"] and client.hkeys("pipeline:deliveries") == [b"tag-k"]
     assert not client.exists("hist:tag-w") and client.exists("hist:tag-k") and client.llen("jobs") == 0
