@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from kombu.utils.encoding import bytes_to_str
 
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
@@ -27,6 +28,7 @@ from pipeline.constants import (
     GROUP_COUNT_KEY,
     HEADER_PUBLISHED_AT,
     KEY_PREFIX,
+    PAUSED_KEY,
     PRIORITY_STEPS,
     UNACKED_KEY,
     WORK_QUEUES,
@@ -259,6 +261,8 @@ class QueueStats:
     oldest_age_s: float | None
     #: Waiting jobs per priority level (kombu's step: 0, 3, 6, 9; `pipeline.producer.priority`), most urgent first.
     levels: dict[int, int] = field(default_factory=dict)
+    #: Paused (`pipeline.scheduling.pause`): it accepts jobs and no worker starts one.
+    paused: bool = False
 
 
 def _oldest_age(client: redis.Redis, keys: list[str], now: float) -> float | None:
@@ -277,7 +281,7 @@ def _oldest_age(client: redis.Redis, keys: list[str], now: float) -> float | Non
 
 
 def queue_stats(queues: tuple[str, ...] = (*WORK_QUEUES, DEAD_LETTER_QUEUE)) -> list[QueueStats]:
-    """Depth (all priorities) and age of the oldest waiting job of each queue."""
+    """Depth (all priorities), age of the oldest waiting job and whether it is paused, of each queue."""
     now = time.time()
     with broker_redis() as client:
         pipe = client.pipeline(transaction=False)
@@ -285,7 +289,9 @@ def queue_stats(queues: tuple[str, ...] = (*WORK_QUEUES, DEAD_LETTER_QUEUE)) -> 
             for key in queue_keys(queue):
                 pipe.llen(key)
             pipe.hmget(GROUP_COUNT_KEY, queue_keys(queue))  # jobs waiting in groups (`pipeline.groups`)
-        replies = pipe.execute()
+        pipe.smembers(PAUSED_KEY)
+        *replies, members = pipe.execute()
+        paused = {bytes_to_str(member) for member in members}
         stats = []
         steps = len(PRIORITY_STEPS)
         for i, queue in enumerate(queues):
@@ -295,7 +301,7 @@ def queue_stats(queues: tuple[str, ...] = (*WORK_QUEUES, DEAD_LETTER_QUEUE)) -> 
             levels = {step: int(n) + g for step, n, g in level_lengths}
             depth = sum(levels.values())
             age = _oldest_age(client, queue_keys(queue), now) if depth else None
-            stats.append(QueueStats(queue, depth, age, levels))
+            stats.append(QueueStats(queue, depth, age, levels, queue in paused))
         return stats
 
 

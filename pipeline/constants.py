@@ -66,6 +66,9 @@ DELAYED_DEST_KEY: Final = KEY_PREFIX + "delayed:dest"
 #: CANCEL_CHANNEL, which every worker listens to (`pipeline.runtime.cancels`).
 CANCEL_KEY: Final = KEY_PREFIX + "cancel:{id}"
 CANCEL_CHANNEL: Final = KEY_PREFIX + "cancel"
+#: SET of the names of paused work queues (`pipeline.scheduling.pause`): the fetch (`fetch.lua`) pops none of their
+#: jobs.
+PAUSED_KEY: Final = KEY_PREFIX + "paused"
 
 #: celery-redbeat's keys: entries `pipeline:beat:<name>`, `pipeline:beat::schedule`, the lock `pipeline:beat::lock`.
 BEAT_KEY_PREFIX: Final = KEY_PREFIX + "beat:"

@@ -44,11 +44,18 @@ class QueueInfo(BaseModel):
     )
     in_flight: int = Field(description="Jobs delivered to a worker and not yet acknowledged.")
     oldest_wait_s: float | None = Field(description="Age of the oldest waiting job, seconds.")
+    paused: bool = Field(description="Paused: it accepts jobs and no worker starts one until it is resumed.")
 
 
 class Queues(BaseModel):
     queues: list[QueueInfo]
     in_flight: int
+
+
+class QueueState(BaseModel):
+    name: str
+    paused: bool = Field(description="The queue's state after the call.")
+    changed: bool = Field(description="False when the queue was in that state already.")
 
 
 class Replayed(BaseModel):

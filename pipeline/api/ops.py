@@ -1,26 +1,34 @@
-"""Operations routes: queue depths, the dead-letter queue (list, show, replay, delete), health and readiness."""
+"""Operations routes: queue depths, pause and resume of a queue, the dead-letter queue (list, show, replay, delete),
+health and readiness."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from fastapi.responses import JSONResponse
 
 from pipeline.api.auth import require_token
 from pipeline.api.enqueue import status_path
 from pipeline.api.errors import BROKER_ERRORS, broker_unavailable
 from pipeline.api.jobs import ERRORS
-from pipeline.api.models import Deleted, Health, Problem, QueueInfo, Queues, Replayed
+from pipeline.api.models import Deleted, Health, Problem, QueueInfo, Queues, QueueState, Replayed
 from pipeline.api.strict import reject_unknown_query
 from pipeline.broker import broker_redis, in_flight_by_queue, queue_stats
+from pipeline.constants import WORK_QUEUES
 from pipeline.dlq import admin as dlq_admin
 from pipeline.dlq.envelope import DeadLetter, DeadLetterRow
 from pipeline.dlq.filters import parse_time
+from pipeline.scheduling import pause as pausing
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": Problem, "description": "No dead-letter entry has this id."}
+}
+NOT_PAUSABLE: dict[int | str, dict[str, Any]] = {
+    404: {"model": Problem, "description": "No work queue has this name."},
+    409: {"model": Problem, "description": "The queue has no consumer to pause (the dead-letter queue)."},
 }
 
 
@@ -46,6 +54,32 @@ def _not_found(ident: str) -> HTTPException:
     return HTTPException(404, detail=f"no dead-letter entry {ident}")
 
 
+#: The routes `POST /queues/{name}/<action>` and what each does.
+SWITCHES = {
+    "pause": "Pause a queue: it keeps accepting jobs, no worker starts one until it is resumed",
+    "resume": "Resume a paused queue: idle workers start its jobs within a second",
+}
+
+
+def _switch(action: str) -> Callable[[str], QueueState]:
+    """The route that pauses or resumes queue `name`: 404 for a name that is no work queue, 409 for the dead-letter
+    queue."""
+    switch = pausing.pause if action == "pause" else pausing.resume
+
+    def route(
+        name: Annotated[str, Path(description="A work queue.", json_schema_extra={"enum": list(WORK_QUEUES)})],
+    ) -> QueueState:
+        try:
+            changed = switch(name)
+        except pausing.UnknownQueue as exc:
+            raise HTTPException(404, detail=str(exc)) from None
+        except pausing.NotPausable as exc:
+            raise HTTPException(409, detail=str(exc)) from None
+        return QueueState(name=name, paused=action == "pause", changed=changed)
+
+    return route
+
+
 def router() -> APIRouter:
     routes = APIRouter(dependencies=[Depends(require_token), Depends(reject_unknown_query)], responses=ERRORS)
 
@@ -59,10 +93,23 @@ def router() -> APIRouter:
                 levels={str(step): n for step, n in s.levels.items()},
                 in_flight=flying.get(s.name, 0),
                 oldest_wait_s=s.oldest_age_s,
+                paused=s.paused,
             )
             for s in queue_stats()
         ]
         return Queues(queues=infos, in_flight=sum(flying.values()))
+
+    for action, summary in SWITCHES.items():
+        routes.add_api_route(
+            f"/queues/{{name}}/{action}",
+            _switch(action),
+            methods=["POST"],
+            response_model=QueueState,
+            responses=NOT_PAUSABLE,
+            tags=["operations"],
+            summary=summary,
+            name=action,
+        )
 
     @routes.get("/dlq", response_model=list[DeadLetterRow], tags=["dead letters"], summary="Dead-lettered jobs")
     def list_dlq(

@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
 from pipeline.cli import dlq as cli_dlq
+from pipeline.cli import queues as cli_queues
 from pipeline.cli.output import broker_errors, emit_json, fail, parse_time, read_payload, read_payloads, refused
 from pipeline.compat import PRODUCER_LIBRARIES, versions
 from pipeline.config import get_settings
 from pipeline.errors import BrokerWriteRefused, PayloadInvalid, PriorityInvalid
 from pipeline.status import JobState, JobStatus, job_status
-
-if TYPE_CHECKING:
-    from pipeline.broker import MemoryStats
 
 app = typer.Typer(
     help="Operate the job pipeline. Celery itself stays `celery -A pipeline ...`.",
@@ -27,6 +25,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(cli_dlq.app, name="dlq")
+app.add_typer(cli_queues.app, name="queues")
 
 
 @app.callback()
@@ -212,63 +211,6 @@ def cancel(task_id: Annotated[str, typer.Argument(metavar="ID")], as_json: JsonO
         emit_json(status.model_dump(mode="json"))
     else:
         typer.echo(f"{task_id} cancelled")
-
-
-@app.command()
-def queues(as_json: JsonOpt = False) -> None:
-    """Depth (all priorities, then per priority level) and oldest waiting job per queue, jobs in flight, and Redis's
-    memory against maxmemory."""
-    from pipeline.broker import memory_stats, queue_stats, unacked_count
-
-    stats = queue_stats()
-    in_flight = unacked_count()
-    memory = memory_stats()
-    if as_json:
-        emit_json({"queues": [s.__dict__ for s in stats], "in_flight": in_flight, "memory": _memory_json(memory)})
-        return
-    steps = list(stats[0].levels) if stats else []
-    levels = " ".join(f"{'P' + str(step):>6}" for step in steps)
-    typer.echo(f"{'QUEUE':12} {'DEPTH':>7} {levels} {'OLDEST':>10}")
-    for s in stats:
-        age = f"{s.oldest_age_s:.1f}s" if s.oldest_age_s is not None else "-"
-        per_level = " ".join(f"{s.levels.get(step, 0):>6}" for step in steps)
-        typer.echo(f"{s.name:12} {s.depth:>7} {per_level} {age:>10}")
-    typer.echo("P0..P9: waiting per priority level (P0: priorities 0-2, taken first; P3: 3-5; P6: 6-8; P9: 9)")
-    typer.echo(f"in flight (delivered, not yet acknowledged): {in_flight}")
-    typer.echo(memory_line(memory))
-    if memory.policy_warning:
-        typer.secho(f"warning: {memory.policy_warning}", fg=typer.colors.YELLOW, err=True)
-
-
-def _memory_json(memory: MemoryStats) -> dict[str, Any]:
-    return {
-        "used_bytes": memory.used_bytes,
-        "max_bytes": memory.max_bytes,
-        "used_ratio": memory.used_ratio,
-        "policy": memory.policy,
-        "warning": memory.policy_warning,
-    }
-
-
-def memory_line(memory: MemoryStats) -> str:
-    """`redis memory: 9.8 MiB of 12.0 MiB maxmemory (81.6 %), policy noeviction` (or `no maxmemory`)."""
-    used = _size(memory.used_bytes)
-    if not memory.max_bytes:
-        return f"redis memory: {used} (no maxmemory set), policy {memory.policy}"
-    return (
-        f"redis memory: {used} of {_size(memory.max_bytes)} maxmemory ({memory.used_ratio:.1%}), policy {memory.policy}"
-    )
-
-
-def _size(n: int) -> str:
-    if n < 1024:
-        return f"{n} B"
-    value = n / 1024
-    for unit in ("KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
 
 
 @app.command()

@@ -16,11 +16,19 @@ after the batch, by the next fetch or the tick's flush: a solo worker killed mid
 jobs after their lease (at most the prefetch less one; their results were not stored either). If a delivery raises
 (a solo worker's SIGTERM runs through the job), the deliveries not handed over yet go back to the head of
 their queue, or, when Redis cannot be reached, are given up for a sweep to restore (`Leases.drop`).
+
+The script pops nothing from a paused queue (`pipeline.scheduling.pause`) and names the consumed queues it found
+paused (the transport does not wait on their keys: `idle_keys`). A batch's later job that would start more than
+PAUSE_RECHECK_S after the batch was fetched is started only if its queue is still not paused, else it goes back to
+the head of its queue like the deliveries above, its delivery not counted (`_uncount`): a pause reaches the jobs a
+worker already holds within PAUSE_RECHECK_S.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 import uuid
 from typing import Any
 
@@ -28,10 +36,18 @@ from kombu.utils.encoding import bytes_to_str
 
 from pipeline.compat.results import Stored
 from pipeline.config import get_settings
-from pipeline.constants import DELIVERIES_KEY, GROUP_KEY_PREFIX, HEADER_DELIVERY_COUNT, HEADER_LEASE_OWNER, LEASE_KEY
-from pipeline.delivery import acks, cancelled
+from pipeline.constants import (
+    DELIVERIES_KEY,
+    GROUP_KEY_PREFIX,
+    HEADER_DELIVERY_COUNT,
+    HEADER_LEASE_OWNER,
+    LEASE_KEY,
+    PAUSED_KEY,
+)
+from pipeline.delivery import acks, cancelled, full
 from pipeline.delivery.lease import HISTORY_PREFIX
 from pipeline.dlq import elements as undecodable
+from pipeline.scheduling.pause import PAUSED_WAIT_S
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +56,13 @@ DELIVERY_LOG_MAX = 20
 DELIVERY_LOG_TTL_S = 7 * 86400
 #: Messages one fetch takes at most when the channel has no prefetch limit.
 FETCH_MAX = 32
-#: Fields per fetched element in the script's reply.
+#: Fields per fetched element in the script's reply, and where the first element starts (after the fenced tags and
+#: the paused queues).
 FIELDS = 5
+FIRST = 2
+#: A job of a batch that starts longer than this after the batch was fetched (or its queue last found running) is
+#: started only if its queue is still not paused (seconds; `pipeline.scheduling.pause`).
+PAUSE_RECHECK_S = 0.1
 
 #: The fetch script (`fetch.lua`: its KEYS and ARGV layout are written at its top).
 FETCH = "fetch"
@@ -71,6 +92,7 @@ def args(
     keys = [key for key, _untracked in steps]
     results = results or []
     keys += [key for key, _value, _expires, _tag in results]
+    keys.append(PAUSED_KEY)
     return [
         4 + len(keys),
         channel.unacked_key,
@@ -100,13 +122,49 @@ def elements(reply: list[Any]) -> list[tuple[str, str, int, bytes, int]]:
     UNTRACKED or CANCELLED), oldest first."""
     return [
         (bytes_to_str(reply[i]), bytes_to_str(reply[i + 1]), int(reply[i + 2]), reply[i + 3], int(reply[i + 4]))
-        for i in range(1, len(reply), FIELDS)
+        for i in range(FIRST, len(reply), FIELDS)
     ]
 
 
+def paused(reply: list[Any]) -> set[str]:
+    """The consumed queues the fetch found paused (`pipeline.scheduling.pause`)."""
+    return {bytes_to_str(queue) for queue in reply[1]} if len(reply) >= FIRST else set()
+
+
 def acknowledged(channel: Any, reply: list[Any], acks: list[str]) -> None:
-    """Forget the acknowledgements the fetch carried; log those it fenced (as `Leases.settle` does)."""
+    """Forget the acknowledgements the fetch carried; log those it fenced (as `Leases.settle` does). Note the
+    consumed queues it found paused (`idle_keys`)."""
     channel.leases.settled(acks, reply[0] if reply else [])
+    channel.paused = paused(reply)
+
+
+#: An idle channel consuming several queues waits on them in turn, WAIT_MIN_S each, doubling up to WAIT_MAX_S.
+WAIT_MIN_S = 0.05
+WAIT_MAX_S = 0.1
+
+
+def idle_wait(channel: Any, queues: list[str], timeout: float) -> tuple[str, float]:
+    """The key an idle channel waits on next (a non-consuming BLMOVE) and for how long: one queue's for `timeout`
+    (WAIT_MAX_S when that list is not the most urgent), several in turn (see the transport's module doc)."""
+    keys, longest = idle_keys(channel, queues)
+    if len(keys) == 1:
+        return keys[0], min(timeout if keys == queues else WAIT_MAX_S, longest)
+    channel._wait_turn = (channel._wait_turn + 1) % len(keys)
+    wait = min(channel._wait_s, longest)
+    channel._wait_s = min(WAIT_MAX_S, channel._wait_s * 2)
+    return keys[channel._wait_turn], wait
+
+
+def idle_keys(channel: Any, queues: list[str]) -> tuple[list[str], float]:
+    """The keys an idle channel may wait on (each queue's list at the default priority), and for how long at
+    most. A paused queue's key may hold jobs the channel may not take (waiting on it would wake at once, again and
+    again): never waited on. While a consumed queue is paused a wait lasts at most PAUSED_WAIT_S, so its resume is
+    seen within a second; with every queue paused, the channel waits on a key nothing writes."""
+    level = get_settings().task_default_priority  # jobs sent without a priority: the list an idle worker waits on
+    if not channel.paused:
+        return [channel._q_for_pri(q, level) for q in queues], math.inf
+    waited = [channel._q_for_pri(q, level) for q in queues if q not in channel.paused]
+    return waited or [full.WAIT_KEY], PAUSED_WAIT_S
 
 
 def accept(channel: Any, key: str, tag: str, count: int, item: bytes, kind: int, queue: str) -> Any:
@@ -148,15 +206,47 @@ def deliver(channel: Any, reply: list[Any]) -> None:
         payload = accept(channel, key, tag, count, item, kind, dest)
         if payload is not None:
             ready.append((tag, dest, payload))
-    done = 0
+    done, held_back = 0, []
+    checked = time.monotonic()
     try:
-        for _tag, dest, payload in ready:
+        for tag, dest, payload in ready:
+            if tag and time.monotonic() - checked > PAUSE_RECHECK_S:  # a batch's later job: its queue paused since?
+                if _paused_now(channel, dest):
+                    held_back.append(tag)
+                    done += 1
+                    continue
+                checked = time.monotonic()
             with acks.delivering(channel.qos):  # a solo worker's job runs in here and hands its result over
                 channel.connection._deliver(payload, dest)
             done += 1
     finally:
-        if done < len(ready):
-            _put_back(channel, [tag for tag, _dest, _payload in ready[done:] if tag])
+        rest = held_back + [tag for tag, _dest, _payload in ready[done:] if tag]
+        if held_back:
+            _uncount(channel, held_back)
+        if rest:
+            _put_back(channel, rest)
+
+
+def _paused_now(channel: Any, queue: str) -> bool:
+    """Whether `queue` is paused now (`pipeline.scheduling.pause`): a job fetched before the pause does not start."""
+    try:
+        with channel.conn_or_acquire() as client:
+            return bool(client.sismember(PAUSED_KEY, queue))
+    except channel.connection_errors:
+        return False  # not known: it goes on, as it would have without the check
+
+
+def _uncount(channel: Any, tags: list[str]) -> None:
+    """Deliveries held back unstarted for a pause: not counted toward MAX_DELIVERIES (a queue paused and resumed
+    again and again would otherwise dead-letter a job that never ran)."""
+    try:
+        with channel.conn_or_acquire() as client:
+            pipe = client.pipeline(transaction=False)
+            for tag in tags:
+                pipe.hincrby(DELIVERIES_KEY, tag, -1)
+            pipe.execute()
+    except channel.connection_errors:
+        pass  # still counted: the limit comes one delivery sooner for them
 
 
 def _put_back(channel: Any, tags: list[str]) -> None:

@@ -55,9 +55,9 @@ from kombu.utils.encoding import bytes_to_str
 
 from pipeline.broker import is_oom
 from pipeline.compat.results import Stored
-from pipeline.config import get_settings
 from pipeline.constants import LEASE_KEY
 from pipeline.delivery import acks, fetch, full, replicas
+from pipeline.delivery.fetch import WAIT_MIN_S
 from pipeline.delivery.lease import Leases
 from pipeline.dlq import elements as undecodable
 from pipeline.lua import script, sha
@@ -67,8 +67,6 @@ from pipeline.observability import metrics
 log = logging.getLogger(__name__)
 
 #: Bounds of the wait on one key when a worker consumes several queues (seconds).
-WAIT_MIN_S = 0.05
-WAIT_MAX_S = 0.1
 #: A delivery in `unacked` with no lease was fetched by a worker of a release without leases (kombu's BRPOP); the
 #: sweep leaves it for that release's visibility timeout, so a rolling upgrade does not restore its running jobs.
 #: A delivery this release gives up (`release.lua`) has no lease either, but is scored 0: restored at once.
@@ -252,6 +250,7 @@ class _Leased(full.FullRedis):
     _empty = False  # the last fetch found nothing: wait before the next one
     _wait_turn = 0
     _carried: tuple[list[str], list[Stored]] | None = None  # acknowledgements and results the fetch in flight carries
+    paused: frozenset[str] | set[str] = frozenset()  # consumed queues the last fetch found paused
     _replicas_due = False  # a WAIT was sent after the fetch in flight: its reply is read after the fetch's
 
     def _fetch_soon(self: Any) -> bool:
@@ -278,13 +277,7 @@ class _Leased(full.FullRedis):
         if not queues:
             return
         if self._empty:
-            keys = [self._q_for_pri(q, get_settings().task_default_priority) for q in queues]  # see the module doc
-            if len(keys) == 1:  # a level below the queue's own key: a more urgent job is fetched within WAIT_MAX_S
-                key, wait = keys[0], float(timeout or self.brpop_timeout or 1) if keys == queues else WAIT_MAX_S
-            else:
-                self._wait_turn = (self._wait_turn + 1) % len(keys)
-                key, wait = keys[self._wait_turn], self._wait_s
-                self._wait_s = min(WAIT_MAX_S, self._wait_s * 2)
+            key, wait = fetch.idle_wait(self, queues, float(timeout or self.brpop_timeout or 1))
             command: list[Any] = ["BLMOVE", key, key, "RIGHT", "RIGHT", f"{wait:.3f}"]
             if full.waiting(self):  # BLMOVE may grow memory: refused at maxmemory
                 command = ["BRPOP", full.WAIT_KEY, f"{wait:.3f}"]
@@ -336,7 +329,7 @@ class _Leased(full.FullRedis):
                 raise Empty()
             carried, self._carried = self._carried, None
             fetch.acknowledged(self, reply, carried[0] if carried else [])
-            if len(reply) <= 1:
+            if len(reply) <= fetch.FIRST:
                 self._empty = True
                 raise Empty()
             self._empty = False
@@ -362,7 +355,7 @@ class _Leased(full.FullRedis):
             numkeys, *rest = fetch.args(self, [queue], 1)
             reply = script(fetch.FETCH)(keys=rest[:numkeys], args=rest[numkeys:], client=client)
             self._maybe_update_queues_expire(client, queue)
-        if len(reply) <= 1:
+        if len(reply) <= fetch.FIRST:
             raise Empty()
         ((key, tag, count, item, kind),) = fetch.elements(reply)
         payload = fetch.accept(self, key, tag, count, item, kind, queue)

@@ -5,7 +5,8 @@
 -- control replies, `reply.celery.pidbox`) is popped and returned, not recorded: nothing will acknowledge it.
 -- The lease expiry (the index score) is Redis's clock (TIME) plus the lease: a sweep judges every lease on it.
 -- KEYS[1] unacked, KEYS[2] unacked_index, KEYS[3] pipeline:lease, KEYS[4] pipeline:deliveries, KEYS[5..] the queue
--- keys in kombu's order (priority steps, then queues), then the task key of each result to store (the last n).
+-- keys in kombu's order (priority steps, then queues), then the task key of each result to store (n of them), then
+-- last the set of paused queue names (`pipeline:paused`).
 -- ARGV[1] the lease (seconds), ARGV[2] the owner, ARGV[3] the worker's node name, ARGV[4] a fresh tag prefix for
 -- elements that are not message envelopes, ARGV[5] the delivery history's key prefix, ARGV[6] its length,
 -- ARGV[7] its TTL (seconds), ARGV[8] one character per queue key, '1' where the key is consumed without
@@ -19,10 +20,10 @@
 -- (plain jobs or groups), P..'count' how many grouped jobs wait per key. Within a key, jobs are taken round-robin
 -- over the groups, the plain (ungrouped) jobs taking every other turn; a message with a group that reaches the
 -- plain list (a retry, a restore, a delayed release, a foreign client) is moved to its group when popped.
--- Returns {the tags whose acknowledgement was fenced}, then 5 fields per element, oldest first: key, tag (or ''),
--- delivery count (0: not recorded), the element, its kind (0 a message envelope, 1 not an envelope: dead-lettered
--- by the worker, 2 not recorded: from a queue consumed without acknowledgement, 3 a cancelled job's message: popped
--- and acknowledged here, to be dropped unrun).
+-- Returns {the tags whose acknowledgement was fenced}, {the consumed queues that are paused}, then 5 fields per
+-- element, oldest first: key, tag (or ''), delivery count (0: not recorded), the element, its kind (0 a message
+-- envelope, 1 not an envelope: dead-lettered by the worker, 2 not recorded: from a queue consumed without
+-- acknowledgement, 3 a cancelled job's message: popped and acknowledged here, to be dropped unrun).
 -- Runs at maxmemory: each step's first write frees memory (`store`'s DEL, an acknowledgement's ZREM, the RPOP), so
 -- a full Redis is drained by its workers.
 
@@ -51,7 +52,7 @@ local function store(key, value, expires)
 end
 
 local nres = tonumber(ARGV[10])
-local first_result_key = #KEYS - nres
+local first_result_key = #KEYS - nres - 1
 for r = 1, nres do
   local at = 12 + 3 * (r - 1)
   if held(KEYS[3], ARGV[at + 3], ARGV[2]) then
@@ -73,7 +74,24 @@ for i = 13 + 3 * nres, #ARGV do
   end
 end
 
-local out = {fenced}
+-- Paused queues (`pipeline.scheduling.pause`): no key of a queue named in the set is popped, its priority sub-keys
+-- (`<queue>\x06\x16<n>`) included, so its jobs stay queued. The consumed queues found paused go back in the reply,
+-- so the worker does not wait on a key it may not take from. Reads only; one SCARD when nothing is paused.
+local skip, paused = {}, {}
+local pause_key = KEYS[#KEYS]
+if redis.call('SCARD', pause_key) > 0 then
+  local seen = {}
+  for i = 5, first_result_key do
+    local queue = string.match(KEYS[i], '^(.*)\6\22%d+$') or KEYS[i]
+    if seen[queue] == nil then
+      seen[queue] = redis.call('SISMEMBER', pause_key, queue) == 1
+      if seen[queue] then paused[#paused + 1] = queue end
+    end
+    skip[i] = seen[queue]
+  end
+end
+
+local out = {fenced, paused}
 local want = tonumber(ARGV[9])
 local taken = 0
 local t = redis.call('TIME')
@@ -213,7 +231,8 @@ local moved = 0
 for i = 5, first_result_key do
   if taken >= want then break end
   local key = KEYS[i]
-  if string.sub(ARGV[8], i - 4, i - 4) == '1' then
+  if skip[i] then  -- a paused queue: neither its list nor its groups are touched
+  elseif string.sub(ARGV[8], i - 4, i - 4) == '1' then
     local items = redis.call('RPOP', key, want - taken)
     if items then
       for _, item in ipairs(items) do take(key, item, true, nil) end

@@ -1,12 +1,12 @@
 """`pipeline exporter`: queue-level gauges read from Redis at each scrape, in one ordinary process.
 
-Serves `QUEUE_FAMILIES` of `pipeline.observability.metrics`: depth per queue (all priority sub-queues), jobs in
-flight (kombu's `unacked` hash), age of the oldest waiting job per queue, the dead-letter queue's size,
-the jobs parked until they are due (`pipeline:delayed`) with how overdue the earliest one is, the broker's
-memory used against its `maxmemory` (0 when unlimited: the project's own figures, so an alert on a full broker
-needs no redis_exporter), and whether the broker could be read. Run exactly one per deployment (any number is
-harmless, but every one reads Redis on every scrape). It is a custom collector on a registry of its own, so it
-never mixes with the multiprocess files a worker writes.
+Serves `QUEUE_FAMILIES` of `pipeline.observability.metrics`: depth per queue (all priority sub-queues), whether it
+is paused (`pipeline.scheduling.pause`), jobs in flight (kombu's `unacked` hash), age of the oldest waiting job per
+queue, the dead-letter queue's size, the jobs parked until they are due (`pipeline:delayed`) with how overdue the
+earliest one is, the broker's memory used against its `maxmemory` (0 when unlimited: the project's own figures, so
+an alert on a full broker needs no redis_exporter), and whether the broker could be read. Run exactly one per
+deployment (any number is harmless, but every one reads Redis on every scrape). It is a custom collector on a
+registry of its own, so it never mixes with the multiprocess files a worker writes.
 """
 
 from __future__ import annotations
@@ -53,13 +53,14 @@ class QueueCollector(Collector):
             yield up
             return
         depth, age = _family("pipeline_queue_depth"), _family("pipeline_queue_oldest_age_seconds")
-        dlq = _family("pipeline_dlq_size")
+        dlq, paused = _family("pipeline_dlq_size"), _family("pipeline_queue_paused")
         for s in stats:
             if s.name == DEAD_LETTER_QUEUE:
                 dlq.add_metric([], s.depth)
                 continue
             depth.add_metric([s.name], s.depth)
             age.add_metric([s.name], s.oldest_age_s or 0.0)
+            paused.add_metric([s.name], 1 if s.paused else 0)
         flight = _family("pipeline_queue_in_flight")
         flight.add_metric([], in_flight)
         delayed, overdue = _family("pipeline_delayed_jobs"), _family("pipeline_delayed_overdue_seconds")
@@ -69,7 +70,7 @@ class QueueCollector(Collector):
         used.add_metric([], memory.used_bytes)
         limit.add_metric([], memory.max_bytes)
         up.add_metric([], 1)
-        yield from (depth, age, dlq, flight, delayed, overdue, used, limit, up)
+        yield from (depth, age, paused, dlq, flight, delayed, overdue, used, limit, up)
 
 
 def registry_for(queues: Sequence[str]) -> CollectorRegistry:

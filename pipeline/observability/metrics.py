@@ -100,6 +100,10 @@ QUEUE_FAMILIES: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "pipeline_queue_depth": ("Jobs waiting in the queue, summed over its priority sub-queues.", ("queue",)),
     "pipeline_queue_in_flight": ("Jobs delivered to workers and not yet acknowledged (all queues).", ()),
     "pipeline_queue_oldest_age_seconds": ("Age of the oldest waiting job (0 when the queue is empty).", ("queue",)),
+    "pipeline_queue_paused": (
+        "1 while the queue is paused (it accepts jobs, no worker starts one), else 0.",
+        ("queue",),
+    ),
     "pipeline_dlq_size": ("Envelopes in the dead-letter queue.", ()),
     "pipeline_delayed_jobs": ("Jobs parked in Redis until they are due (delays, deferrals, long retries).", ()),
     "pipeline_delayed_overdue_seconds": ("How long ago the most overdue parked job was due (0 when none is).", ()),

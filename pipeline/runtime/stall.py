@@ -15,8 +15,9 @@ watches the outcome instead of the cause:
   `task_consumer.on_message` on every (re)connection, so refused and unknown messages count too (the
   `task_received` signal is sent only for tasks Celery accepted);
 * a reader thread counts the ready jobs (LLEN over every priority sub-queue, `pipeline.broker.queue_keys`)
-  of the queues the worker was started to consume plus those it consumes now; it runs off the loop, so a slow
-  broker never blocks the worker.
+  of the queues the worker was started to consume plus those it consumes now, a paused queue's counted as none
+  (`pipeline.scheduling.pause`: its jobs wait by design); it runs off the loop, so a slow broker never blocks the
+  worker.
 
 While those queues hold ready jobs, the consumer's channel has room (`QoS.can_consume()`: fewer unacknowledged
 messages than the prefetch limit) and nothing was fetched, for STALL_TIMEOUT seconds on end, the heartbeat is
@@ -42,9 +43,11 @@ from typing import Any
 
 import redis
 from celery import bootsteps
+from kombu.utils.encoding import bytes_to_str
 
 from pipeline.broker import broker_redis, direct_redis, queue_keys
 from pipeline.config import get_settings
+from pipeline.constants import PAUSED_KEY
 from pipeline.observability.health import OK, STALLED, STOPPING, health_path, write_heartbeat
 from pipeline.runtime import timelimits
 
@@ -89,20 +92,22 @@ class _DepthReader(threading.Thread):
         self.read_at = 0.0
         self.halt = threading.Event()
 
-    def _lengths(self, queues: tuple[str, ...]) -> list[int]:
+    def _lengths(self, queues: tuple[str, ...]) -> tuple[list[int], set[str]]:
         keys = [key for queue in queues for key in queue_keys(queue)]
         if self.client is None:  # Sentinel: the app's pool (it waits for Redis when it is down)
             with broker_redis() as client:
-                return [int(n) for n in _llen(client, keys)]
-        return [int(n) for n in _llen(self.client, keys)]
+                return _llen(client, keys)
+        return _llen(self.client, keys)
 
     def run(self) -> None:
         while not self.halt.is_set():
             queues = self.queues
             try:
-                lengths = self._lengths(queues)
+                lengths, paused = self._lengths(queues)
                 steps = len(lengths) // len(queues) if queues else 0  # one key per priority step
-                self.depths = {q: sum(lengths[i * steps : (i + 1) * steps]) for i, q in enumerate(queues)}
+                self.depths = {
+                    q: 0 if q in paused else sum(lengths[i * steps : (i + 1) * steps]) for i, q in enumerate(queues)
+                }
                 self.read_at = time.monotonic()
             except Exception as exc:  # noqa: BLE001  # Redis down or failing over: nothing to judge until it is back
                 self.depths = None
@@ -114,11 +119,14 @@ class _DepthReader(threading.Thread):
         """Called after every read (the watchdog's `keepalive`)."""
 
 
-def _llen(client: redis.Redis, keys: list[str]) -> list[Any]:
+def _llen(client: redis.Redis, keys: list[str]) -> tuple[list[int], set[str]]:
+    """LLEN of each key, and the paused queues (`pipeline.scheduling.pause`): their jobs wait by design, no stall."""
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.llen(key)
-    return list(pipe.execute())
+    pipe.smembers(PAUSED_KEY)
+    *lengths, paused = pipe.execute()
+    return [int(n) for n in lengths], {bytes_to_str(queue) for queue in paused}
 
 
 def _can_consume(consumer: Any) -> tuple[bool, str]:

@@ -2,9 +2,9 @@
 
 A person's path through the page: give the token, start a job with progress (a transcode of a 30 s
 clip; the probe when the transcode kind is absent), watch its bar reach 100 % and open its result;
-send a job that fails, replay it from the dead-letter queue; browse every queue's jobs by state,
-including jobs the page did not start, and cancel one. Screenshots of the page go to test-artifacts/. The browser is
-the system's (`scripts/ensure-system-deps` installs it); nothing is downloaded.
+send a job that fails, replay it from the dead-letter queue; pause and resume a queue; browse every queue's jobs by
+state, including jobs the page did not start, and cancel one. Screenshots of the page go to test-artifacts/. The
+browser is the system's (`scripts/ensure-system-deps` installs it); nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
+from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY, PAUSED_KEY
 from pipeline.status import job_status
 from tasks.probe import probe
 from tests.support.api import ApiServer
@@ -190,6 +190,18 @@ def test_the_job_browser_lists_every_queues_jobs_by_state(
         wait_for(lambda: job_status(doomed).state == "dead_lettered", 60, 0.1, what="a dead-lettered job")
 
         sign_in(page, api)
+        # Pause a queue from its chip in the header, then resume it.
+        chip = page.locator("#queues li[data-queue='webhooks']")
+        expect(chip).to_have_attribute("data-state", "running")
+        expect(page.locator("#queues li[data-queue='dead_letter'] button")).to_have_count(0)  # no consumer to pause
+        chip.get_by_role("button", name="Pause webhooks").click()
+        expect(chip).to_have_attribute("data-state", "paused")
+        expect(chip).to_contain_text("paused")
+        assert redis_server.client().sismember(PAUSED_KEY, "webhooks")
+        chip.get_by_role("button", name="Resume webhooks").click()
+        expect(chip).to_have_attribute("data-state", "running")
+        assert not redis_server.client().sismember(PAUSED_KEY, "webhooks")
+
         scheduled = page.locator("#counts-rows button[data-queue='default'][data-state='scheduled']")
         expect(scheduled).not_to_have_text("0")
         assert int(scheduled.inner_text()) >= len(parked)
@@ -246,6 +258,7 @@ def test_the_job_browser_lists_every_queues_jobs_by_state(
         assert shot.stat().st_size > 5_000
     finally:
         client = redis_server.client()
+        client.srem(PAUSED_KEY, "webhooks")
         client.zrem(DELAYED_KEY, *parked)
         client.hdel(DELAYED_MESSAGE_KEY, *parked)
         client.hdel(DELAYED_DEST_KEY, *parked)

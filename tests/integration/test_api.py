@@ -301,6 +301,28 @@ def test_queues_report_depth_and_in_flight(idle: ApiServer) -> None:
     assert stats["in_flight"] == 0
 
 
+def test_a_paused_queue_keeps_accepting_jobs_until_resumed_over_the_api(idle: ApiServer) -> None:
+    with idle.client() as client:
+        try:
+            paused = client.post("/queues/default/pause")
+            assert paused.status_code == 200 and paused.json() == {"name": "default", "paused": True, "changed": True}
+            assert client.post("/queues/default/pause").json()["changed"] is False
+            before = depth(client)
+            assert client.post("/jobs/probe", json={}).status_code == 202
+            queues = {q["name"]: q for q in client.get("/queues").json()["queues"]}
+            assert queues["default"]["paused"] is True and queues["default"]["depth"] == before + 1
+            assert queues["email"]["paused"] is False
+            unknown = client.post("/queues/nope/pause")
+            assert unknown.status_code == 404 and "no work queue 'nope'" in unknown.json()["detail"]
+            assert client.post("/queues/dead_letter/pause").status_code == 409
+            with idle.client(token=None) as anonymous:
+                assert anonymous.post("/queues/default/resume").status_code == 401
+        finally:
+            resumed = client.post("/queues/default/resume")
+        assert resumed.json() == {"name": "default", "paused": False, "changed": True}
+        assert next(q for q in client.get("/queues").json()["queues"] if q["name"] == "default")["paused"] is False
+
+
 def test_the_server_refuses_to_start_without_a_token() -> None:
     env = {k: v for k, v in os.environ.items() if k != "API_TOKEN"}
     proc = subprocess.run(

@@ -277,7 +277,7 @@ def test_renew_and_release_touch_only_the_owners_leases_on_redis_clock(client: r
 
 
 def _fetch(client: redis.Redis, queues: list[str], untracked: str, count: int = 10, cap: int = 0) -> list[object]:
-    keys = ["unacked", "unacked_index", "pipeline:lease", "pipeline:deliveries", *queues]
+    keys = ["unacked", "unacked_index", "pipeline:lease", "pipeline:deliveries", *queues, "test:paused"]
     args = [30, "me", "node", "x:", "hist:", 20, 60, untracked, count, 0, cap, GROUP_KEY_PREFIX]
     reply = script("fetch")(keys=keys, args=args, client=client)
     assert isinstance(reply, list)
@@ -297,11 +297,41 @@ def test_fetch_leases_on_redis_clock_and_leaves_a_queue_consumed_without_acknowl
     client.lpush("reply.celery.pidbox", _envelope("reply-1"))
     seconds, _micros = client.time()
     reply = _fetch(client, ["jobs", "reply.celery.pidbox"], "01")
-    assert reply[1:6] == [b"jobs", b"job-1", 1, _envelope("job-1").encode(), 0]
-    assert reply[6:11] == [b"reply.celery.pidbox", b"", 0, _envelope("reply-1").encode(), 2]
+    assert reply[1] == []  # no consumed queue is paused
+    assert reply[2:7] == [b"jobs", b"job-1", 1, _envelope("job-1").encode(), 0]
+    assert reply[7:12] == [b"reply.celery.pidbox", b"", 0, _envelope("reply-1").encode(), 2]
     assert client.hkeys("unacked") == [b"job-1"] and client.hkeys("pipeline:lease") == [b"job-1"]
     expiry = client.zscore("unacked_index", "job-1")
     assert expiry is not None and 29 <= expiry - seconds <= 32
+
+
+def test_fetch_pops_nothing_from_a_paused_queue_and_names_it(client: redis.Redis) -> None:
+    """A queue in the paused set keeps every job, on each priority sub-key too; the fetch takes the next queue's
+    and names the paused queues it consumes. Removed from the set, the queue is fetched again, oldest first."""
+    client.delete("test:paused")
+    client.lpush("held", _envelope("held-1"))
+    client.lpush("held\x06\x163", _envelope("held-3"))
+    client.lpush("free", _envelope("free-1"))
+    client.sadd("test:paused", "held", "elsewhere")
+    reply = _fetch(client, ["held", "free", "held\x06\x163", "free\x06\x163"], "0000")
+    assert reply[1] == [b"held"]
+    assert reply[2:4] == [b"free", b"free-1"] and len(reply) == 7
+    assert client.llen("held") == 1 and client.llen("held\x06\x163") == 1
+    assert client.hkeys("unacked") == [b"free-1"]
+    client.srem("test:paused", "held")
+    reply = _fetch(client, ["held", "free", "held\x06\x163", "free\x06\x163"], "0000")
+    assert reply[1] == [] and reply[2:4] == [b"held", b"held-1"] and reply[7:9] == [b"held\x06\x163", b"held-3"]
+
+
+def test_a_paused_queues_groups_keep_their_jobs(client: redis.Redis) -> None:
+    client.delete("test:paused")
+    _enqueue_group(client, "tenant", ["t-0"])
+    client.lpush("jobs", _grouped("plain-0", None))
+    client.sadd("test:paused", "jobs")
+    assert _taken(client, 2) == []
+    assert client.llen("jobs") == 1 and client.hget(GROUP_KEY_PREFIX + "count", "jobs") == b"1"
+    client.srem("test:paused", "jobs")
+    assert sorted(_taken(client, 2)) == ["plain-0", "t-0"]
 
 
 @pytest.mark.parametrize("first_write", ["fetch", "settle", "store", "renew", "release"])
@@ -319,7 +349,7 @@ def test_the_delivery_scripts_run_on_a_redis_at_maxmemory(client: redis.Redis, f
         lease = ["unacked_index", "pipeline:lease"]
         result = ("result-1", '{"status": "SUCCESS"}', 60, "mine")
         if first_write == "fetch":
-            assert _fetch(client, ["jobs"], "0")[2] == b"job-1"
+            assert _fetch(client, ["jobs"], "0")[3] == b"job-1"
         elif first_write == "settle":
             keys = ["unacked", "unacked_index", "pipeline:lease", "pipeline:deliveries", "result-1"]
             assert script("settle")(keys=keys, args=["me", "hist:", 1, *result[1:], "mine"], client=client) == []
@@ -368,7 +398,7 @@ def _taken(client: redis.Redis, n: int, cap: int = 0) -> list[str]:
     tags = []
     for _ in range(n):
         reply = _fetch(client, ["jobs"], "0", count=1, cap=cap)
-        tags += [bytes_to_str(reply[i]) for i in range(2, len(reply), 5)]
+        tags += [bytes_to_str(reply[i]) for i in range(3, len(reply), 5)]  # each element's tag
     return tags
 
 
@@ -442,8 +472,8 @@ def test_cancel_parks_nothing_writes_the_tombstone_and_the_fetch_drops_the_cance
 
     client.lpush("jobs", _job("tag-w", "waiting"), _job("tag-k", "kept"))
     reply = _fetch(client, ["jobs"], "0")
-    assert reply[1:6] == [b"jobs", b"tag-w", 1, _job("tag-w", "waiting").encode(), 3]
-    assert reply[6:11] == [b"jobs", b"tag-k", 1, _job("tag-k", "kept").encode(), 0]
+    assert reply[2:7] == [b"jobs", b"tag-w", 1, _job("tag-w", "waiting").encode(), 3]
+    assert reply[7:12] == [b"jobs", b"tag-k", 1, _job("tag-k", "kept").encode(), 0]
     assert client.hkeys("unacked") == [b"tag-k"] and client.hkeys("pipeline:lease") == [b"tag-k"]
     assert client.zrange("unacked_index", 0, -1) == [b"tag-k"] and client.hkeys("pipeline:deliveries") == [b"tag-k"]
     assert not client.exists("hist:tag-w") and client.exists("hist:tag-k") and client.llen("jobs") == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.broker import MemoryStats
-from pipeline.cli.main import memory_line
+from pipeline.cli.queues import memory_line
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ const state = {
 };
 const BROWSE_STATES = ["waiting", "scheduled", "running", "retrying", "succeeded", "failed", "dead_lettered", "cancelled"];
 const BROWSE_LIMIT = 20;
+const DEAD_LETTER_QUEUE = "dead_letter";
 
 // --- elements ------------------------------------------------------------------------------------
 
@@ -534,14 +535,36 @@ async function loadQueues() {
     ...response.body.queues.map((q) =>
       el(
         "li",
-        { class: `queue ${q.depth ? "busy" : ""}`, title: q.oldest_wait_s !== null ? `oldest waiting ${fmtSeconds(q.oldest_wait_s)}` : "nothing waiting" },
+        {
+          class: `queue ${q.depth ? "busy" : ""} ${q.paused ? "paused" : ""}`,
+          dataset: { queue: q.name, state: q.paused ? "paused" : "running" },
+          title: (q.paused ? "paused: no job starts until it is resumed; " : "") + (q.oldest_wait_s !== null ? `oldest waiting ${fmtSeconds(q.oldest_wait_s)}` : "nothing waiting"),
+        },
         el("span", {}, q.name),
         el("strong", {}, String(q.depth)),
         q.depth && levelsText(q.levels) ? el("span", { class: "muted small levels" }, levelsText(q.levels)) : null,
+        q.paused ? el("span", { class: "small" }, "paused") : null,
         q.in_flight ? el("span", { class: "muted small" }, `+${q.in_flight} running`) : null,
+        q.name === DEAD_LETTER_QUEUE ? null : queueSwitch(q.name, q.paused ? "resume" : "pause"),
       ),
     ),
   );
+}
+
+// Pause (jobs keep being accepted, none starts) or resume a work queue; the dead-letter queue has no consumer.
+function queueSwitch(name, action) {
+  const label = action === "pause" ? "Pause" : "Resume";
+  return el("button", { type: "button", class: "switch", "aria-label": `${label} ${name}`, title: `${label} queue ${name}`, onclick: () => switchQueue(name, action) }, action === "pause" ? "❚❚" : "▶");
+}
+
+async function switchQueue(name, action) {
+  const { status, body } = await api(`/queues/${encodeURIComponent(name)}/${action}`, { method: "POST" });
+  if (status === 200) {
+    showMessage(body.paused ? `Queue ${name} paused: its jobs wait until it is resumed.` : `Queue ${name} resumed.`, "ok");
+  } else {
+    showMessage(`${action === "pause" ? "Pause" : "Resume"} refused (${status}): ${body.detail}`, "error");
+  }
+  loadQueues();
 }
 
 // --- start -------------------------------------------------------------------------------------------

@@ -1,0 +1,58 @@
+"""Paused queues: a work queue named in the Redis set `pipeline:paused` keeps accepting jobs, and no worker starts one.
+
+The set is read inside the worker's fetch (`fetch.lua`), in the same atomic step that pops jobs, so a job of a
+paused queue is never taken from Redis; every worker sees a pause at its next fetch. Jobs a worker fetched before
+the pause landed and has not started yet (a solo worker's batch, up to its prefetch) are checked again before each
+starts (`pipeline.delivery.fetch`) and put back at the head of their queue. Running jobs finish. A resumed queue is
+fetched by idle workers within a second (`pipeline.delivery.transport`: an idle worker never waits on a paused
+queue's key, and one whose queues are all paused fetches again every `PAUSED_WAIT_S`).
+
+Only work queues (`WORK_QUEUES`) can be paused: the dead-letter queue has no consumer (its entries move only when an
+operator replays them) and Celery's own queues (control, replies) must keep flowing for workers to be operable.
+"""
+
+from __future__ import annotations
+
+from pipeline.broker import broker_redis, confirm_replicated, memory_refusals
+from pipeline.constants import DEAD_LETTER_QUEUE, PAUSED_KEY, WORK_QUEUES
+
+#: How long an idle worker whose every queue is paused waits before it fetches again (seconds): what bounds the
+#: time a resumed queue's first job waits for it.
+PAUSED_WAIT_S = 0.5
+
+
+class UnknownQueue(LookupError):
+    """No work queue has this name."""
+
+
+class NotPausable(ValueError):
+    """A queue that exists but that no worker consumes jobs from (the dead-letter queue)."""
+
+
+def check_pausable(queue: str) -> str:
+    """`queue` if it is a work queue; else `NotPausable` (the dead-letter queue) or `UnknownQueue`."""
+    if queue in WORK_QUEUES:
+        return queue
+    if queue == DEAD_LETTER_QUEUE:
+        raise NotPausable(
+            f"{queue} has no consumer to pause: its entries run again only when replayed (`pipeline dlq replay`)"
+        )
+    raise UnknownQueue(f"no work queue {queue!r}; one of {', '.join(WORK_QUEUES)}")
+
+
+def pause(queue: str) -> bool:
+    """Pause `queue` (a work queue, `check_pausable`); True if it was running until now."""
+    check_pausable(queue)
+    with broker_redis() as client, memory_refusals():
+        added = int(client.sadd(PAUSED_KEY, queue))
+        confirm_replicated(client)  # a pause lost in a failover would let its jobs start
+    return added == 1
+
+
+def resume(queue: str) -> bool:
+    """Resume `queue` (a work queue, `check_pausable`); True if it was paused until now."""
+    check_pausable(queue)
+    with broker_redis() as client:
+        removed = int(client.srem(PAUSED_KEY, queue))
+        confirm_replicated(client)
+    return removed == 1
