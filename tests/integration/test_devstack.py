@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -41,6 +42,10 @@ def test_local_stack_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         wait_for(lambda: " ready." in Path(log.name).read_text(), 90, 0.2, what="the stack's worker")
         children = psutil.Process(stack.pid).children(recursive=True)
         assert len(children) >= 4  # redis, worker (+ pool), beat, flower
+        # The embedded Redis is 7 or later (pipeline/cli/redis_bin.py), and the banner says which it is.
+        embedded = re.search(r"\(embedded (Redis|Valkey) (\d+)\.\d+\.\d+ \((\S+)\)", Path(log.name).read_text())
+        assert embedded and int(embedded[2]) >= 7, Path(log.name).read_text()[:2000]
+        assert os.path.realpath(embedded[3]) in [child.exe() for child in children]  # the one started
         proc = subprocess.run(
             [
                 sys.executable,
