@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import time
 from typing import Any
 
@@ -266,49 +265,6 @@ def test_a_non_message_is_dead_lettered_and_untracked(
     # Dead-lettered (to the app's broker) and no longer tracked.
     assert dead_lettered_as_undecodable(poison)
     assert client.hlen("unacked") == 1 and client.hlen(LEASE_KEY) == 1 and client.llen(queue_name) == 0
-
-
-def _start_latencies(own_redis: RedisServer, conn: Connection, names: list[str], jobs: int) -> list[float]:
-    """Seconds from publish to delivery, each job published by another client while the consumer is idle and
-    draining (waiting in Redis), after a pause long enough for the waits to back off to their longest."""
-    queues = [Queue(name, Exchange(name, "direct"), name) for name in names]
-    got: list[float] = []
-    sent: list[float] = []
-    other = Connection(own_redis.url)
-
-    def publish_later() -> None:
-        for n in range(jobs):
-            time.sleep(0.7 + 0.13 * (n % 3))
-            sent.append(time.monotonic())
-            _publish(other, names[n % len(names)], {"n": n})
-
-    with Consumer(conn.channel(), queues, callbacks=[lambda body, message: got.append(time.monotonic())]):
-        thread = threading.Thread(target=publish_later, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + jobs * 2 + 5
-        while len(got) < jobs and time.monotonic() < deadline:
-            with contextlib.suppress(TimeoutError):
-                conn.drain_events(timeout=0.5)
-        thread.join(5)
-    other.release()
-    return sorted(g - s for g, s in zip(got, sent, strict=True))
-
-
-def test_an_idle_single_queue_starts_a_job_at_once(own_redis: RedisServer, conn: Connection, queue_name: str) -> None:
-    """One queue: the wait is a blocking BLMOVE on the queue's key, woken by the job's LPUSH."""
-    latencies = _start_latencies(own_redis, conn, [queue_name], 6)
-    print(f"start latency, 1 queue (s): median {latencies[3]:.4f}, max {latencies[-1]:.4f}")
-    assert latencies[3] < 0.03, latencies  # the median: a loaded CI box may delay any single one
-
-
-def test_an_idle_consumer_of_several_queues_starts_a_job_within_one_short_wait(
-    own_redis: RedisServer, conn: Connection, queue_name: str
-) -> None:
-    """Five queues: the channel waits on each queue's key in turn, 0.05 s doubling to 0.1 s while idle, so a job
-    on the key being waited on starts at once, on another within one wait."""
-    latencies = _start_latencies(own_redis, conn, [f"{queue_name}-{n}" for n in range(5)], 10)
-    print(f"start latency, 5 queues (s): median {latencies[5]:.3f}, max {latencies[-1]:.3f}")
-    assert latencies[5] < transport.WAIT_MAX_S + 0.15, latencies  # the median, with room for a loaded CI box
 
 
 def test_a_sweeper_with_a_short_lease_leaves_a_longer_lease_alone(
