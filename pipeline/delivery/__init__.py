@@ -4,8 +4,8 @@ One kombu transport (`transport`: the Redis `Channel` and `QoS` subclassed) with
 pops and records up to a prefetch of messages), leases and their renewal (`lease`: one `Leases` object per worker),
 acknowledgements written together (`acks`), and fencing (`fencing`: the worker bootstep that owns the `Leases`;
 `request`: the job request that refuses a lost delivery). Its Redis scripts are files in `pipeline.lua`
-(`fetch.lua`, `settle.lua`, `renew.lua`, `release.lua`); `waking` is how an idle channel waits for work and marks
-what it publishes (`pipeline.producer.wake`).
+(`fetch.lua`, `settle.lua`, `renew.lua`, `release.lua`); `waking` is how an idle channel waits for work
+(`pipeline.producer.wake`).
 
 This package and `pipeline.compat` are the only places that reach into private parts of celery, kombu, billiard and
 redis-py (`tests/unit/test_seam.py` fails on any other). Each reach is an entry of `ENTRIES`: the upstream symbols,
@@ -33,17 +33,9 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(
         "kombu.transport.redis.QoS.restore_by_tag, restore_unacked, restore_unacked_once, restore_visible, "
         "_delivered, _on_collect, _flush; Channel._do_restore_message",
-        "pipeline.delivery.transport, pipeline.delivery.waking",
+        "pipeline.delivery.transport",
         _KOMBU,
         "tests/faults/test_delivery_parity.py::test_a_requeued_delivery_is_back_as_kombu_puts_it_back",
-        critical=True,
-    ),
-    Entry(
-        "kombu.transport.redis.Channel._put (its LPUSH and PEXPIREs: _q_for_pri, _get_message_priority, _expires; "
-        "the _publish_batch keyword), _do_restore_message's pushes (pipe.lpush, pipe.rpush)",
-        "pipeline.delivery.waking",
-        _KOMBU,
-        "tests/faults/test_wake.py::test_a_marked_publish_writes_what_kombu_writes_and_the_queues_marker",
         critical=True,
     ),
     Entry(

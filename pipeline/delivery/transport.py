@@ -18,8 +18,8 @@ in-memory bookkeeping. The count reaches the worker as the message header `x-del
 delivery). The same script first applies the acknowledgements the event loop deferred (`pipeline.delivery.acks`).
 
 A script cannot block, so when every key is empty the channel waits for a wake-up marker of its queues
-(`pipeline.producer.wake`) with one BLMPOP, at most WAKE_POLL_S, and marks what it publishes and restores
-(`pipeline.delivery.waking`).
+(`pipeline.producer.wake`) with one BLMPOP, at most WAKE_POLL_S (`pipeline.delivery.waking`), and marks what it
+publishes and restores (`pipeline.compat.marking`).
 `_brpop_sent_at` is set for every command sent, so kombu's reply health check still applies.
 
 kombu's visibility timeout had to outlast the longest job, so a dead worker's jobs waited that long
@@ -52,6 +52,7 @@ from kombu.transport import virtual as kombu_virtual
 from kombu.utils.encoding import bytes_to_str
 
 from pipeline.broker import is_oom
+from pipeline.compat import marking
 from pipeline.compat.results import Stored
 from pipeline.constants import LEASE_KEY
 from pipeline.delivery import acks, fetch, full, replicas, waking
@@ -224,7 +225,7 @@ def _restore_record(channel: Any, raw: bytes, pipe: Any, leftmost: bool) -> None
     channel._do_restore_message(message, exchange, routing_key, pipe, leftmost)
 
 
-class _Leased(waking.Waking, full.FullRedis):
+class _Leased(waking.Waking, marking.Marked, full.FullRedis):
     """The fetch and the guarded connection parameters, shared by the plain and the Sentinel channel."""
 
     def __init__(self, connection: Any, *args: Any, **kwargs: Any) -> None:

@@ -1,4 +1,4 @@
-"""How a worker's channel waits for work and marks what it publishes: the transport's side of `pipeline.producer.wake`.
+"""How a worker's channel waits for work: the transport's side of the wake-up markers (`pipeline.producer.wake`).
 
 Mixed into the worker transport's channel (`pipeline.delivery.transport`) ahead of kombu's. An idle channel (its
 last fetch found nothing) waits with one `BLMPOP <timeout> n <markers> RIGHT` over the wake-up markers of the queues
@@ -11,16 +11,12 @@ last element moved onto itself: no change, awake as soon as `k` has one), on its
 several in turn, WAIT_MIN_S doubling to WAIT_MAX_S. On a full Redis (`pipeline.delivery.full`) it waits with BRPOP
 on a key nothing writes instead (BLMOVE is refused there, and so is every publish).
 
-What the channel publishes carries markers too: kombu's `_put` (a retry or a rate-limit deferral sent from a
-worker) and `_do_restore_message` (a requeue, a sweep's restore, a shutdown's) push the queue's marker with the
-message, in the same MULTI.
+What the channel publishes and restores carries markers too (`pipeline.compat.marking`).
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from kombu.utils.json import dumps
 
 from pipeline.delivery import full
 from pipeline.producer import wake
@@ -30,23 +26,8 @@ WAIT_MIN_S = 0.05
 WAIT_MAX_S = 0.1
 
 
-class _Marking:
-    """Stands in for the pipe kombu's `_do_restore_message` pushes on: each push also marks its queue."""
-
-    def __init__(self, pipe: Any) -> None:
-        self._pipe = pipe
-
-    def lpush(self, key: str, *values: Any) -> None:
-        self._pipe.lpush(key, *values)
-        wake.mark(self._pipe, key)
-
-    def rpush(self, key: str, *values: Any) -> None:
-        self._pipe.rpush(key, *values)
-        wake.mark(self._pipe, key)
-
-
 class Waking:
-    """The channel's wait and its marked publishes (mixed in before kombu's Redis channel)."""
+    """The channel's wait (mixed in before kombu's Redis channel)."""
 
     #: The longest an idle channel waits for a marker before it fetches anyway (seconds).
     wake_poll_s = wake.WAKE_POLL_S
@@ -70,25 +51,3 @@ class Waking:
         if full.waiting(self):
             command = ["BRPOP", full.WAIT_KEY, f"{wait:.3f}"]
         return command
-
-    def _put(self: Any, queue: str, message: Any, **kwargs: Any) -> None:
-        """kombu's publish (LPUSH on the key of the message's priority, the queue's expiry if it has one) with the
-        queue's marker, in one MULTI. A recorded publish (`_publish_batch`: `pipeline.producer` writes it with its
-        marker) and a control reply (no marker) are kombu's own."""
-        if kwargs.get("_publish_batch") is not None or wake.silent(queue):
-            super()._put(queue, message, **kwargs)  # type: ignore[misc]  # kombu's Channel, after this mixin
-            return
-        key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
-        with self.conn_or_acquire() as client, client.pipeline() as pipe:
-            pipe.lpush(key, dumps(message))
-            if self._expires and queue in self._expires:
-                for pri in self.priority_steps:
-                    pipe.pexpire(self._q_for_pri(queue, pri), self._expires[queue])
-            wake.mark(pipe, key)
-            pipe.execute()
-
-    def _do_restore_message(
-        self: Any, payload: Any, exchange: str, routing_key: str, pipe: Any, leftmost: bool = False
-    ) -> None:
-        """kombu's restore, each push followed by its queue's marker on the same pipe (in its transaction)."""
-        super()._do_restore_message(payload, exchange, routing_key, _Marking(pipe), leftmost)  # type: ignore[misc]

@@ -118,6 +118,7 @@ def test_markers_are_capped_restores_mark_and_control_replies_get_none(
     assert client.llen(queue_name) == 1 and client.llen(marker) == 1
 
 
+@pytest.mark.parity
 def test_a_marked_publish_writes_what_kombu_writes_and_the_queues_marker(
     own_redis: RedisServer, publisher: Connection, queue_name: str
 ) -> None:
