@@ -1,6 +1,7 @@
 """`make bench` / `python -m bench [PART ...] [options]`: stock Celery against the pipeline on a throwaway Redis.
 
-Parts: enqueue, bulk, drain, latency (all four by default: `bench.compare`), and the standalone
+Parts: enqueue, bulk, drain, latency, every (start latency of a worker on every queue; all five by default:
+`bench.compare`), and the standalone
 pdf_memory, webhook_fanout and replicated_enqueue benchmarks (run only when named). Not a test: nothing is asserted.
 
     python -m bench                                  # the comparison table, medians of 3
