@@ -6,7 +6,10 @@
 * drain: N jobs queued, then the worker command line started; rate = N / (last job started - first job
   started), so worker boot is excluded and nothing polls a clock;
 * start latency: a warm idle worker, jobs sent at a fixed rate (200/s) for some seconds; p50/p99 of
-  (job start - enqueue time).
+  (job start - enqueue time);
+* start latency, worker on every queue (`every`): the same, the worker consuming the queues a `pipeline worker`
+  consumes (default, email, pdf, transcode, webhooks) besides the benchmark's own, listed last (stock Celery's
+  worker on the same queues).
 
 Each producer runs in a process of its own (`bench.producer`); workers are the stock CLI command lines
 (`-P prefork -c 2 --loglevel WARNING`), replaceable per system (`--pipeline-worker`, repeatable to run several
@@ -31,10 +34,16 @@ from bench import job
 from bench.procs import Workers, bench_env, run_producer
 
 SYSTEMS = ("stock", "pipeline")
-PARTS = ("enqueue", "bulk", "drain", "latency")
+PARTS = ("enqueue", "bulk", "drain", "latency", "every")
 DEFAULT_WORKERS = {
     "stock": ["celery -A bench.stock_app worker -P prefork -c 2 --loglevel WARNING"],
     "pipeline": ["celery -A bench.pipeline_app worker -Q bench-pipeline -P prefork -c 2 --loglevel WARNING"],
+}
+#: The queues a `pipeline worker` consumes (`pipeline.constants.WORK_QUEUES`), then each system's own: the `every` part.
+_EVERY = "-Q default,email,pdf,transcode,webhooks,{} -P prefork -c 2 --loglevel WARNING"
+EVERY_QUEUE_WORKERS = {
+    "stock": ["celery -A bench.stock_app worker " + _EVERY.format("celery")],
+    "pipeline": ["celery -A bench.pipeline_app worker " + _EVERY.format("bench-pipeline")],
 }
 #: Ratios to stock Celery from `../shared/reference/performance.md` (measured there, not here).
 REFERENCE = {
@@ -43,6 +52,8 @@ REFERENCE = {
     "drain": ("3.0-6.6", "10.7-12.6"),
     "p50": ("—", "—"),
     "p99": ("5-130x worse", "≈1"),
+    "p50_every": ("—", "—"),
+    "p99_every": ("—", "—"),
 }
 
 
@@ -69,8 +80,8 @@ class Bench:
     def producer(self, system: str, *args: object) -> dict[str, Any]:
         return run_producer(self.env, system, *args)
 
-    def workers(self, system: str) -> Workers:
-        commands = [shlex.split(c) for c in self.options.workers[system]]
+    def workers(self, system: str, lines: dict[str, list[str]] | None = None) -> Workers:
+        commands = [shlex.split(c) for c in (lines or self.options.workers)[system]]
         for argv in commands:
             if argv and argv[0] == "celery":  # the venv's, whatever PATH says
                 argv[0] = os.path.join(os.path.dirname(sys.executable), "celery")
@@ -108,9 +119,9 @@ class Bench:
         first, last = (float(v) for v in self.client.mget(k["first"], k["last"]))
         return {"drain": count / (last - first)}
 
-    def latency(self, system: str) -> dict[str, float]:
+    def latency(self, system: str, lines: dict[str, list[str]] | None = None) -> dict[str, float]:
         self.client.flushdb()
-        workers = self.workers(system)
+        workers = self.workers(system, lines)
         try:
             warm = _run()
             self.producer(system, "single", 50, warm)  # boots the worker's pool and connections
@@ -122,6 +133,10 @@ class Bench:
             workers.stop()
         values = sorted(float(v) * 1000 for v in self.client.lrange(job.keys(run)["lat"], 0, -1))
         return {"p50": _quantile(values, 0.5), "p99": _quantile(values, 0.99), "late_sends": sent["late_sends"]}
+
+    def every(self, system: str) -> dict[str, float]:
+        """Start latency of a worker on every queue (`EVERY_QUEUE_WORKERS`)."""
+        return {f"{name}_every": value for name, value in self.latency(system, EVERY_QUEUE_WORKERS).items()}
 
 
 def _run() -> str:
@@ -161,7 +176,7 @@ def ratios(medians: dict[str, dict[str, float]]) -> dict[str, float]:
     pipeline ÷ stock (lower is better)."""
     stock, ours = medians["stock"], medians["pipeline"]
     out = {}
-    for name in ("enqueue", "drain", "p50", "p99"):
+    for name in ("enqueue", "drain", "p50", "p99", "p50_every", "p99_every"):
         if name in stock and name in ours:
             out[name] = ours[name] / stock[name]
     if "bulk" in ours and "enqueue" in stock:
@@ -177,6 +192,8 @@ ROWS = (
     ("drain", "drain (jobs/s)", "{:,.0f}"),
     ("p50", "start latency p50 (ms)", "{:.1f}"),
     ("p99", "start latency p99 (ms)", "{:.1f}"),
+    ("p50_every", "  every queue: p50 (ms)", "{:.1f}"),
+    ("p99_every", "  every queue: p99 (ms)", "{:.1f}"),
 )
 
 
@@ -200,8 +217,12 @@ def table(result: dict[str, Any]) -> str:
         "reference ratios from ../shared/reference/performance.md, not measured here."
     )
     lines.append("issue #12 targets: enqueue >= 1.2x, bulk >= 12x (stock single), drain >= 1.5x, p99 <= 1x (stock's)")
+    lines.append("issue #24 target: every queue p99 <= 2x (stock's)")
     if "stock_bulk" in r:
         lines.append(f"stock group() ÷ stock single: {r['stock_bulk']:.2f}x")
     for system, commands in result["workers"].items():
         lines.append(f"{system} worker: {' + '.join(commands)}")
+    if "p99_every" in medians["pipeline"]:
+        for system, commands in EVERY_QUEUE_WORKERS.items():
+            lines.append(f"{system} worker on every queue: {' + '.join(commands)}")
     return "\n".join(lines)

@@ -105,6 +105,14 @@ ENTRIES: tuple[Entry, ...] = (
         critical=True,
     ),
     Entry(
+        upstream="kombu.transport.redis.Channel._put (its LPUSH and PEXPIREs: _q_for_pri, _get_message_priority,"
+        " _expires; the _publish_batch keyword), Channel._do_restore_message's pushes (pipe.lpush, pipe.rpush)",
+        where="pipeline.compat.marking",
+        libraries=("kombu", "redis"),
+        test="tests/faults/test_wake.py::test_a_marked_publish_writes_what_kombu_writes_and_the_queues_marker",
+        critical=True,
+    ),
+    Entry(
         upstream="kombu.messaging.Producer._batch_local, kombu.transport.redis.Channel._put(_publish_batch=)",
         where="pipeline.compat.batch",
         libraries=("kombu",),

@@ -31,6 +31,9 @@ swallows it, leaving `scheduler.lock` None, and the next `tick` fails on `None.e
   later. The rollback itself is not confirmed: if the primary is lost right after it, the promoted replica may
   keep the advanced slot, which is then skipped (never sent twice).
 
+Beat sends through kombu's Redis transport with wake-up markers (`pipeline.compat.marking`: its `connection`), so an
+idle worker starts a cron job at once.
+
 It copies the second half of redbeat's `tick` and its `maybe_due`, reads redbeat's `_maybe_due_kwargs`, builds
 the lock as redbeat's `acquire_distributed_beat_lock` does (its extend-to script on redis-py's `Lock`) and writes an
 entry's run as redbeat's `RedBeatSchedulerEntry._next_instance` does (the `meta` field, the schedule ZSET's score).
@@ -46,6 +49,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from functools import cached_property
 from typing import Any
 
 import redis
@@ -55,8 +59,9 @@ from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, get_redis
 from redis.exceptions import LockError, LockNotOwnedError
 
 from pipeline.broker import add_wait, check_replicas, replicas_wanted
-from pipeline.compat import BEAT_LIBRARIES, versions
+from pipeline.compat import BEAT_LIBRARIES, marking, versions
 from pipeline.config import get_settings
+from pipeline.config.celery import is_sentinel
 from pipeline.errors import NotReplicated
 
 log = logging.getLogger("celery.beat")
@@ -78,6 +83,12 @@ class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no typ
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         versions.require("beat", BEAT_LIBRARIES, get_settings().allow_unverified_versions)
         super().__init__(app, *args, **kwargs)
+
+    @cached_property
+    def connection(self) -> Any:
+        """Celery's, on the transport that pushes each job's wake-up marker with it (`pipeline.compat.marking`)."""
+        url = str(self.app.conf.broker_write_url or self.app.conf.broker_url)
+        return self.app.connection_for_write(transport=marking.transport(is_sentinel(url)))
 
     def setup_schedule(self) -> None:
         """redbeat's, retried until Redis answers: a beat started during an outage waits instead of exiting

@@ -4,7 +4,8 @@ One kombu transport (`transport`: the Redis `Channel` and `QoS` subclassed) with
 pops and records up to a prefetch of messages), leases and their renewal (`lease`: one `Leases` object per worker),
 acknowledgements written together (`acks`), and fencing (`fencing`: the worker bootstep that owns the `Leases`;
 `request`: the job request that refuses a lost delivery). Its Redis scripts are files in `pipeline.lua`
-(`fetch.lua`, `settle.lua`, `renew.lua`, `release.lua`).
+(`fetch.lua`, `settle.lua`, `renew.lua`, `release.lua`); `waking` is how an idle channel waits for work
+(`pipeline.producer.wake`).
 
 This package and `pipeline.compat` are the only places that reach into private parts of celery, kombu, billiard and
 redis-py (`tests/unit/test_seam.py` fails on any other). Each reach is an entry of `ENTRIES`: the upstream symbols,

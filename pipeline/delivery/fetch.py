@@ -27,7 +27,6 @@ worker already holds within PAUSE_RECHECK_S.
 from __future__ import annotations
 
 import logging
-import math
 import time
 import uuid
 from typing import Any
@@ -44,10 +43,9 @@ from pipeline.constants import (
     LEASE_KEY,
     PAUSED_KEY,
 )
-from pipeline.delivery import acks, cancelled, full
+from pipeline.delivery import acks, cancelled
 from pipeline.delivery.lease import HISTORY_PREFIX
 from pipeline.dlq import elements as undecodable
-from pipeline.scheduling.pause import PAUSED_WAIT_S
 
 log = logging.getLogger(__name__)
 
@@ -136,35 +134,6 @@ def acknowledged(channel: Any, reply: list[Any], acks: list[str]) -> None:
     consumed queues it found paused (`idle_keys`)."""
     channel.leases.settled(acks, reply[0] if reply else [])
     channel.paused = paused(reply)
-
-
-#: An idle channel consuming several queues waits on them in turn, WAIT_MIN_S each, doubling up to WAIT_MAX_S.
-WAIT_MIN_S = 0.05
-WAIT_MAX_S = 0.1
-
-
-def idle_wait(channel: Any, queues: list[str], timeout: float) -> tuple[str, float]:
-    """The key an idle channel waits on next (a non-consuming BLMOVE) and for how long: one queue's for `timeout`
-    (WAIT_MAX_S when that list is not the most urgent), several in turn (see the transport's module doc)."""
-    keys, longest = idle_keys(channel, queues)
-    if len(keys) == 1:
-        return keys[0], min(timeout if keys == queues else WAIT_MAX_S, longest)
-    channel._wait_turn = (channel._wait_turn + 1) % len(keys)
-    wait = min(channel._wait_s, longest)
-    channel._wait_s = min(WAIT_MAX_S, channel._wait_s * 2)
-    return keys[channel._wait_turn], wait
-
-
-def idle_keys(channel: Any, queues: list[str]) -> tuple[list[str], float]:
-    """The keys an idle channel may wait on (each queue's list at the default priority), and for how long at
-    most. A paused queue's key may hold jobs the channel may not take (waiting on it would wake at once, again and
-    again): never waited on. While a consumed queue is paused a wait lasts at most PAUSED_WAIT_S, so its resume is
-    seen within a second; with every queue paused, the channel waits on a key nothing writes."""
-    level = get_settings().task_default_priority  # jobs sent without a priority: the list an idle worker waits on
-    if not channel.paused:
-        return [channel._q_for_pri(q, level) for q in queues], math.inf
-    waited = [channel._q_for_pri(q, level) for q in queues if q not in channel.paused]
-    return waited or [full.WAIT_KEY], PAUSED_WAIT_S
 
 
 def accept(channel: Any, key: str, tag: str, count: int, item: bytes, kind: int, queue: str) -> Any:

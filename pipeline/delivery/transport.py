@@ -17,12 +17,10 @@ message) and a bounded delivery history (`pipeline:deliveries:<tag>`). `QoS.appe
 in-memory bookkeeping. The count reaches the worker as the message header `x-delivery-count` (1 on the first
 delivery). The same script first applies the acknowledgements the event loop deferred (`pipeline.delivery.acks`).
 
-A script cannot block, so when every key is empty the channel waits with a command that does not consume: `BLMOVE k k
-RIGHT RIGHT <timeout>` moves a list's last element onto itself and wakes once `k` has one. It waits on each queue's
-list at TASK_DEFAULT_PRIORITY, where jobs sent without one wait (other levels are fetched after each wait): one queue
-for `brpop_timeout` (WAIT_MAX_S when that list is not the most urgent); several in turn for WAIT_MIN_S, doubling up to
-WAIT_MAX_S while nothing comes (a job on the key waited on starts at once; on another within one wait).
-`_brpop_sent_at` is set for every command: kombu's reply check applies.
+A script cannot block, so when every key is empty the channel waits for a wake-up marker of its queues
+(`pipeline.producer.wake`) with one BLMPOP, at most WAKE_POLL_S (`pipeline.delivery.waking`), and marks what it
+publishes and restores (`pipeline.compat.marking`).
+`_brpop_sent_at` is set for every command sent, so kombu's reply health check still applies.
 
 kombu's visibility timeout had to outlast the longest job, so a dead worker's jobs waited that long
 (celery/celery#5935, celery/celery#2599); leases (`pipeline.delivery.lease`) replace it. Acknowledgements are fenced
@@ -35,7 +33,7 @@ clears the lease owner in the same transaction. A closed connection no longer re
 `restore_at_shutdown`), and only the deliveries this worker still owns. `Channel._connparams` on a connection kombu
 already closed raises a connection error (kombu's AttributeError there stopped the worker: issue 10).
 
-Requires Redis >= 6.2 (BLMOVE with a fractional timeout). Not supported: kombu's `global_keyprefix`.
+Requires Redis >= 7 (BLMPOP). Not supported: kombu's `global_keyprefix`.
 """
 
 from __future__ import annotations
@@ -54,19 +52,19 @@ from kombu.transport import virtual as kombu_virtual
 from kombu.utils.encoding import bytes_to_str
 
 from pipeline.broker import is_oom
+from pipeline.compat import marking
 from pipeline.compat.results import Stored
 from pipeline.constants import LEASE_KEY
-from pipeline.delivery import acks, fetch, full, replicas
-from pipeline.delivery.fetch import WAIT_MIN_S
+from pipeline.delivery import acks, fetch, full, replicas, waking
 from pipeline.delivery.lease import Leases
 from pipeline.dlq import elements as undecodable
 from pipeline.lua import script, sha
 from pipeline.lua import source as lua_source
 from pipeline.observability import metrics
+from pipeline.producer import wake
 
 log = logging.getLogger(__name__)
 
-#: Bounds of the wait on one key when a worker consumes several queues (seconds).
 #: A delivery in `unacked` with no lease was fetched by a worker of a release without leases (kombu's BRPOP); the
 #: sweep leaves it for that release's visibility timeout, so a rolling upgrade does not restore its running jobs.
 #: A delivery this release gives up (`release.lua`) has no lease either, but is scored 0: restored at once.
@@ -222,11 +220,12 @@ def _restore_record(channel: Any, raw: bytes, pipe: Any, leftmost: bool) -> None
     if isinstance(message, str):  # an element that was not a message: back where it was, byte for byte
         key = routing_key
         (pipe.lpush if leftmost else pipe.rpush)(key, message.encode("utf-8", "surrogateescape"))
+        wake.mark(pipe, key)
         return
     channel._do_restore_message(message, exchange, routing_key, pipe, leftmost)
 
 
-class _Leased(full.FullRedis):
+class _Leased(waking.Waking, marking.Marked, full.FullRedis):
     """The fetch and the guarded connection parameters, shared by the plain and the Sentinel channel."""
 
     def __init__(self, connection: Any, *args: Any, **kwargs: Any) -> None:
@@ -245,10 +244,8 @@ class _Leased(full.FullRedis):
         return super().basic_consume(queue, no_ack, *args, **kwargs)  # type: ignore[misc]  # kombu Channel, after this mixin
 
     connection: Any
-    _wait_s = WAIT_MIN_S
     _waiting = False  # the command in flight is a wait, not a fetch
     _empty = False  # the last fetch found nothing: wait before the next one
-    _wait_turn = 0
     _carried: tuple[list[str], list[Stored]] | None = None  # acknowledgements and results the fetch in flight carries
     paused: frozenset[str] | set[str] = frozenset()  # consumed queues the last fetch found paused
     _replicas_due = False  # a WAIT was sent after the fetch in flight: its reply is read after the fetch's
@@ -277,10 +274,7 @@ class _Leased(full.FullRedis):
         if not queues:
             return
         if self._empty:
-            key, wait = fetch.idle_wait(self, queues, float(timeout or self.brpop_timeout or 1))
-            command: list[Any] = ["BLMOVE", key, key, "RIGHT", "RIGHT", f"{wait:.3f}"]
-            if full.waiting(self):  # BLMOVE may grow memory: refused at maxmemory
-                command = ["BRPOP", full.WAIT_KEY, f"{wait:.3f}"]
+            command = self._wait_command(queues, timeout)
             self._waiting = True
         else:
             if self._carried:  # the last fetch's reply never came: what it carried may not be applied
@@ -333,7 +327,7 @@ class _Leased(full.FullRedis):
                 self._empty = True
                 raise Empty()
             self._empty = False
-            self._wait_s = WAIT_MIN_S
+            self._wait_s = waking.WAIT_MIN_S
             fetch.deliver(self, reply)
             return True
         finally:

@@ -1,8 +1,12 @@
 -- Releases parked delayed jobs that are due (`pipeline.scheduling.delayed.release_due`): each entry due by
 -- the horizon is LPUSHed on its queue (as kombu does) and deleted, atomically, so an entry is released
 -- exactly once however many releasers run. An entry missing its message or its queue is deleted unreleased.
+-- Each release also pushes a wake-up marker on its queue's marker list (`pipeline.producer.wake`: ARGV[3] followed
+-- by the queue's name, the list key without kombu's priority suffix), trimmed to 16, so an idle worker wakes at
+-- once. The marker keys depend on the entries and so are not in KEYS (a single Redis or Sentinel, never a Redis Cluster).
 -- KEYS: the due-time index (sorted set of ids), the messages (hash id -> body), the queues (hash id -> list).
--- ARGV: the horizon (epoch seconds: entries scored up to it are due), the most entries to release.
+-- ARGV: the horizon (epoch seconds: entries scored up to it are due), the most entries to release, the marker
+-- key prefix (`pipeline:wake:`).
 -- Returns how many entries were pushed onto a queue. Runs at maxmemory: an entry is deleted (a write that frees
 -- memory) before its message is pushed.
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
@@ -16,6 +20,10 @@ for _, id in ipairs(due) do
   if dest and body then
     redis.call('LPUSH', dest, body)
     released = released + 1
+    local cut = string.find(dest, '\6\22', 1, true)
+    local wake = ARGV[3] .. (cut and string.sub(dest, 1, cut - 1) or dest)
+    redis.call('LPUSH', wake, '1')
+    redis.call('LTRIM', wake, 0, 15)
   end
 end
 return released

@@ -1,6 +1,8 @@
 """The one Redis call that stores jobs due now: records, recent-jobs index, messages, events, and the claim of
 an idempotency key, atomically (a Lua script: one command, one reply).
 
+Each job also pushes a wake-up marker on its queue (`pipeline.producer.wake`): an idle worker of it wakes at once.
+
 A MULTI of the same commands is one round trip too, but answers once per command; the script answers once.
 The script is `pipeline/lua/enqueue.lua` (its KEYS and ARGV layout are documented there), called through
 `pipeline.lua.script`: it runs by SHA (EVALSHA) and is sent whole only when Redis does not know it yet (after a
@@ -23,6 +25,7 @@ import redis
 from pipeline.broker import check_replicas, full, is_oom, run_script_waited
 from pipeline.config import get_settings
 from pipeline.constants import GROUP_KEY_PREFIX, JOB_RECORD_KEY, RECENT_JOBS_KEY
+from pipeline.producer import wake
 
 
 def store_jobs(
@@ -46,7 +49,7 @@ def store_jobs(
     confirm the jobs (or the claimed key's job) in time; `BrokerFull` when Redis is at maxmemory. With `group`, the
     messages go on that group's list of `dest` instead (the messages must carry the group's header too)."""
     claim_key, claim_ttl = claim if claim is not None else (dest, "")
-    keys = (RECENT_JOBS_KEY.format(queue=queue), dest, claim_key)
+    keys = (RECENT_JOBS_KEY.format(queue=queue), dest, claim_key, wake.marker(dest))  # one marker per job
     head = (JOB_RECORD_KEY.format(id=""), record, record_ttl, repr(now), get_settings().recent_jobs_max)
     grouped = (group or "", GROUP_KEY_PREFIX)  # a group's jobs go on its own list (`pipeline/lua/enqueue.lua`)
     args: tuple[str | int, ...] = (*head, len(ids), channel, claim_ttl, *grouped, *ids, *messages, *events)

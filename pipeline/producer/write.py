@@ -45,6 +45,7 @@ from pipeline.constants import (
     JOB_RECORD_KEY,
 )
 from pipeline.errors import PayloadInvalid
+from pipeline.producer import wake
 from pipeline.producer.client import producer_redis
 from pipeline.producer.hooks import publish_hooked
 from pipeline.producer.script import store_jobs
@@ -215,6 +216,7 @@ def _write_captured(
         pipe.zadd(DELAYED_KEY, {task_id: due})
     else:
         pipe.lpush(message.dest, message.body)
+        wake.mark(pipe, message.dest)  # an idle worker of the queue wakes at once
     for _, (channel, event) in message.extra:
         pipe.publish(channel, event)
     pipe.execute()

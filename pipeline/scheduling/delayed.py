@@ -8,7 +8,8 @@ failure and no leader to elect. A parked job's due time is its ETA, from the pro
 is); releasers judge it on Redis's clock (TIME), so releasers on hosts whose clocks disagree release it at the
 same moment. Released jobs keep their ETA, so the worker's timer starts them at the due
 time; a worker holds a released job at most DELAYED_RELEASE_AHEAD seconds before it is due
-(`Settings.release_ahead`), renewing its lease meanwhile.
+(`Settings.release_ahead`), renewing its lease meanwhile. Each release pushes a wake-up marker on its queue
+(`pipeline.producer.wake`), so an idle worker of the queue starts the job at once.
 
 With REDIS_WAIT_REPLICAS=N >= 1 the release carries Redis's WAIT in its round trip (`run_script_waited`). A
 release that N replicas do not confirm in time is logged and left as it is: it is already whole on the primary,
@@ -29,6 +30,7 @@ import redis
 from pipeline.broker import broker_redis, replicas_wanted, run_script_waited
 from pipeline.config import get_settings
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
+from pipeline.producer.wake import WAKE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,8 @@ def release_due(now: float | None = None, limit: int = 500) -> int:
             now = float(seconds) + float(micros) / 1e6
         horizon = now + get_settings().release_ahead
         keys = [DELAYED_KEY, DELAYED_MESSAGE_KEY, DELAYED_DEST_KEY]
-        released, reached = run_script_waited(client, "delayed_release", keys, [horizon, limit])
+        args = [horizon, limit, WAKE_KEY.format(queue="")]  # each release wakes its queue's idle workers
+        released, reached = run_script_waited(client, "delayed_release", keys, args)
     if released and reached is not None and reached < replicas_wanted():
         log.warning(
             "released %d delayed job(s); only %d of %d replica(s) confirmed it within %d ms (REDIS_WAIT_REPLICAS): "

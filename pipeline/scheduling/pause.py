@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pipeline.broker import broker_redis, confirm_replicated, memory_refusals
 from pipeline.constants import DEAD_LETTER_QUEUE, PAUSED_KEY, WORK_QUEUES
+from pipeline.producer import wake
 
 #: How long an idle worker whose every queue is paused waits before it fetches again (seconds): what bounds the
 #: time a resumed queue's first job waits for it.
@@ -53,6 +54,9 @@ def resume(queue: str) -> bool:
     """Resume `queue` (a work queue, `check_pausable`); True if it was paused until now."""
     check_pausable(queue)
     with broker_redis() as client:
-        removed = int(client.srem(PAUSED_KEY, queue))
+        pipe = client.pipeline(transaction=True)
+        pipe.srem(PAUSED_KEY, queue)
+        wake.mark(pipe, queue)  # an idle worker of the queue wakes now, not at its next poll
+        removed = int(pipe.execute()[0])
         confirm_replicated(client)
     return removed == 1

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import time
 from typing import Any
 
 import pytest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
-from pipeline.config import get_settings
 from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
-from pipeline.delivery import fetch, transport
+from pipeline.delivery import transport
 from pipeline.delivery.lease import Leases
 from pipeline.lua import sha
 from tests.support.dlq import dead_lettered_as_undecodable
@@ -269,57 +267,6 @@ def test_a_non_message_is_dead_lettered_and_untracked(
     # Dead-lettered (to the app's broker) and no longer tracked.
     assert dead_lettered_as_undecodable(poison)
     assert client.hlen("unacked") == 1 and client.hlen(LEASE_KEY) == 1 and client.llen(queue_name) == 0
-
-
-def _start_latencies(
-    own_redis: RedisServer, conn: Connection, names: list[str], jobs: int, priority: int | None = None
-) -> list[float]:
-    """Seconds from publish to delivery, each job published by another client (at `priority`; None: kombu's
-    default, 0) while the consumer is idle and draining (waiting in Redis), after a pause long enough for the waits
-    to back off to their longest."""
-    queues = [Queue(name, Exchange(name, "direct"), name) for name in names]
-    got: list[float] = []
-    sent: list[float] = []
-    other = Connection(own_redis.url)
-
-    def publish_later() -> None:
-        for n in range(jobs):
-            time.sleep(0.7 + 0.13 * (n % 3))
-            sent.append(time.monotonic())
-            _publish(other, names[n % len(names)], {"n": n}, priority)
-
-    with Consumer(conn.channel(), queues, callbacks=[lambda body, message: got.append(time.monotonic())]):
-        thread = threading.Thread(target=publish_later, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + jobs * 2 + 5
-        while len(got) < jobs and time.monotonic() < deadline:
-            with contextlib.suppress(TimeoutError):
-                conn.drain_events(timeout=0.5)
-        thread.join(5)
-    other.release()
-    return sorted(g - s for g, s in zip(got, sent, strict=True))
-
-
-def test_an_idle_single_queue_starts_a_job_at_once(own_redis: RedisServer, conn: Connection, queue_name: str) -> None:
-    """One queue: the wait is a blocking BLMOVE on the queue's list at the default priority (where jobs sent without
-    one wait), woken by the job's LPUSH; a job at a more urgent level is fetched after that wait, within WAIT_MAX_S."""
-    default = get_settings().task_default_priority
-    latencies = _start_latencies(own_redis, conn, [queue_name], 6, default)
-    print(f"start latency, 1 queue (s): median {latencies[3]:.4f}, max {latencies[-1]:.4f}")
-    assert latencies[3] < 0.03, latencies  # the median: a loaded CI box may delay any single one
-    urgent = _start_latencies(own_redis, conn, [queue_name], 3, 0)
-    print(f"start latency, 1 queue, priority 0 (s): median {urgent[1]:.4f}, max {urgent[-1]:.4f}")
-    assert urgent[1] < fetch.WAIT_MAX_S + 0.15, urgent
-
-
-def test_an_idle_consumer_of_several_queues_starts_a_job_within_one_short_wait(
-    own_redis: RedisServer, conn: Connection, queue_name: str
-) -> None:
-    """Five queues: the channel waits on each queue's key in turn, 0.05 s doubling to 0.1 s while idle, so a job
-    on the key being waited on starts at once, on another within one wait."""
-    latencies = _start_latencies(own_redis, conn, [f"{queue_name}-{n}" for n in range(5)], 10)
-    print(f"start latency, 5 queues (s): median {latencies[5]:.3f}, max {latencies[-1]:.3f}")
-    assert latencies[5] < fetch.WAIT_MAX_S + 0.15, latencies  # the median, with room for a loaded CI box
 
 
 def test_a_sweeper_with_a_short_lease_leaves_a_longer_lease_alone(

@@ -121,7 +121,7 @@ def test_an_enqueue_returns_once_the_replica_holds_it_in_one_round_trip(
         if (c["client_address"], c["client_port"]) == (store["client_address"], store["client_port"])
     ]
     assert [c["command"].split()[:3] for c in mine] == [
-        ["EVALSHA", lua.sha("enqueue"), "3"],
+        ["EVALSHA", lua.sha("enqueue"), "4"],
         ["WAIT", "1", str(TIMEOUT_MS)],
     ]
 

@@ -31,6 +31,7 @@ from pipeline.celery_app import get_app
 from pipeline.compat import batch
 from pipeline.compat.redbeat import Scheduler
 from pipeline.compat.results import RedisBackend
+from pipeline.producer.wake import WAKE_KEY
 from tests.support.procs import RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.parity]
@@ -192,3 +193,22 @@ def test_the_lock_is_the_one_redbeat_takes(beat_app: Celery, redis_server: Redis
     ours.extend(int(ours.timeout))  # redbeat's extend-to: the lease becomes the timeout, not 60 s plus it
     assert 0 < client.pttl(ours.name) <= ours.timeout * 1000
     ours.release()
+
+
+def test_beat_sends_a_job_with_its_queues_wake_up_marker(beat_app: Celery, redis_server: RedisServer) -> None:
+    """Beat's connection is Celery's on the marking transport (`pipeline.compat.marking`): a cron job lands with its
+    queue's marker, so an idle worker starts it at once."""
+    queue = f"beat-wake-{uuid.uuid4().hex[:8]}"
+    ours = Scheduler(app=beat_app, lazy=True)
+    entry = RedBeatSchedulerEntry(
+        "wake", "parity.wake", schedule(10), args=[{"n": 1}], options={"queue": queue}, app=beat_app
+    )
+    client = redis_server.client()
+    try:
+        ours.apply_async(entry, producer=ours.producer)
+        (sent,) = client.lrange(queue, 0, -1)
+        assert json.loads(sent)["headers"]["task"] == "parity.wake"
+        assert client.llen(WAKE_KEY.format(queue=queue)) == 1
+    finally:
+        client.delete(queue, WAKE_KEY.format(queue=queue))
+        ours.connection.release()

@@ -22,6 +22,7 @@ from kombu.utils.encoding import bytes_to_str
 from pipeline.broker import is_oom
 from pipeline.constants import CANCEL_KEY, GROUP_KEY_PREFIX, HEADER_GROUP
 from pipeline.lua import names, script, sha, source
+from pipeline.producer.wake import WAKE_MAX
 from tests.support.procs import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -63,7 +64,7 @@ def enqueue(
     events = [f"e:{i}" for i in ids] if channel else []
     head = ["rec:", "record", 600, repr(now), keep, len(ids), channel, claim_ttl, group, GROUP_KEY_PREFIX]
     args = [*head, *ids, *messages, *events]
-    return script("enqueue")(keys=["idx", "q", claim_key], args=args, client=client)
+    return script("enqueue")(keys=["idx", "q", claim_key, "wake:q"], args=args, client=client)
 
 
 def test_enqueue_writes_records_index_messages_and_events(client: redis.Redis) -> None:
@@ -162,7 +163,8 @@ def test_delayed_release_moves_due_jobs_only(client: redis.Redis) -> None:
     client.zadd("delayed", due)
     client.hset("messages", mapping={"early": "body-early", "due": "body-due", "later": "body-later"})
     client.hset("dests", mapping={"early": "queue-a", "due": "queue-b", "orphan": "queue-a", "later": "queue-a"})
-    released = script("delayed_release")(keys=["delayed", "messages", "dests"], args=[250.0, 500], client=client)
+    keys = ["delayed", "messages", "dests"]
+    released = script("delayed_release")(keys=keys, args=[250.0, 500, "wake:"], client=client)
     assert released == 2  # the orphan (no message) is dropped, not pushed
     assert client.lrange("queue-a", 0, -1) == [b"body-early"]
     assert client.lrange("queue-b", 0, -1) == [b"body-due"]
@@ -175,9 +177,33 @@ def test_delayed_release_takes_at_most_the_limit_earliest_first(client: redis.Re
     client.hset("messages", mapping={"j1": "b1", "j2": "b2", "j3": "b3"})
     client.hset("dests", mapping={"j1": "queue", "j2": "queue", "j3": "queue"})
     keys = ["delayed", "messages", "dests"]
-    assert script("delayed_release")(keys=keys, args=[time.time(), 2], client=client) == 2
+    assert script("delayed_release")(keys=keys, args=[time.time(), 2, "wake:"], client=client) == 2
     assert client.lrange("queue", 0, -1) == [b"b2", b"b1"]
     assert client.zrange("delayed", 0, -1) == [b"j3"]
+
+
+def test_enqueue_and_delayed_release_push_one_wake_marker_per_job_kept_to_wake_max(client: redis.Redis) -> None:
+    """An idle worker waits on its queues' markers (`pipeline.producer.wake`): each job pushed brings one, on the
+    queue's marker whatever its priority step, and a marker nobody consumes stays bounded."""
+    assert enqueue(client, ["a", "b"]) == 2
+    assert client.llen("wake:q") == 2
+    assert enqueue(client, [f"j{i}" for i in range(40)]) == 40
+    assert client.llen("wake:q") == WAKE_MAX
+    assert enqueue(client, ["c"], claim_key="claim", claim_ttl=60) == 1
+    client.ltrim("wake:q", 1, 0)
+    assert enqueue(client, ["d"], claim_key="claim", claim_ttl=60) == b"c"  # refused: nothing pushed, no marker
+    assert client.exists("wake:q") == 0
+    ids = [f"p{i}" for i in range(40)]
+    client.zadd("delayed", dict.fromkeys(ids, 1.0))
+    client.hset("messages", mapping=dict.fromkeys(ids, "body"))
+    client.hset("dests", mapping={i: "mail\x06\x163" if n % 2 else "mail" for n, i in enumerate(ids)})
+    client.hset("dests", "p0", "other")
+    keys = ["delayed", "messages", "dests"]
+    assert script("delayed_release")(keys=keys, args=[time.time(), 3, "wake:"], client=client) == 3
+    assert client.llen("wake:mail") == 2 and client.llen("wake:other") == 1  # the priority step's queue: `mail`
+    assert script("delayed_release")(keys=keys, args=[time.time(), 500, "wake:"], client=client) == 37
+    assert client.llen("wake:mail") == WAKE_MAX and client.llen("wake:other") == 1
+    assert client.llen("mail") + client.llen("mail\x06\x163") == 39
 
 
 def test_every_script_documents_its_keys_and_argv_at_its_top_and_is_named_by_its_sha() -> None:
@@ -374,7 +400,7 @@ def _grouped(tag: str, group: str | None) -> str:
 
 def _enqueue_group(client: redis.Redis, group: str, tags: list[str]) -> None:
     script("enqueue")(
-        keys=["idx", "jobs", "jobs"],
+        keys=["idx", "jobs", "jobs", "wake:jobs"],
         args=[
             "rec:",
             "r",

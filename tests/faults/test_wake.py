@@ -1,0 +1,143 @@
+"""An idle worker on several queues wakes at once on a job of any of them (`pipeline.producer.wake`), on a real
+redis-server.
+
+No worker here: a kombu `Connection` on `pipeline.delivery.transport` consumes the way a worker's consumer does, and
+the jobs are published by another worker transport (its `_put` pushes the queue's marker) or by stock kombu (none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+
+from pipeline.delivery import transport
+from pipeline.delivery.lease import Leases
+from pipeline.producer.wake import WAKE_KEY, WAKE_MAX, WAKE_POLL_S
+from tests.support.procs import RedisServer
+
+pytestmark = pytest.mark.faults
+
+
+def _queue(name: str) -> Queue:
+    return Queue(name, Exchange(name, "direct"), name)
+
+
+def _publish(conn: Connection, name: str, body: Any) -> None:
+    Producer(conn.channel()).publish(body, exchange=name, routing_key=name, declare=[_queue(name)])
+
+
+@pytest.fixture
+def publisher(own_redis: RedisServer) -> Iterator[Connection]:
+    """Another worker's transport (a retry or a deferral sent from a worker publishes through it)."""
+    with Connection(own_redis.url, transport=transport.bound(Leases(lease_seconds=30))) as other:
+        yield other
+
+
+def _calls(client: Any, command: str) -> int:
+    return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def _consume(conn: Connection, names: list[str], got: list[Any], poll: float | None = None) -> Consumer:
+    channel = conn.channel()
+    if poll is not None:
+        channel.wake_poll_s = poll
+    for name in names:
+        _queue(name)(channel).declare()
+    return Consumer(channel, [_queue(n) for n in names], callbacks=[lambda body, message: got.append(message)])
+
+
+def _drain_until(conn: Connection, got: list[Any], n: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        with contextlib.suppress(TimeoutError):
+            conn.drain_events(timeout=0.2)
+
+
+def test_an_idle_consumer_of_several_queues_is_woken_by_the_marker_of_its_last_queue(
+    own_redis: RedisServer, conn: Connection, publisher: Connection, queue_name: str
+) -> None:
+    """Five queues, a fallback poll of a minute: the job on the last queue can only start through its marker, which
+    one BLMPOP over every queue's marker pops; nothing polls the queues' keys meanwhile (the old wait's BLMOVE)."""
+    names = [f"{queue_name}-{n}" for n in range(5)]
+    client = own_redis.client()
+    got: list[Any] = []
+    with _consume(conn, names, got, poll=60):
+        _drain_until(conn, got, 1, 0.3)  # fetched nothing: now waiting on the markers
+        blmove, fetches = _calls(client, "blmove"), _calls(client, "evalsha")
+        assert _calls(client, "blmpop") >= 1  # in flight
+        _publish(publisher, names[-1], {"n": 1})
+        _drain_until(conn, got, 1, 10)
+    assert [m.payload for m in got] == [{"n": 1}]
+    assert client.llen(WAKE_KEY.format(queue=names[-1])) == 0  # the marker was consumed by the wake
+    assert _calls(client, "blmove") == blmove
+    assert _calls(client, "evalsha") - fetches <= 2  # the fetch after the wake (and the next one that finds nothing)
+
+
+def test_a_job_pushed_without_a_marker_is_fetched_within_the_fallback_poll(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    """A foreign client's kombu pushes no marker: the idle consumer fetches it at its next poll, WAKE_POLL_S."""
+    names = [f"{queue_name}-{n}" for n in range(3)]
+    got: list[Any] = []
+    with Connection(own_redis.url) as foreign, _consume(conn, names, got):
+        _drain_until(conn, got, 1, 0.3)
+        sent = time.monotonic()
+        _publish(foreign, names[1], {"n": 2})
+        _drain_until(conn, got, 1, 10)
+    took = time.monotonic() - sent
+    assert [m.payload for m in got] == [{"n": 2}]
+    assert own_redis.client().exists(WAKE_KEY.format(queue=names[1])) == 0  # no marker was involved
+    assert took < WAKE_POLL_S + 1.5, took  # the bound plus room for a loaded box (never the minute of a missed job)
+
+
+def test_markers_are_capped_restores_mark_and_control_replies_get_none(
+    own_redis: RedisServer, conn: Connection, publisher: Connection, queue_name: str
+) -> None:
+    client = own_redis.client()
+    marker = WAKE_KEY.format(queue=queue_name)
+    for n in range(WAKE_MAX + 5):
+        _publish(publisher, queue_name, {"n": n})
+    assert client.llen(queue_name) == WAKE_MAX + 5
+    assert client.llen(marker) == WAKE_MAX  # nobody consumes them: bounded
+    reply = f"{queue_name}.reply.celery.pidbox"
+    _publish(publisher, reply, {"reply": 1})
+    assert client.llen(reply) == 1 and client.exists(WAKE_KEY.format(queue=reply)) == 0
+    client.delete(marker, queue_name)
+    _publish(publisher, queue_name, {"n": "requeued"})
+    client.delete(marker)
+    got: list[Any] = []
+    with _consume(conn, [queue_name], got):
+        _drain_until(conn, got, 1, 5)
+        got[0].requeue()  # the holder's requeue puts it back with its marker: an idle peer starts it at once
+    assert client.llen(queue_name) == 1 and client.llen(marker) == 1
+
+
+@pytest.mark.parity
+def test_a_marked_publish_writes_what_kombu_writes_and_the_queues_marker(
+    own_redis: RedisServer, publisher: Connection, queue_name: str
+) -> None:
+    """The worker transport's `_put` is kombu's (the key of the message's priority, the envelope, the queue's
+    expiry) plus the marker of the queue, whatever its priority step."""
+    client = own_redis.client()
+    queue = Queue(queue_name, Exchange(queue_name, "direct"), queue_name, expires=60)
+    written = []
+    with Connection(own_redis.url) as stock:
+        for conn in (stock, publisher):
+            Producer(conn.channel()).publish(
+                {"n": 1}, exchange=queue.exchange, routing_key=queue_name, priority=3, declare=[queue]
+            )
+            (key,) = [k for k in client.scan_iter(match=f"{queue_name}*") if client.type(k) == b"list"]
+            (element,) = client.lrange(key, 0, -1)
+            envelope = json.loads(element)
+            envelope["properties"].pop("delivery_tag")  # a fresh one per publish
+            written.append((key, 0 < client.pttl(key) <= 60_000, envelope))
+            client.delete(key)
+    assert written[0] == written[1] and written[0][1]
+    assert written[1][0] != queue_name.encode()  # the priority step's key
+    assert client.llen(WAKE_KEY.format(queue=queue_name)) == 1  # the publisher's only (stock kombu marks nothing)
