@@ -123,8 +123,8 @@ def replicated(tmp_path: Path) -> Iterator[Node]:
     primary = Node(tmp_path / "primary").start()
     replica = Node(tmp_path / "replica").start("--replicaof", "127.0.0.1", str(primary.port))
     yield primary
+    primary.stop()  # first: a primary stopping waits (up to 10 s) for replicas that are gone to catch up
     replica.stop()
-    primary.stop()
 
 
 def test_with_a_replica_the_slot_is_sent_once_and_the_replica_holds_it(replicated: Node, wait_one: None) -> None:
