@@ -25,7 +25,7 @@ def test_a_worker_syncing_with_a_running_one_holds_no_lease_on_its_reply(
         second.start()
         wait_for(lambda: "sync with 1 nodes" in second.log(), 30, 0.1, what="the second worker's sync with the first")
         client = own_redis.client()
-        time.sleep(4)  # past the first renewals of a 5 s lease: a held reply would still be there, renewed
+        time.sleep(2.5)  # past the first renewal of a 5 s lease (every 1.7 s): a held reply would be renewed
         assert client.hgetall("unacked") == {}, "a control reply was recorded as a job in flight"
         assert client.hgetall(LEASE_KEY) == {}
         assert client.zcard("unacked_index") == 0

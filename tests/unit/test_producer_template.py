@@ -21,7 +21,7 @@ JSON = st.recursive(
 
 
 @pytest.mark.parity
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(payload=st.dictionaries(st.text(max_size=20), JSON, max_size=8), maxsize=st.sampled_from([1024, 200, 40]))
 def test_argsrepr_is_celerys_saferepr(payload: dict[str, Any], maxsize: int) -> None:
     for levels in (3, 2, 5):
