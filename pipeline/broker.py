@@ -12,7 +12,7 @@ import base64
 import json
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -280,28 +280,37 @@ def _oldest_age(client: redis.Redis, keys: list[str], now: float) -> float | Non
     return max(ages) if ages else None
 
 
+def waiting_levels(client: redis.Redis, queues: Iterable[str]) -> dict[str, dict[int, int]]:
+    """Jobs waiting per queue and priority level (kombu's steps, most urgent first), in the level's plain list and
+    in its groups' lists (`pipeline.fairness.groups`), read in one round trip."""
+    queues = list(queues)
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        for key in queue_keys(queue):
+            pipe.llen(key)
+        pipe.hmget(GROUP_COUNT_KEY, queue_keys(queue))
+    replies = pipe.execute()
+    steps = len(PRIORITY_STEPS)
+    levels = {}
+    for i, queue in enumerate(queues):
+        at = i * (steps + 1)
+        grouped = [int(n or 0) for n in replies[at + steps]]
+        level_lengths = zip(PRIORITY_STEPS, replies[at : at + steps], grouped, strict=True)
+        levels[queue] = {step: int(n) + g for step, n, g in level_lengths}
+    return levels
+
+
 def queue_stats(queues: tuple[str, ...] = (*WORK_QUEUES, DEAD_LETTER_QUEUE)) -> list[QueueStats]:
     """Depth (all priorities), age of the oldest waiting job and whether it is paused, of each queue."""
     now = time.time()
     with broker_redis() as client:
-        pipe = client.pipeline(transaction=False)
-        for queue in queues:
-            for key in queue_keys(queue):
-                pipe.llen(key)
-            pipe.hmget(GROUP_COUNT_KEY, queue_keys(queue))  # jobs waiting in groups (`pipeline.groups`)
-        pipe.smembers(PAUSED_KEY)
-        *replies, members = pipe.execute()
-        paused = {bytes_to_str(member) for member in members}
+        levels = waiting_levels(client, queues)
+        paused = {bytes_to_str(member) for member in client.smembers(PAUSED_KEY)}
         stats = []
-        steps = len(PRIORITY_STEPS)
-        for i, queue in enumerate(queues):
-            at = i * (steps + 1)
-            grouped = [int(n or 0) for n in replies[at + steps]]  # per level, in its groups' lists
-            level_lengths = zip(PRIORITY_STEPS, replies[at : at + steps], grouped, strict=True)
-            levels = {step: int(n) + g for step, n, g in level_lengths}
-            depth = sum(levels.values())
+        for queue in queues:
+            depth = sum(levels[queue].values())
             age = _oldest_age(client, queue_keys(queue), now) if depth else None
-            stats.append(QueueStats(queue, depth, age, levels, queue in paused))
+            stats.append(QueueStats(queue, depth, age, levels[queue], queue in paused))
         return stats
 
 

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from pipeline.broker import broker_redis, queue_keys
+from pipeline.broker import broker_redis, queue_keys, waiting_levels
 from pipeline.browse.model import (
     MAX_LIMIT,
     BrowseState,
@@ -27,11 +27,9 @@ from pipeline.constants import (
     DELAYED_KEY,
     DELAYED_MESSAGE_KEY,
     DLQ_TASKS_KEY,
-    GROUP_COUNT_KEY,
     HEADER_PUBLISHED_AT,
     JOB_RECORD_KEY,
     PRIORITY_SEPARATOR,
-    PRIORITY_STEPS,
     RECENT_JOBS_KEY,
     UNACKED_KEY,
     WORK_QUEUES,
@@ -143,29 +141,14 @@ class _Snapshot(NamedTuple):
     dead: list[dlq_admin.DeadLetter]
 
 
-def _waiting_counts(client: redis.Redis) -> tuple[dict[str, dict[str, int]], list[Any]]:
-    """Jobs waiting per work queue and priority level (in groups too), and the parked jobs' destinations."""
-    pipe = client.pipeline(transaction=False)
-    for queue in WORK_QUEUES:
-        for key in queue_keys(queue):
-            pipe.llen(key)
-        pipe.hmget(GROUP_COUNT_KEY, queue_keys(queue))  # jobs waiting in groups
-    pipe.hvals(DELAYED_DEST_KEY)
-    *replies, dests = pipe.execute()
-    steps = len(PRIORITY_STEPS)
-    levels = {}
-    for i, queue in enumerate(WORK_QUEUES):
-        at = i * (steps + 1)
-        grouped = [int(n or 0) for n in replies[at + steps]]
-        level_lengths = zip(PRIORITY_STEPS, replies[at : at + steps], grouped, strict=True)
-        levels[queue] = {str(step): int(n) + g for step, n, g in level_lengths}
-    return levels, dests
-
-
 def _snapshot(client: redis.Redis) -> _Snapshot:
     """Jobs per work queue and state (a dead letter counts under its original queue), and what they came from."""
     table = {queue: dict.fromkeys(BrowseState, 0) for queue in WORK_QUEUES}
-    levels, dests = _waiting_counts(client)
+    levels = {
+        queue: {str(step): n for step, n in by_step.items()}
+        for queue, by_step in waiting_levels(client, WORK_QUEUES).items()
+    }
+    dests = client.hvals(DELAYED_DEST_KEY)
     for queue in WORK_QUEUES:
         table[queue][BrowseState.WAITING] = sum(levels[queue].values())
     for dest in dests:

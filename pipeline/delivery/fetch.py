@@ -18,10 +18,10 @@ jobs after their lease (at most the prefetch less one; their results were not st
 their queue, or, when Redis cannot be reached, are given up for a sweep to restore (`Leases.drop`).
 
 The script pops nothing from a paused queue (`pipeline.scheduling.pause`) and names the consumed queues it found
-paused (the transport does not wait on their keys: `idle_keys`). A batch's later job that would start more than
-PAUSE_RECHECK_S after the batch was fetched is started only if its queue is still not paused, else it goes back to
-the head of its queue like the deliveries above, its delivery not counted (`_uncount`): a pause reaches the jobs a
-worker already holds within PAUSE_RECHECK_S.
+paused (an idle channel does not wait on their markers: `pipeline.delivery.waking`). A batch's later job that would
+start more than PAUSE_RECHECK_S after the batch was fetched is started only if its queue is still not paused, else
+it goes back to the head of its queue like the deliveries above, its delivery not counted (`_uncount`): a pause
+reaches the jobs a worker already holds within PAUSE_RECHECK_S.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def paused(reply: list[Any]) -> set[str]:
 
 def acknowledged(channel: Any, reply: list[Any], acks: list[str]) -> None:
     """Forget the acknowledgements the fetch carried; log those it fenced (as `Leases.settle` does). Note the
-    consumed queues it found paused (`idle_keys`)."""
+    consumed queues it found paused (`pipeline.delivery.waking`)."""
     channel.leases.settled(acks, reply[0] if reply else [])
     channel.paused = paused(reply)
 

@@ -20,7 +20,6 @@ from typing import Any
 
 from pipeline.delivery import full
 from pipeline.producer import wake
-from pipeline.scheduling.pause import PAUSED_WAIT_S
 
 #: Bounds of the wait on one key of a channel consuming only queues without markers (control replies; seconds).
 WAIT_MIN_S = 0.05
@@ -37,15 +36,13 @@ class Waking:
 
     def _wait_command(self: Any, queues: list[str], timeout: float | None) -> list[Any]:
         """The command an idle channel consuming `queues` (kombu's order) waits with. A paused queue's markers are
-        not waited on (they would wake it to a fetch that takes nothing); while one is paused the wait lasts at most
-        PAUSED_WAIT_S, and `resume` pushes the queue's marker (`pipeline.scheduling.pause`)."""
+        not waited on (they would wake it to a fetch that takes nothing); `resume` pushes the queue's marker
+        (`pipeline.scheduling.pause`), and the fallback poll bounds the wait in any case."""
         tracked = [queue for queue in queues if queue not in self.untracked]
         paused = getattr(self, "paused", None) or ()
         awake = [queue for queue in tracked if queue not in paused]
         if tracked:
             wait = float(self.wake_poll_s) if len(tracked) == len(queues) else WAIT_MIN_S
-            if len(awake) < len(tracked):
-                wait = min(wait, PAUSED_WAIT_S)
             markers = [wake.marker(queue) for queue in awake] or [full.WAIT_KEY]  # all paused: a key nothing writes
             command: list[Any] = ["BLMPOP", f"{wait:.3f}", len(markers), *markers, "RIGHT"]
         else:

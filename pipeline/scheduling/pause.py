@@ -3,9 +3,9 @@
 The set is read inside the worker's fetch (`fetch.lua`), in the same atomic step that pops jobs, so a job of a
 paused queue is never taken from Redis; every worker sees a pause at its next fetch. Jobs a worker fetched before
 the pause landed and has not started yet (a solo worker's batch, up to its prefetch) are checked again before each
-starts (`pipeline.delivery.fetch`) and put back at the head of their queue. Running jobs finish. A resumed queue is
-fetched by idle workers within a second (`pipeline.delivery.transport`: an idle worker never waits on a paused
-queue's key, and one whose queues are all paused fetches again every `PAUSED_WAIT_S`).
+starts (`pipeline.delivery.fetch`) and put back at the head of their queue. Running jobs finish. `resume` pushes
+the queue's wake-up marker, so idle workers fetch its jobs at once (`pipeline.delivery.waking`: an idle worker
+never waits on a paused queue's markers, and fetches at least every WAKE_POLL_S anyway).
 
 Only work queues (`WORK_QUEUES`) can be paused: the dead-letter queue has no consumer (its entries move only when an
 operator replays them) and Celery's own queues (control, replies) must keep flowing for workers to be operable.
@@ -16,10 +16,6 @@ from __future__ import annotations
 from pipeline.broker import broker_redis, confirm_replicated, memory_refusals
 from pipeline.constants import DEAD_LETTER_QUEUE, PAUSED_KEY, WORK_QUEUES
 from pipeline.producer import wake
-
-#: How long an idle worker whose every queue is paused waits before it fetches again (seconds): what bounds the
-#: time a resumed queue's first job waits for it.
-PAUSED_WAIT_S = 0.5
 
 
 class UnknownQueue(LookupError):
