@@ -39,6 +39,7 @@ TASK_MODULES: Final = (
     "tasks.pdf",
     "tasks.media",
     "tasks.webhooks",
+    "tasks.flows",
 )
 
 #: Every Redis key the pipeline owns starts with this (kombu's own keys keep kombu's names).
@@ -84,6 +85,15 @@ HEADER_THROTTLED: Final = "pipeline_throttled"
 #: Message header: the job's group (a tenant, a customer): within a queue and priority level, jobs are taken
 #: round-robin across groups, and GROUP_CONCURRENCY caps how many of one group run at once (`pipeline.groups`).
 HEADER_GROUP: Final = "pipeline_group"
+#: Message header of a job that is a step of a flow: {"flow": name, "id": flow id, "step": step, "item": index of a
+#: fan-out item or null} (`pipeline.flows`). A worker builds a joining step's payload from it, and records the step's
+#: result in the flow when it succeeds.
+HEADER_FLOW: Final = "pipeline_flow"
+#: A flow's keys share one hash tag, its id: `pipeline:flow:{<id>}` and `...:results`, `...:tasks`, `...:failed`,
+#: `...:wait:<step>` (the layout is written at the top of `pipeline/lua/flow_advance.lua`).
+FLOW_KEY: Final = KEY_PREFIX + "flow:{{{id}}}"
+#: ZSET flow id -> start time (epoch s) of the recent flows, trimmed to RECENT_JOBS_MAX.
+FLOWS_INDEX_KEY: Final = KEY_PREFIX + "flows"
 #: Prefix of the groups' keys (their layout is written at the top of `pipeline/lua/fetch.lua`).
 GROUP_KEY_PREFIX: Final = KEY_PREFIX + "group:"
 #: Grouped jobs waiting, per queue list key (kept by `enqueue.lua` and `fetch.lua`).

@@ -32,7 +32,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pipeline import publish
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
-from pipeline.constants import DELIVERY_HEADERS, HEADER_IDEMPOTENCY_KEY, HEADER_RATE_SLOT, TASK_MODULES
+from pipeline.constants import DELIVERY_HEADERS, HEADER_FLOW, HEADER_IDEMPOTENCY_KEY, HEADER_RATE_SLOT, TASK_MODULES
 from pipeline.errors import JobCancelled, PayloadInvalid, PermanentError
 from pipeline.fairness import groups
 from pipeline.fairness.rates import ClusterRate
@@ -62,6 +62,10 @@ class Guard(Protocol):
 
     def stop(self) -> None: ...
 
+
+#: Runs a job that is a step of a flow (its message carries HEADER_FLOW): `step(task, header, payload, run)`, where
+#: `run(payload)` runs the job as any other; the worker's runtime installs `pipeline.flows.steps.run` here.
+FLOW_STEPS: list[Callable[[PipelineTask, Any, Any, Callable[[Any], dict[str, Any]]], dict[str, Any]]] = []
 
 #: Guards around each run of a task's function, outermost first. The worker's runtime installs the solo pool's
 #: time limits (`pipeline.runtime.timelimits`) and its heartbeat keep-alive (`pipeline.runtime.stall`) here.
@@ -141,7 +145,14 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> dict[str, Any]:
-        job = validate_payload(self.name, model, _single_payload(self.name, args, kwargs))
+        raw = _single_payload(self.name, args, kwargs)
+        step = request_header(self.request, HEADER_FLOW)
+        if step is not None and FLOW_STEPS:
+            return FLOW_STEPS[0](self, step, raw, lambda payload: self._run_job(fn, model, payload))
+        return self._run_job(fn, model, raw)
+
+    def _run_job(self, fn: Callable[[Any, JobContext], BaseModel], model: type[BaseModel], raw: Any) -> dict[str, Any]:
+        job = validate_payload(self.name, model, raw)
         for admit in ADMISSION:
             admit(self, job)  # raises Ignore after deferring the job
         try:

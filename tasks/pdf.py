@@ -20,6 +20,19 @@ from tasks.pdf_stream import StreamingCanvas
 from tasks.pdf_templates import TEMPLATES, draw_report
 
 
+#: An invoice `pdf.render` takes (the API's and the page's example; the `invoice` flow's too).
+INVOICE_EXAMPLE: dict[str, Any] = {
+    "number": "INV-1001",
+    "issued_on": "2026-11-29",
+    "customer": {"name": "Ada Lovelace", "address": "12 Analytical Row, London"},
+    "items": [
+        {"description": "Consulting", "quantity": "3", "unit_price": "120.00"},
+        {"description": "Support plan", "quantity": "1", "unit_price": "49.90"},
+    ],
+    "currency": "EUR",
+}
+
+
 class PdfJob(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -27,16 +40,7 @@ class PdfJob(BaseModel):
             "examples": [
                 {
                     "template_id": "invoice",
-                    "data": {
-                        "number": "INV-1001",
-                        "issued_on": "2026-11-29",
-                        "customer": {"name": "Ada Lovelace", "address": "12 Analytical Row, London"},
-                        "items": [
-                            {"description": "Consulting", "quantity": "3", "unit_price": "120.00"},
-                            {"description": "Support plan", "quantity": "1", "unit_price": "49.90"},
-                        ],
-                        "currency": "EUR",
-                    },
+                    "data": INVOICE_EXAMPLE,
                     "filename": "invoice-1001.pdf",
                 }
             ]

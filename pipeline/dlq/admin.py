@@ -27,10 +27,11 @@ from pipeline import idempotency, records
 from pipeline.broker import broker_redis, decode_message, memory_refusals
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
-from pipeline.constants import KEY_PREFIX, PRIORITY_SEPARATOR
+from pipeline.constants import HEADER_FLOW, KEY_PREFIX, PRIORITY_SEPARATOR
 from pipeline.dlq import store
 from pipeline.dlq.envelope import DeadLetter, DeadLetterRow
 from pipeline.dlq.filters import EVERYTHING, Filters
+from pipeline.flows.record import Ref, replaced
 from pipeline.producer.script import store_jobs
 from pipeline.publish import capture
 
@@ -111,6 +112,9 @@ def replay(ident: str) -> str:
             store.remove_one(client, raw)
         finally:
             client.delete(lock)
+    step = Ref.of(entry.headers.get(HEADER_FLOW))
+    if step is not None:  # the flow runs on from this step (the job also says so as it starts)
+        replaced(step, new_id)
     return new_id
 
 

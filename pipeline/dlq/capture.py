@@ -8,9 +8,10 @@ from typing import Any
 
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
-from pipeline.constants import HEADER_IDEMPOTENCY_KEY
+from pipeline.constants import HEADER_FLOW, HEADER_IDEMPOTENCY_KEY
 from pipeline.dlq import poison
 from pipeline.dlq.envelope import DELIVERIES_LIMIT, DeadLetter, Reason, exception_name, flush_spool, publish
+from pipeline.flows.record import Ref, failed
 from pipeline.observability import payloads
 from pipeline.task import request_header
 
@@ -29,10 +30,13 @@ def from_failure(task: Any, task_id: str | None, exc: BaseException | None, args
     """A task failed for good (in a pool child, or in the main process for a lost child / hard time limit)."""
     request = task.request
     name = str(task.name)
-    headers = {}
+    headers: dict[str, Any] = {}
     key = request_header(request, HEADER_IDEMPOTENCY_KEY)
     if key:
         headers[HEADER_IDEMPOTENCY_KEY] = key
+    step = Ref.of(request_header(request, HEADER_FLOW))
+    if step is not None:  # replayed, the job runs its step of the flow again
+        headers[HEADER_FLOW] = step.header()
     publish(
         DeadLetter(
             reason="failed",
@@ -49,6 +53,11 @@ def from_failure(task: Any, task_id: str | None, exc: BaseException | None, args
             headers=headers,
         )
     )
+    if step is not None:
+        try:
+            failed(step)  # the flow is failed at this step until the entry is replayed
+        except Exception:  # the entry is kept (or spooled): its flow shows failed once it is replayed or read again
+            log.exception("flow %s %s: could not mark %s failed", step.flow, step.id, step.node)
 
 
 def _args_kwargs(args: Any, kwargs: Any) -> bool:

@@ -35,7 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
-from pipeline.constants import DEAD_LETTER_QUEUE
+from pipeline.constants import DEAD_LETTER_QUEUE, HEADER_FLOW
 from pipeline.dlq import store
 from pipeline.observability import metrics
 from pipeline.publish import capture
@@ -69,6 +69,7 @@ class DeadLetterRow(BaseModel):
     attempts: int
     failed_at: str
     replayable: bool
+    flow: str | None = None
 
 
 class DeadLetter(BaseModel):
@@ -103,6 +104,16 @@ class DeadLetter(BaseModel):
         return self.args[0] if self.args and len(self.args) == 1 and not self.kwargs else None
 
     @property
+    def flow_step(self) -> str | None:
+        """`<flow> <flow id> <node>` for a step of a flow (its HEADER_FLOW), else None."""
+        ref = self.headers.get(HEADER_FLOW)
+        if not isinstance(ref, dict):
+            return None
+        item = ref.get("item")
+        node = ref.get("step") if item is None else f"{ref.get('step')}[{item}]"
+        return f"{ref.get('flow')} {ref.get('id')} {node}"
+
+    @property
     def replayable(self) -> bool:
         return bool(self.task_name) and self.args is not None
 
@@ -118,6 +129,7 @@ class DeadLetter(BaseModel):
             attempts=self.attempts,
             failed_at=self.failed_at.isoformat(),
             replayable=self.replayable,
+            flow=self.flow_step,
         )
 
 

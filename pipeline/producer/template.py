@@ -27,7 +27,7 @@ from celery.utils.saferepr import saferepr
 from kombu import Producer
 
 from pipeline.celery_app import get_app
-from pipeline.constants import HEADER_GROUP, HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT
+from pipeline.constants import HEADER_FLOW, HEADER_GROUP, HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT
 from pipeline.publish import capture
 
 #: A value no job has: the sample job's task id, payload and publish time are found by it.
@@ -90,6 +90,8 @@ class Job:
     idempotency_key: str | None = None
     #: The `pipeline_group` header (only in a grouped template's messages).
     group: str | None = None
+    #: The `pipeline_flow` header (only in a flow step template's messages: `pipeline.flows`).
+    flow: dict[str, Any] | None = None
 
 
 class Template:
@@ -104,7 +106,8 @@ class Template:
             raise RuntimeError(f"message template: unexpected body {body[:200]!r}")
         self.body_tail = body[len(head) :]  # ", {}, {embed}]"
         headers, properties = envelope["headers"], envelope["properties"]
-        if headers["id"] != _SAMPLE_ID or headers["root_id"] != _SAMPLE_ID or headers["parent_id"] is not None:
+        # Built inside a running job (a flow's next step), the sample names that job as its parent and root.
+        if headers["id"] != _SAMPLE_ID or "root_id" not in headers or "parent_id" not in headers:
             raise RuntimeError("message template: the sample job's ids are not where Celery puts them")
         envelope["body"] = _marker("body")
         headers.update(
@@ -122,6 +125,10 @@ class Template:
         self.grouped = HEADER_GROUP in headers
         if self.grouped:
             headers[HEADER_GROUP] = _marker("group")
+        #: Whether messages carry a flow step header.
+        self.flowed = HEADER_FLOW in headers
+        if self.flowed:
+            headers[HEADER_FLOW] = _marker("flow")
         properties.update(
             correlation_id=_marker("id2"),
             reply_to=_marker("reply_to"),
@@ -140,6 +147,7 @@ class Template:
         )
         fields += ("idem",) if self.keyed else ()
         fields += ("group",) if self.grouped else ()
+        fields += ("flow",) if self.flowed else ()
         self.envelope = _Split(envelope, fields)
         self.event: tuple[str, _Split, _Split] | None = None
         if event is not None:
@@ -166,6 +174,7 @@ class Template:
             {
                 "idem": idem,
                 "group": json.dumps(job.group),
+                "flow": json.dumps(job.flow),
                 "body": _q(base64.b64encode(body.encode()).decode()),
                 "id": _q(job.task_id),
                 "root_id": json.dumps(job.root_id),  # a parent's ids come from its message: escaped
@@ -251,9 +260,9 @@ def uuid4_strings(count: int) -> list[str]:
 
 
 _lock = threading.Lock()
-#: (process id, task name, keyed, grouped, priority) → template; a forked child builds its own (`origin` names the
-#: process).
-_templates: dict[tuple[int, str, bool, bool, int | None], Template] = {}
+#: (process id, task name, keyed, grouped, priority, flowed) → template; a forked child builds its own (`origin` names
+#: the process).
+_templates: dict[tuple[int, str, bool, bool, int | None, bool], Template] = {}
 
 
 def template_for(
@@ -262,12 +271,14 @@ def template_for(
     keyed: bool = False,
     grouped: bool = False,
     priority: int | None = None,
+    flowed: bool = False,
 ) -> Template:
     """The template of task `name` (`keyed`: for jobs with an idempotency key; `grouped`: with a group header;
+    `flowed`: with a flow step header;
     `priority`: the one `send` gives its jobs, None for the default: the message's priority and its list key differ
     by priority), built on first use from `send(producer, task_id, payload, headers)`: one publish of a sample job
     through Celery, captured (`pipeline.publish.capture`), never sent."""
-    key = (os.getpid(), name, keyed, grouped, priority)
+    key = (os.getpid(), name, keyed, grouped, priority, flowed)
     found = _templates.get(key)
     if found is not None:
         return found
@@ -278,6 +289,8 @@ def template_for(
                 headers[HEADER_IDEMPOTENCY_KEY] = "sample-key"
             if grouped:
                 headers[HEADER_GROUP] = "sample-group"
+            if flowed:
+                headers[HEADER_FLOW] = {"flow": "sample"}
             captured = capture(lambda producer: send(producer, _SAMPLE_ID, {"sample": True}, headers))
             event = None
             if captured.extra:

@@ -83,8 +83,10 @@ def _templated(
     published_at: float,
     key: str | None = None,
     group: str | None = None,
+    flows: list[dict[str, Any]] | None = None,
 ) -> tuple[list[str], list[Outgoing]]:
-    """New task ids, and the messages (and `task-sent` events) of jobs with these (payload, JSON text) items."""
+    """New task ids, and the messages (and `task-sent` events) of jobs with these (payload, JSON text) items (with
+    `flows`, each item's flow step header)."""
     parent_id, root_id = _parent()
     app: Any = get_app()  # celery-types lacks `clock`
     reply_to = app.thread_oid
@@ -99,20 +101,31 @@ def _templated(
         )
         job.idempotency_key = key
         job.group = group
+        job.flow = flows[n] if flows is not None else None
         event = template.sent_event(job, app.clock.forward(), time.time())
         outs.append(Outgoing(template.dest, template.message(job, reply_to), (event,) if event is not None else ()))
     return ids, outs
 
 
 def _template(
-    name: str, send: Send, keyed: bool = False, grouped: bool = False, priority: int | None = None
+    name: str,
+    send: Send,
+    keyed: bool = False,
+    grouped: bool = False,
+    priority: int | None = None,
+    flowed: bool = False,
 ) -> Template:
     """The task's template at `priority` (`template_for`: its list key is the priority level's, as kombu chose it).
     Building it publishes through Celery once, which declares the queue (a write): at maxmemory that is refused,
     and the producer gets `BrokerFull`, not kombu's connection error."""
     try:
         return template_for(
-            name, lambda p, i, d, h: send(p, i, d, h, None), keyed=keyed, grouped=grouped, priority=priority
+            name,
+            lambda p, i, d, h: send(p, i, d, h, None),
+            keyed=keyed,
+            grouped=grouped,
+            priority=priority,
+            flowed=flowed,
         )
     except Exception as exc:
         refusal = oom_cause(exc)
@@ -220,6 +233,15 @@ def _write_captured(
     for _, (channel, event) in message.extra:
         pipe.publish(channel, event)
     pipe.execute()
+
+
+def step_messages(
+    name: str, send: Send, items: list[tuple[Any, str]], flows: list[dict[str, Any]], now: float
+) -> tuple[list[str], list[Outgoing]]:
+    """New task ids and the messages of jobs of task `name` that are steps of a flow (`pipeline.flows`): each item
+    (payload, its JSON text) with its flow step header. Nothing is stored: the flow's script queues them when the
+    steps they wait on are done (`pipeline/lua/flow_advance.lua`)."""
+    return _templated(_template(name, send, flowed=True), items, now, flows=flows)
 
 
 def validate_many(name: str, adapter: TypeAdapter[list[Any]], payloads: list[Any]) -> list[BaseModel]:

@@ -21,13 +21,14 @@ from pipeline.compat import context, serialization
 from pipeline.compat.strategy import STRATEGY
 from pipeline.delivery.fencing import DeliveryStep
 from pipeline.delivery.request import REQUEST_CLASS
+from pipeline.flows import steps as flow_steps
 from pipeline.runtime import events, flower_auth, signals
 from pipeline.runtime.cancels import CancelStep
 from pipeline.runtime.events import EventsLease
 from pipeline.runtime.stall import StallWatchdog
 from pipeline.runtime.worker import PromptShutdown, Worker
 from pipeline.scheduling import ratelimit
-from pipeline.task import ADMISSION, PipelineTask
+from pipeline.task import ADMISSION, FLOW_STEPS, PipelineTask
 
 
 def install() -> None:
@@ -39,6 +40,8 @@ def install() -> None:
     serialization.install()
     if ratelimit.admit not in ADMISSION:
         ADMISSION.append(ratelimit.admit)
+    if flow_steps.run not in FLOW_STEPS:
+        FLOW_STEPS.append(flow_steps.run)
 
 
 def uninstall() -> None:
@@ -47,6 +50,8 @@ def uninstall() -> None:
     serialization.uninstall()
     if ratelimit.admit in ADMISSION:
         ADMISSION.remove(ratelimit.admit)
+    if flow_steps.run in FLOW_STEPS:
+        FLOW_STEPS.remove(flow_steps.run)
 
 
 def worker_app() -> Celery:

@@ -153,3 +153,7 @@ def run(job: RunJob, ctx: JobContext) -> RunResult:
         time.sleep(job.sleep_s)
     _record(job.key, "finish", ctx.task_id, node)
     return RunResult(key=job.key, node=node, pid=os.getpid())
+
+
+# Declared after the tasks they run (the flows' module imports them from here).
+from tests.support import flow_tasks  # noqa: E402, F401  # declares the test flows: test_chain, test_fan, test_diamond

@@ -4,7 +4,7 @@ Layers, bottom to top (a module may import its own layer and the ones below, nev
 
 1. core, directly in `pipeline/`: settings (`config/`), the app factory, errors, retry, the typed task contract,
    the Lua scripts (`lua/`) and the Celery-side replacements of library internals with the version guard (`compat/`)
-2. `status`, `control/`, `browse`, `dlq/`, `scheduling/`, `observability/`, `storage/`
+2. `status`, `control/`, `browse`, `dlq/`, `scheduling/`, `observability/`, `storage/`, `flows/`
 3. `delivery/`: the Redis delivery layer; `runtime/`: the worker's wiring
 4. `api/`, `cli/`
 
@@ -33,6 +33,7 @@ LAYER_2 = (
     "pipeline.scheduling",
     "pipeline.observability",
     "pipeline.storage",
+    "pipeline.flows",
 )
 
 

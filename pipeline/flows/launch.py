@@ -1,0 +1,168 @@
+"""Starting a flow, and queueing the steps a finished node lets run: both are one `flow_advance.lua` call.
+
+`start(flow, input)` validates the input as any payload is validated (`PayloadInvalid`, nothing written), builds the
+first steps' jobs, and creates the flow with them in one script call; it returns the flow's id.
+
+`advance(...)` is what a step's job calls when it succeeds (`pipeline.flows.steps`): it offers the script the jobs of
+every step that runs after the node's step, and the script queues those whose last awaited step this was (exactly
+once, however many workers finish at the same instant, and however often a redelivered job calls again).
+
+A step's payload is built when it is queued, from the flow's input and the result that queued it: the mapping runs
+in the process that finished the step before it (or in `start`). A join (a step after several steps, or after a
+fan-out) cannot be built there: its message carries an empty payload, and its payload is built when it starts, from
+the results stored in the flow (`pipeline.flows.steps`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from pydantic import BaseModel, TypeAdapter
+
+from pipeline.config import get_settings
+from pipeline.constants import FLOWS_INDEX_KEY, JOB_RECORD_KEY, RECENT_JOBS_KEY
+from pipeline.errors import PayloadInvalid
+from pipeline.flows import record
+from pipeline.flows.definition import FLOWS, Flow, Step
+from pipeline.flows.record import Ref
+from pipeline.producer import wake, write
+from pipeline.producer.client import producer_redis
+from pipeline.records import accepted_entry
+from pipeline.task import validate_payload
+
+#: What a join's message carries until it starts: its payload is built then (`pipeline.flows.steps`).
+DEFERRED: dict[str, Any] = {}
+
+
+class FlowNotFound(LookupError):
+    """No flow with this name is declared, or no flow with this id is kept."""
+
+
+class FlowEmpty(PayloadInvalid):
+    """A fan-out step's mapping gave no payload: the flow cannot go on past it."""
+
+
+def get_flow(name: str) -> Flow[Any]:
+    try:
+        return FLOWS[name]
+    except KeyError:
+        raise FlowNotFound(f"no flow named {name!r} (declared: {', '.join(sorted(FLOWS)) or 'none'})") from None
+
+
+@dataclass
+class Queued:
+    """One step's jobs, offered to the script: it queues them when the step has nothing left to wait on."""
+
+    step: Step
+    nodes: list[str]
+    ids: list[str]
+    messages: list[str]
+    dest: str
+    record: str
+    channel: str
+    events: list[str]
+
+    def redis_keys(self) -> list[str]:
+        queue = self.step.task.queue
+        return [self.dest, wake.marker(self.dest), RECENT_JOBS_KEY.format(queue=queue)]
+
+    def args(self) -> list[Any]:
+        head = [self.step.name, len(self.nodes), "1" if self.step.each else "", self.record, self.channel]
+        return [*head, *self.nodes, *self.ids, *self.messages, *self.events]
+
+
+def _payloads(flow: Flow[Any], step: Step, given: list[Any]) -> list[tuple[Any, str]]:
+    """`step`'s payloads from its mapping called with `given` (validated and size-checked): (JSON dict, JSON text)."""
+    built = step.mapping(*given)
+    items = built if step.each else [built]
+    if step.each and not items:
+        raise FlowEmpty(step.task.name, [{"loc": [flow.name, step.name], "msg": "the fan-out step has no items"}])
+    adapter: TypeAdapter[list[Any]] = TypeAdapter(list[step.task.payload_model])  # type: ignore[name-defined]  # runtime
+    jobs = write.validate_many(step.task.name, adapter, list(items))
+    return write.dump_checked(step.task.name, adapter, jobs)
+
+
+def queued(flow: Flow[Any], flow_id: str, step: Step, given: list[Any] | None, now: float) -> Queued:
+    """The jobs of `step` (its payloads from `given`, the mapping's arguments; None for a join: built as it starts)."""
+    items = _payloads(flow, step, given) if given is not None else [(DEFERRED, json.dumps(DEFERRED))]
+    refs = [Ref(flow.name, flow_id, step.name, i if step.each else None) for i in range(len(items))]
+    typed = step.task
+
+    def send(producer: Any, task_id: str, payload: dict[str, Any], headers: dict[str, Any], eta: Any) -> Any:
+        return typed.task.apply_async((payload,), task_id=task_id, headers=headers, producer=producer)
+
+    ids, outs = write.step_messages(typed.name, send, items, [r.header() for r in refs], now)
+    channel = next((c for out in outs for c, _ in out.publishes), "")
+    return Queued(
+        step,
+        [r.node for r in refs],
+        ids,
+        [out.body for out in outs],
+        outs[0].dest,
+        accepted_entry(typed.name)[0],
+        channel,
+        [body for out in outs for _, body in out.publishes],
+    )
+
+
+def _call(client: redis.Redis, flow_id: str, head: list[Any], pairs: list[str], offers: list[Queued]) -> Any:
+    settings = get_settings()
+    keys = [key for q in offers for key in q.redis_keys()]
+    args = [
+        *head[:3],
+        repr(time.time()),
+        record.ttl(),
+        JOB_RECORD_KEY.format(id=""),
+        settings.recent_jobs_max,
+        *head[3:],
+        len(pairs) // 2,
+        len(offers),
+        settings.recent_jobs_max,
+        *pairs,
+        *[a for q in offers for a in q.args()],
+    ]
+    return record.advance(client, flow_id, [FLOWS_INDEX_KEY, *keys], args)
+
+
+def start(flow: Flow[Any] | str, input: BaseModel | Mapping[str, Any]) -> str:
+    """Validate `input` as the flow's input model (`PayloadInvalid`: nothing is written), queue the flow's first steps
+    and return the new flow's id (`FlowNotFound` for an undeclared name)."""
+    definition = get_flow(flow) if isinstance(flow, str) else flow
+    data = validate_payload(f"flow {definition.name}", definition.input_model, input)
+    flow_id = str(uuid.uuid4())
+    now = time.time()
+    first = [s for s in definition.steps.values() if not s.after]
+    offers = [queued(definition, flow_id, s, [data], now) for s in first]
+    pairs = [name for s in definition.steps.values() for p in s.after for name in (s.name, p)]
+    text = data.model_dump_json()
+    head = ["", text, "", "", "", flow_id, definition.name, len(definition.steps)]
+    _call(producer_redis(), flow_id, head, pairs, offers)
+    return flow_id
+
+
+def advance(
+    flow: Flow[Any], ref: Ref, task_id: str, result: dict[str, Any], flow_input: str | None
+) -> tuple[bool, str, list[str]]:
+    """Record node `ref`'s `result` (its job `task_id` succeeded) and queue the steps it lets run; returns
+    (recorded now, the flow's state, the steps queued). `flow_input`: the flow's input (JSON), when a step after
+    this one is built here."""
+    step = flow.steps[ref.step]
+    now = time.time()
+    offers = []
+    for name in step.children:
+        child = flow.steps[name]
+        given = None
+        if not flow.joins(child):
+            if flow_input is None:
+                raise RuntimeError(f"flow {flow.name}: step {name} is built here, from the flow's input")
+            model = step.task.result_model.model_validate(result)
+            given = [flow.input_model.model_validate_json(flow_input), model]
+        offers.append(queued(flow, ref.id, child, given, now))
+    head = [ref.node, json.dumps(result), task_id, ref.step, "1" if ref.item is not None else "", ref.id, flow.name, 0]
+    return _call(producer_redis(), ref.id, head, [], offers)  # type: ignore[no-any-return]  # record.advance's tuple

@@ -1,0 +1,150 @@
+"""A flow's state in Redis: its keys, its nodes, and the calls that change it.
+
+The layout (one hash tag per flow: its id) is written at the top of `pipeline/lua/flow_advance.lua`, the script that
+creates a flow and records each node's result exactly once, queueing the steps that waited on it last.
+`flow_begin.lua` is what a step's job reads as it starts, `flow_cancel.lua` ends a running flow. `failed` and
+`replaced` keep the set of dead-lettered nodes: a node there makes the flow `failed`, until its replay.
+
+A node is one job of a flow: a step's name, or `<step>[<i>]` for item i of a fan-out step. Each step's message carries
+`Ref.header()` (HEADER_FLOW), so a worker, the dead-letter queue and a replay know which node a job runs.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from pipeline.broker import broker_redis, check_replicas, run_script_waited
+from pipeline.config import get_settings
+from pipeline.constants import FLOW_KEY
+from pipeline.lua import script
+
+_NODE = re.compile(r"^([a-z][a-z0-9_]*)(?:\[(\d+)\])?$")
+
+
+@dataclass(frozen=True)
+class Ref:
+    """Which node of which flow a job runs: what its HEADER_FLOW says."""
+
+    flow: str
+    id: str
+    step: str
+    item: int | None = None
+
+    @property
+    def node(self) -> str:
+        return self.step if self.item is None else f"{self.step}[{self.item}]"
+
+    def header(self) -> dict[str, Any]:
+        return {"flow": self.flow, "id": self.id, "step": self.step, "item": self.item}
+
+    @classmethod
+    def of(cls, header: Any) -> Ref | None:
+        """The reference a message header holds; None for anything else (a foreign client's value)."""
+        if not isinstance(header, dict):
+            return None
+        flow, fid, step, item = (header.get(k) for k in ("flow", "id", "step", "item"))
+        if not (isinstance(flow, str) and isinstance(fid, str) and isinstance(step, str)):
+            return None
+        if item is not None and not (isinstance(item, int) and item >= 0):
+            return None
+        return cls(flow, fid, step, item)
+
+
+def parse_node(node: str) -> tuple[str, int | None]:
+    """(step, item) of a node name."""
+    match = _NODE.match(node)
+    if match is None:
+        raise ValueError(f"not a node name: {node!r}")
+    return match[1], int(match[2]) if match[2] is not None else None
+
+
+def key(flow_id: str, suffix: str = "") -> str:
+    """The flow's key (`suffix` '' for its hash, ':results', ':tasks', ':failed', ':wait:<step>')."""
+    return FLOW_KEY.format(id=flow_id) + suffix
+
+
+def ttl() -> int:
+    """How long a flow's keys (and its jobs' records) live after its last change: RESULT_EXPIRES."""
+    return get_settings().result_expires
+
+
+def advance(client: redis.Redis, flow_id: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[bool, str, list[str]]:
+    """Run `flow_advance.lua` (KEYS after the flow's hash, ARGV as documented there), confirmed by
+    REDIS_WAIT_REPLICAS replicas (`NotReplicated` otherwise); (recorded, the flow's state, the steps queued)."""
+    reply, reached = run_script_waited(client, "flow_advance", [key(flow_id), *keys], list(args))
+    if reached is not None:
+        check_replicas(reached)
+    recorded, state, *queued = reply
+    return bool(recorded), text(state), [text(q) for q in queued]
+
+
+@dataclass(frozen=True)
+class Begun:
+    """What a step's job learns as it starts (`begin`)."""
+
+    state: str | None
+    #: The node's result, when it was recorded before (a redelivered or replayed job that had finished).
+    result: str | None
+    input: str | None
+    #: Per parent step asked for: its result, or a fan-out's items' results in order (None for one not recorded).
+    parents: dict[str, str | list[str | None] | None]
+
+
+def begin(client: redis.Redis, ref: Ref, task_id: str, want_input: bool, parents: Sequence[str]) -> Begun:
+    """Run `flow_begin.lua` for node `ref` starting as job `task_id`."""
+    reply = script("flow_begin")(
+        keys=[key(ref.id)], args=[ref.node, task_id, "1" if want_input else "", *parents], client=client
+    )
+    state = reply[0] if reply else None
+    if state is None or len(reply) < 3:
+        return Begun(text(state) if state is not None else None, None, None, {})
+    out: dict[str, str | list[str | None] | None] = {}
+    at = 3
+    for parent in parents:
+        count = int(reply[at])
+        if count < 0:
+            out[parent] = _maybe(reply[at + 1])
+            at += 2
+        else:
+            out[parent] = [_maybe(v) for v in reply[at + 1 : at + 1 + count]]
+            at += 1 + count
+    return Begun(text(state), _maybe(reply[1]), _maybe(reply[2]), out)
+
+
+def failed(ref: Ref) -> None:
+    """Node `ref`'s job was dead-lettered: the flow is failed at its step until the node's job is replayed."""
+    with broker_redis() as client:
+        pipe = client.pipeline(transaction=True)
+        pipe.sadd(key(ref.id, ":failed"), ref.node)
+        pipe.expire(key(ref.id, ":failed"), ttl())
+        pipe.execute()
+
+
+def replaced(ref: Ref, task_id: str) -> None:
+    """Node `ref`'s dead-lettered job was replayed as job `task_id`: the flow runs on (it is not failed there)."""
+    with broker_redis() as client:
+        pipe = client.pipeline(transaction=True)
+        pipe.srem(key(ref.id, ":failed"), ref.node)
+        pipe.hset(key(ref.id, ":tasks"), ref.node, task_id)
+        pipe.execute()
+
+
+def cancel(client: redis.Redis, flow_id: str) -> str | None:
+    """Run `flow_cancel.lua`: the state the flow had (only a running one is now cancelled), None if there is none."""
+    before = script("flow_cancel")(keys=[key(flow_id)], args=[repr(time.time())], client=client)
+    return text(before) if before is not None else None
+
+
+def text(value: Any) -> str:
+    """A Redis reply (bytes or str) as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _maybe(value: Any) -> str | None:
+    return None if value is None else text(value)

@@ -1,0 +1,109 @@
+"""Running a job that is a step of a flow (the worker's runtime installs `run` in `pipeline.task.FLOW_STEPS`).
+
+A step is an ordinary typed job whose message carries HEADER_FLOW. Around its run:
+
+1. `flow_begin.lua`: the flow's state, the node's result if it was recorded before, and what its payload is built
+   from. A node already recorded (its job was redelivered after it finished, or replayed) is not run again: its
+   recorded result is the job's result. A step of a cancelled flow is not run: it ends cancelled.
+2. A join's payload is built from the flow's input and its parents' stored results (their order: item order for a
+   fan-out); any other step's payload came in its message. Then the job runs as any other: admission, guards,
+   retries with backoff, dead-lettering (its entry names the flow and the step, and the flow is failed there:
+   `pipeline.dlq.capture`).
+3. When it succeeds, `flow_advance.lua` records its result and queues the steps that waited on it last, before the
+   job's own result is stored and its message acknowledged. A job redelivered after this call finds its node
+   recorded (1.) and changes nothing, so each step is queued once.
+
+A Redis error in 1. or 3. is retried for up to ADVANCE_PATIENCE_S (each call is safe to repeat), then the job
+retries as after a transient error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from pydantic import ValidationError
+
+from pipeline.celery_app import get_app
+from pipeline.errors import BrokerWriteRefused, JobCancelled, PayloadInvalid, PermanentError
+from pipeline.flows import launch, record
+from pipeline.flows.definition import FLOWS, Flow, Step
+from pipeline.flows.record import Begun, Ref
+from pipeline.producer.client import producer_redis
+from pipeline.task import PipelineTask
+
+log = logging.getLogger(__name__)
+
+#: How long a step keeps trying to reach Redis for its flow calls before the job retries instead (seconds).
+ADVANCE_PATIENCE_S = 30.0
+_PAUSES_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+
+
+def run(task: PipelineTask, header: Any, raw: Any, run_job: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """Run the step job `task` (see the module docstring); `run_job(payload)` runs it as a plain job."""
+    ref = Ref.of(header)
+    flow = FLOWS.get(ref.flow) if ref is not None else None
+    if ref is None or flow is None or ref.step not in flow.steps or flow.steps[ref.step].task.name != task.name:
+        raise PermanentError(f"{task.name}: the job names flow step {header!r}, which this worker does not declare")
+    step = flow.steps[ref.step]
+    task_id = str(task.request.id)
+    joins = flow.joins(step)
+    builds_next = any(not flow.joins(flow.steps[child]) for child in step.children)
+    parents = step.after if joins else ()
+    try:
+        began = _patiently(lambda: record.begin(producer_redis(), ref, task_id, joins or builds_next, parents))
+    except redis.RedisError as exc:
+        raise task.retry_transient(exc) from exc
+    if began.state is None:
+        raise PermanentError(f"flow {ref.flow} {ref.id} is not kept any more (expired, or never started)")
+    if began.result is not None:
+        log.info("flow %s %s: %s had finished; its recorded result stands", ref.flow, ref.id, ref.node)
+        result: dict[str, Any] = json.loads(began.result)
+    elif began.state == "cancelled":
+        get_app().backend.mark_as_revoked(task_id, "cancelled")
+        raise JobCancelled(task_id)
+    else:
+        result = run_job(_join_payload(flow, step, began) if joins else raw)
+    try:
+        recorded, state, queued = _patiently(lambda: launch.advance(flow, ref, task_id, result, began.input))
+    except (redis.RedisError, BrokerWriteRefused) as exc:  # the next attempt finds the node recorded, or records it
+        raise task.retry_transient(exc) from exc
+    if recorded:
+        log.info("flow %s %s: %s succeeded (flow %s; queued %s)", ref.flow, ref.id, ref.node, state, queued or "none")
+    return result
+
+
+def _join_payload(flow: Flow[Any], step: Step, began: Begun) -> Any:
+    """A join's payload: its mapping called with the flow's input and its parents' stored results."""
+    try:
+        given: list[Any] = [flow.input_model.model_validate_json(began.input or "")]
+        for name in step.after:
+            model = flow.steps[name].task.result_model
+            stored = began.parents.get(name)
+            values = stored if isinstance(stored, list) else [stored]
+            if not values or any(v is None for v in values):
+                raise PermanentError(f"flow {flow.name}: step {step.name} starts before {name} recorded its result")
+            parsed = [model.model_validate_json(v) for v in values if v is not None]
+            given.append(parsed if flow.steps[name].each else parsed[0])
+        return step.mapping(*given)
+    except ValidationError as exc:
+        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        raise PayloadInvalid(f"flow {flow.name} step {step.name}", errors) from None
+
+
+def _patiently(call: Callable[[], Any]) -> Any:
+    """`call()`, repeated on a Redis connection error or timeout for up to ADVANCE_PATIENCE_S (it is idempotent)."""
+    deadline = time.monotonic() + ADVANCE_PATIENCE_S
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except (redis.ConnectionError, redis.TimeoutError):
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(_PAUSES_S[min(attempt, len(_PAUSES_S) - 1)])
+            attempt += 1

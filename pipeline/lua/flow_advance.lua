@@ -1,0 +1,93 @@
+-- Advances a flow (`pipeline.flows`): records a node's result once and queues the steps that waited on it last;
+-- with node '', creates the flow and queues its first steps. A replayed or redelivered node's second call finds its
+-- result recorded and changes nothing: a step is queued exactly once (HSETNX on the result, SREM on the wait set,
+-- HSETNX on the step's `on:` field), however many workers finish its parents at once.
+-- A node is a step's name, or `<step>[<i>]` for item i of a fan-out step. The flow's keys share one hash tag, its id;
+-- M = KEYS[1] = `pipeline:flow:{<id>}`:
+--   M          HASH  name, input (JSON), created, finished (epoch s), state ('running', 'succeeded', 'cancelled'),
+--                    left (steps not queued yet), total (nodes queued), done (nodes succeeded), n:<step> (a fan-out
+--                    step's item count), more:<step> (its items not done yet), on:<step> (when the step was queued)
+--   M:results  HASH  node -> its result (JSON)
+--   M:tasks    HASH  node -> the id of the job that runs it (the latest: a dead-letter replay gives a new id)
+--   M:failed   SET   nodes whose job was dead-lettered and not replayed since (`pipeline.flows.record.failed`)
+--   M:wait:<s> SET   the steps step s still waits on; the call that removes the last one queues s
+-- Every key of the flow gets ARGV[5] seconds more to live on each call.
+-- KEYS[1] M, KEYS[2] the flows index (ZSET id -> created), then 3 per candidate step (below): its queue list, that
+-- queue's wake-up marker list (`pipeline.producer.wake`), its recent-jobs index.
+-- ARGV[1] node ('' to create), ARGV[2] its result (creating: the input), ARGV[3] the node's job id, ARGV[4] now,
+-- ARGV[5] ttl (s) of the flow's keys and of the queued jobs' records, ARGV[6] the job record key prefix, ARGV[7] the
+-- recent-jobs index size, ARGV[8] the node's step, ARGV[9] '1' when the node is a fan-out item, ARGV[10] the flow id,
+-- ARGV[11] its name, ARGV[12] its number of steps, ARGV[13] w, ARGV[14] m, ARGV[15] the flows index size, then w
+-- pairs (step, a step it waits on) (creating), then m candidates: steps that may be queued now (creating: the first
+-- steps; else the node's step's children), each as: its step, its node count k, '1' if a fan-out step, its jobs'
+-- record, an event channel ('' for none), then k nodes, k job ids, k messages, and k events when there is a channel.
+-- Returns {1 when this call recorded the node or created the flow (else 0: done before, or no such flow), the flow's
+-- state, then the steps it queued}.
+local M = KEYS[1]
+local node, value, job, now, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local prefix, keep, step, item = ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9] == '1'
+local w, m = tonumber(ARGV[13]), tonumber(ARGV[14])
+local at = 16
+local complete = true
+local state
+if node == '' then
+  if redis.call('EXISTS', M) == 1 then return {0, redis.call('HGET', M, 'state')} end
+  state = 'running'
+  redis.call('HSET', M, 'name', ARGV[11], 'input', value, 'created', now, 'state', state, 'left', ARGV[12],
+    'total', 0, 'done', 0)
+  for i = at, at + 2 * w - 1, 2 do
+    redis.call('SADD', M .. ':wait:' .. ARGV[i], ARGV[i + 1])
+    redis.call('EXPIRE', M .. ':wait:' .. ARGV[i], ttl)
+  end
+  redis.call('ZADD', KEYS[2], now, ARGV[10])
+  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[15]) - 1)
+else
+  state = redis.call('HGET', M, 'state')
+  if not state then return {0, ''} end
+  if redis.call('HSETNX', M .. ':results', node, value) == 0 then return {0, state} end
+  redis.call('HSET', M .. ':tasks', node, job)
+  redis.call('SREM', M .. ':failed', node)
+  redis.call('HINCRBY', M, 'done', 1)
+  if item then complete = redis.call('HINCRBY', M, 'more:' .. step, -1) == 0 end
+end
+at = at + 2 * w
+local queued = {}
+for c = 1, m do
+  local name, k, fan, record, channel = ARGV[at], tonumber(ARGV[at + 1]), ARGV[at + 2] == '1', ARGV[at + 3], ARGV[at + 4]
+  local first = at + 5
+  local events = channel ~= '' and k or 0
+  local go = state == 'running' and complete
+  if go and node ~= '' then
+    local wait = M .. ':wait:' .. name
+    redis.call('SREM', wait, step)
+    go = redis.call('SCARD', wait) == 0
+  end
+  if go and redis.call('HSETNX', M, 'on:' .. name, now) == 1 then
+    local list, marker, recent = KEYS[3 * c], KEYS[3 * c + 1], KEYS[3 * c + 2]
+    redis.call('HINCRBY', M, 'left', -1)
+    redis.call('HINCRBY', M, 'total', k)
+    if fan then redis.call('HSET', M, 'n:' .. name, k, 'more:' .. name, k) end
+    for i = 0, k - 1 do
+      local id = ARGV[first + k + i]
+      redis.call('HSET', M .. ':tasks', ARGV[first + i], id)
+      redis.call('SET', prefix .. id, record, 'EX', ttl)
+      redis.call('ZADD', recent, now, id)
+      redis.call('LPUSH', list, ARGV[first + 2 * k + i])
+      if events > 0 then redis.call('PUBLISH', channel, ARGV[first + 3 * k + i]) end
+    end
+    redis.call('ZREMRANGEBYRANK', recent, 0, -keep - 1)
+    for _ = 1, math.min(k, 16) do redis.call('LPUSH', marker, '1') end
+    redis.call('LTRIM', marker, 0, 15)
+    queued[#queued + 1] = name
+  end
+  at = first + 3 * k + events
+end
+if state == 'running' and tonumber(redis.call('HGET', M, 'left')) == 0
+    and redis.call('HGET', M, 'done') == redis.call('HGET', M, 'total') then
+  state = 'succeeded'
+  redis.call('HSET', M, 'state', state, 'finished', now)
+end
+for _, suffix in ipairs({'', ':results', ':tasks', ':failed'}) do redis.call('EXPIRE', M .. suffix, ttl) end
+local reply = {1, state}
+for _, name in ipairs(queued) do reply[#reply + 1] = name end
+return reply
