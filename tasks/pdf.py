@@ -19,7 +19,6 @@ from tasks.pdf_models import Cell, ReportData
 from tasks.pdf_stream import StreamingCanvas
 from tasks.pdf_templates import TEMPLATES, draw_report
 
-
 #: An invoice `pdf.render` takes (the API's and the page's example; the `invoice` flow's too).
 INVOICE_EXAMPLE: dict[str, Any] = {
     "number": "INV-1001",
