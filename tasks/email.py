@@ -3,12 +3,14 @@
 The payload names a template (`tasks/templates/email/<id>/`) and its variables; a missing template
 or variable is refused at enqueue. Delivery is guarded by `pipeline.once`: a retry or a redelivery of
 a job that already sent returns the stored result instead of sending again (see README, "The tasks" for the
-one window where the outcome cannot be known, and what happens then).
+one window where the outcome cannot be known, and what happens then). Attachments are objects of the
+pipeline's storage backend, named by their URI (`tasks.email_attachments`), read once the send is claimed.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.utils import format_datetime, parseaddr
@@ -21,7 +23,8 @@ from pipeline.errors import PermanentError
 from pipeline.once import Once
 from pipeline.task import JobContext, typed_task
 from pipeline.text import HeaderEmail, HeaderText, single_line
-from tasks import email_templates, mailer
+from tasks import email_attachments, email_templates, mailer
+from tasks.email_attachments import Attachment
 
 MAX_RECIPIENTS = 50
 
@@ -49,6 +52,8 @@ class EmailJob(BaseModel):
     cc: list[HeaderEmail] = Field(default_factory=list, max_length=MAX_RECIPIENTS)
     bcc: list[HeaderEmail] = Field(default_factory=list, max_length=MAX_RECIPIENTS)
     reply_to: HeaderEmail | None = None
+    #: Objects of the pipeline's storage (e.g. a `pdf.render` result's `uri`), EMAIL_ATTACHMENTS_MAX_BYTES in total.
+    attachments: list[Attachment] = Field(default_factory=list, max_length=email_attachments.MAX_ATTACHMENTS)
     #: Same key → sent once. Default: the job's idempotency key (the enqueue key, else the task id).
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
 
@@ -84,8 +89,9 @@ class EmailResult(BaseModel):
     recipients: list[str]
 
 
-def build_message(job: EmailJob, key: str) -> EmailMessage:
-    """The MIME message (text + HTML alternatives). Its Message-ID derives from `key`, so it is stable."""
+def build_message(job: EmailJob, key: str, attachments: Sequence[email_attachments.Loaded] = ()) -> EmailMessage:
+    """The MIME message: text + HTML alternatives, then `attachments` (multipart/mixed). Its Message-ID derives
+    from `key`, so it is stable."""
     settings = get_settings()
     rendered = email_templates.render(job.template_id, job.variables)
     domain = parseaddr(settings.smtp_from)[1].rpartition("@")[2] or "localhost"
@@ -101,6 +107,7 @@ def build_message(job: EmailJob, key: str) -> EmailMessage:
     message["Message-ID"] = f"<{hashlib.sha256(key.encode()).hexdigest()[:32]}@{domain}>"
     message.set_content(rendered.text)
     message.add_alternative(rendered.html, subtype="html")
+    email_attachments.attach(message, attachments)
     return message
 
 
@@ -114,9 +121,12 @@ def deliver(job: EmailJob, ctx: JobContext) -> EmailResult:
         stored = once.claim()
         if stored is not None:
             return EmailResult.model_validate(stored)
-        try:
+        try:  # read only by the job that sends: a job that already sent never touches the attachments
+            email_attachments.attach(
+                message, email_attachments.load(job.attachments, settings.email_attachments_max_bytes)
+            )
             accepted = mailer.send(settings, message, job.recipients, before_data=once.committing)
-        except mailer.NotDelivered:
+        except (email_attachments.NotAttached, mailer.NotDelivered):
             once.release()
             raise
         if not accepted:

@@ -164,6 +164,8 @@ class Settings(BaseSettings):
     #: CA bundle to verify the SMTP server's certificate (unset: the system's trust store).
     smtp_tls_ca_file: Path | None = None
     email_idempotency_ttl: int = Field(default=7 * 86400, ge=60)
+    #: Total bytes of the stored objects one email attaches (read on the worker; over it, the job dead-letters).
+    email_attachments_max_bytes: int = Field(default=10 * 1024 * 1024, ge=1, le=100 * 1024 * 1024)
 
     # --- Media (tasks.media) ---------------------------------------------------------------------
     #: Local transcode sources must resolve inside this directory. Unset: `<DATA_DIR>/media`.

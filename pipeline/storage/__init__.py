@@ -1,7 +1,8 @@
 """Where task outputs (PDFs, transcodes) are kept: `get_storage()` gives the backend STORAGE_BACKEND names.
 
-`base.Storage` is the interface (write-then-rename, `uri`, `list`, `purge_older_than`), `local.LocalStorage`
-keeps files under STORAGE_DIR, `s3.S3Storage` any S3-compatible store (the `s3` extra).
+`base.Storage` is the interface (write-then-rename, `uri` and its inverse `key_for`, a bounded `read_bytes`,
+`list`, `purge_older_than`), `local.LocalStorage` keeps files under STORAGE_DIR, `s3.S3Storage` any
+S3-compatible store (the `s3` extra).
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from __future__ import annotations
 from functools import lru_cache
 
 from pipeline.config import Settings, get_settings
-from pipeline.storage.base import Storage, StoredObject, check_key
+from pipeline.storage.base import ObjectTooLarge, Storage, StoredObject, check_key
 from pipeline.storage.local import LocalStorage
 
-__all__ = ["LocalStorage", "Storage", "StoredObject", "check_key", "get_storage", "make_storage"]
+__all__ = ["LocalStorage", "ObjectTooLarge", "Storage", "StoredObject", "check_key", "get_storage", "make_storage"]
 
 
 def make_storage(settings: Settings) -> Storage:

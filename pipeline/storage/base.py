@@ -9,6 +9,8 @@ so a crash, a time limit or a revoke never leaves a half file under the final na
     with storage.writing("media/<id>/out.mp4") as path:          # a local path, for tools like ffmpeg
         run_ffmpeg(..., path)
     storage.uri("pdf/<id>/invoice.pdf")                          # file:///... or s3://bucket/...
+    storage.key_for(uri)                                         # the key back; None for any other URI
+    storage.read_bytes("pdf/<id>/invoice.pdf", limit=10 << 20)   # whole object, ObjectTooLarge past limit
 
 `purge_older_than(seconds)` removes outputs (and stale partial files) older than that; the nightly
 artifact purge calls it. STORAGE_BACKEND selects `LocalStorage` (STORAGE_DIR) or the S3-compatible
@@ -26,6 +28,18 @@ from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+
+
+class ObjectTooLarge(ValueError):
+    """A stored object is larger than a read's `limit` (`size` None: it grew past the limit while being read)."""
+
+    def __init__(self, key: str, limit: int, size: int | None = None) -> None:
+        super().__init__(key, limit, size)
+        self.key, self.limit, self.size = key, limit, size
+
+    def __str__(self) -> str:
+        size = f"{self.size} bytes" if self.size is not None else "larger"
+        return f"stored object {self.key!r} is {size}; the limit is {self.limit} bytes"
 
 
 class StoredObject(NamedTuple):
@@ -55,6 +69,17 @@ class Storage(ABC):
         """Where a stored object can be found (`file://` or `s3://`)."""
 
     @abstractmethod
+    def key_for(self, uri: str) -> str | None:
+        """The key whose `uri(key)` is `uri`; None for any URI this backend did not produce (another scheme,
+        root or bucket, a `..`, a non-canonical spelling). Pure: no I/O."""
+
+    @abstractmethod
+    def read_bytes(self, key: str, limit: int) -> bytes:
+        """The whole stored object, at most `limit` bytes: FileNotFoundError if there is none, ObjectTooLarge if
+        it is larger (found out before reading past `limit`), another OSError if the backend could not be read
+        (a connection, a timeout: worth retrying)."""
+
+    @abstractmethod
     def delete(self, key: str) -> bool:
         """Remove `key`; False if it did not exist."""
 
@@ -71,6 +96,17 @@ class Storage(ABC):
         """A binary file to stream into; stored under `key` only if the block completes."""
         with self.writing(key) as path, path.open("wb") as out:
             yield out
+
+    def _key_after(self, prefix: str, uri: str) -> str | None:
+        """`uri` minus `prefix` if that is a valid key whose `uri()` is exactly `uri`, else None."""
+        if not uri.startswith(prefix):
+            return None
+        key = uri[len(prefix) :]
+        try:
+            check_key(key)
+        except ValueError:
+            return None
+        return key if self.uri(key) == uri else None
 
     def stat(self, key: str) -> StoredObject | None:
         return next((o for o in self.list(key) if o.key == key), None)

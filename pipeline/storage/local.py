@@ -1,4 +1,8 @@
-"""The local backend: outputs as files under STORAGE_DIR, written to `.partial/` and renamed into place."""
+"""The local backend: outputs as files under STORAGE_DIR, written to `.partial/` and renamed into place.
+
+`key_for` maps back only the `file://` URIs `uri` produces (under the root, no `..`, no `.partial/`), and
+`read_bytes` reads only regular files that resolve inside the root (a symlink out of it is not followed).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.storage.base import Storage, StoredObject, check_key
+from pipeline.storage.base import ObjectTooLarge, Storage, StoredObject, check_key
 
 #: Partial files of the local backend live here, on the same filesystem, so the final move is atomic.
 PARTIAL_DIR = ".partial"
@@ -43,8 +47,25 @@ class LocalStorage(Storage):
         with self.path(key).open("rb") as lines:
             yield from lines
 
+    def read_bytes(self, key: str, limit: int) -> bytes:
+        path = self.path(key).resolve()
+        if not path.is_relative_to(self.root) or not path.is_file():
+            raise FileNotFoundError(f"no stored object {key!r}")
+        with path.open("rb") as stored:
+            size = os.fstat(stored.fileno()).st_size
+            if size > limit:
+                raise ObjectTooLarge(key, limit, size)
+            data = stored.read(limit + 1)
+        if len(data) > limit:  # grew after the size was taken
+            raise ObjectTooLarge(key, limit)
+        return data
+
     def uri(self, key: str) -> str:
         return self.path(key).as_uri()
+
+    def key_for(self, uri: str) -> str | None:
+        root = self.root.as_uri()
+        return self._key_after(root if root.endswith("/") else root + "/", uri)
 
     def delete(self, key: str) -> bool:
         path = self.path(key)

@@ -2,7 +2,8 @@
 
 Outputs are written to a local temporary file, then uploaded with boto3's managed transfer (multipart
 for large files). An S3 object becomes visible only when its upload completes, which gives the same
-guarantee as the local backend's rename: no half object under the final key.
+guarantee as the local backend's rename: no half object under the final key. `read_bytes` turns a missing
+object into FileNotFoundError and a failed request (connection, timeout, 5xx, refused) into ConnectionError.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import Settings
-from pipeline.storage.base import Storage, StoredObject, check_key
+from pipeline.storage.base import ObjectTooLarge, Storage, StoredObject, check_key
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -63,8 +64,30 @@ class S3Storage(Storage):
         with contextlib.closing(body):
             yield from body.iter_lines()
 
+    def read_bytes(self, key: str, limit: int) -> bytes:
+        from botocore.exceptions import BotoCoreError, ClientError  # boto3 is installed when this backend is used
+
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self.object_key(key))
+            with contextlib.closing(response["Body"]) as body:
+                if response["ContentLength"] > limit:
+                    raise ObjectTooLarge(key, limit, response["ContentLength"])
+                data = body.read(limit + 1)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise FileNotFoundError(f"no stored object {key!r}") from None
+            raise ConnectionError(f"reading {key!r} from s3://{self.bucket}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise ConnectionError(f"reading {key!r} from s3://{self.bucket}: {exc}") from exc
+        if len(data) > limit:
+            raise ObjectTooLarge(key, limit)
+        return data
+
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{self.object_key(key)}"
+
+    def key_for(self, uri: str) -> str | None:
+        return self._key_after(f"s3://{self.bucket}/{self.prefix}", uri)
 
     def delete(self, key: str) -> bool:
         target = self.object_key(key)

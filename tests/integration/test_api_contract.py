@@ -102,6 +102,19 @@ def test_link_variables_must_be_http_urls(api: ApiServer, url: str) -> None:
         assert good.status_code == 202, good.text
 
 
+@pytest.mark.parametrize("uri", ["file:///etc/passwd", "https://example.com/invoice.pdf", "s3://other/invoice.pdf"])
+def test_attachments_must_be_objects_of_the_storage(api: ApiServer, uri: str) -> None:
+    payload = {"to": ["ada@example.com"], "template_id": "welcome", "variables": WELCOME, "attachments": [{"uri": uri}]}
+    with api.client() as client:
+        before = depth(client, "email")
+        response = client.post("/jobs/email", json=payload)
+        assert response.status_code == 422, response.text
+        (error,) = response.json()["detail"]
+        assert error["loc"] == ["body", "attachments", 0, "uri"]
+        assert "not an object of the pipeline's storage backend" in error["msg"]
+        assert depth(client, "email") == before
+
+
 def test_a_body_shorter_than_its_content_length_gets_408_and_the_connection_closes(api: ApiServer) -> None:
     request = (
         f"POST /jobs/probe HTTP/1.1\r\nHost: 127.0.0.1:{api.port}\r\nAuthorization: Bearer {api.token}\r\n"

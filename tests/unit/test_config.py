@@ -68,6 +68,8 @@ def test_sentinel_needs_master_name() -> None:
         ({"task_soft_time_limit": 300, "task_time_limit": 300}, "TASK_SOFT_TIME_LIMIT"),
         ({"lease_seconds": 2}, "LEASE_SECONDS"),
         ({"retry_jitter": 1.5}, "RETRY_JITTER"),
+        ({"email_attachments_max_bytes": 0}, "EMAIL_ATTACHMENTS_MAX_BYTES"),
+        ({"email_attachments_max_bytes": 200 * 1024 * 1024}, "EMAIL_ATTACHMENTS_MAX_BYTES"),
     ],
 )
 def test_invalid_values_name_the_variable(overrides: dict[str, object], names: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 from botocore.stub import ANY, Stubber
 
 from pipeline.config import load_settings
-from pipeline.storage import LocalStorage, Storage, check_key, make_storage
+from pipeline.storage import LocalStorage, ObjectTooLarge, Storage, check_key, make_storage
 from pipeline.storage.s3 import S3Storage
 
 
@@ -154,3 +154,114 @@ def test_local_read_lines(tmp_path: Path) -> None:
     assert list(storage.read_lines("inputs/rows.jsonl")) == [b"[1]\n", b"[2]\n"]
     with pytest.raises(FileNotFoundError):
         list(storage.read_lines("inputs/absent.jsonl"))
+
+
+def test_local_key_for_is_the_inverse_of_uri(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "dir with space")
+    uri = storage.uri("pdf/job-1/invoice.pdf")
+    assert "%20" in uri  # the root is percent-encoded; the key maps back all the same
+    assert storage.key_for(uri) == "pdf/job-1/invoice.pdf"
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        "",  # the root itself
+        "../outside.pdf",
+        "pdf/../../outside.pdf",
+        "pdf/%2e%2e/x.pdf",
+        "pdf/./x.pdf",
+        "pdf//x.pdf",
+        ".partial/abc-x.pdf",
+        "pdf/x.pdf?download=1",
+        "pdf/x.pdf#page=2",
+        "pdf/x%2Fy.pdf",
+    ],
+)
+def test_local_key_for_refuses_what_uri_never_produces(tmp_path: Path, tail: str) -> None:
+    storage = LocalStorage(tmp_path)
+    assert storage.key_for(tmp_path.resolve().as_uri() + "/" + tail) is None
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["file:///etc/passwd", "/etc/passwd", "http://example.com/a.pdf", "s3://bucket/a.pdf", "", "pdf/a.pdf"],
+)
+def test_local_key_for_refuses_other_places(tmp_path: Path, uri: str) -> None:
+    assert LocalStorage(tmp_path).key_for(uri) is None
+
+
+def test_local_key_for_refuses_a_sibling_root_and_another_host(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "store")
+    assert storage.key_for((tmp_path / "store-other" / "a.pdf").as_uri()) is None
+    assert storage.key_for(storage.uri("a.pdf").replace("file:///", "file://localhost/")) is None
+
+
+def test_local_read_bytes_is_bounded(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    with storage.open_write("pdf/1/a.pdf") as out:
+        out.write(b"%PDF-1.4 twelve")
+    assert storage.read_bytes("pdf/1/a.pdf", 15) == b"%PDF-1.4 twelve"
+    with pytest.raises(ObjectTooLarge, match=r"'pdf/1/a.pdf' is 15 bytes; the limit is 14 bytes") as info:
+        storage.read_bytes("pdf/1/a.pdf", 14)
+    assert (info.value.size, info.value.limit) == (15, 14)
+    with pytest.raises(FileNotFoundError):
+        storage.read_bytes("pdf/1/absent.pdf", 100)
+    with pytest.raises(FileNotFoundError):
+        storage.read_bytes("pdf/1", 100)  # a directory is not an object
+
+
+def test_local_read_bytes_refuses_a_huge_object_from_its_size(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    with storage.writing("big.bin") as path, path.open("wb") as out:
+        out.truncate(1 << 40)  # 1 TiB, sparse: refused from its size, never read
+    with pytest.raises(ObjectTooLarge, match=str(1 << 40)):
+        storage.read_bytes("big.bin", 1 << 20)
+
+
+def test_local_read_bytes_does_not_follow_a_symlink_out_of_the_root(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"not for mail")
+    storage = LocalStorage(tmp_path / "store")
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "link.txt").symlink_to(secret)
+    with pytest.raises(FileNotFoundError):
+        storage.read_bytes("link.txt", 100)
+
+
+def test_s3_key_for_is_the_inverse_of_uri() -> None:
+    storage, _ = _stubbed()
+    assert storage.key_for("s3://bucket/outputs/pdf/1/a.pdf") == "pdf/1/a.pdf"
+    for uri in (
+        "s3://bucket/pdf/1/a.pdf",  # outside the prefix
+        "s3://other/outputs/pdf/1/a.pdf",
+        "s3://bucket/outputs/../secrets/a.pdf",
+        "s3://bucket/outputs/pdf/1/a.pdf?versionId=1",
+        "s3://bucket/outputs/",
+        "https://bucket.s3.amazonaws.com/outputs/pdf/1/a.pdf",
+        "file:///outputs/pdf/1/a.pdf",
+    ):
+        assert storage.key_for(uri) is None, uri
+    assert S3Storage(storage.client, "bucket").key_for("s3://bucket/pdf/1/a.pdf") == "pdf/1/a.pdf"
+
+
+def test_s3_read_bytes_is_bounded_and_classifies_failures() -> None:
+    from botocore.response import StreamingBody
+
+    storage, stub = _stubbed()
+    data = b"%PDF-1.4 small"
+    expected = {"Bucket": "bucket", "Key": "outputs/pdf/1/a.pdf"}
+    for _ in range(2):
+        body = StreamingBody(io.BytesIO(data), len(data))
+        stub.add_response("get_object", {"Body": body, "ContentLength": len(data)}, expected)
+    stub.add_client_error("get_object", "NoSuchKey", http_status_code=404)
+    stub.add_client_error("get_object", "InternalError", http_status_code=500)
+    with stub:
+        assert storage.read_bytes("pdf/1/a.pdf", len(data)) == data
+        with pytest.raises(ObjectTooLarge, match="the limit is 10 bytes"):
+            storage.read_bytes("pdf/1/a.pdf", 10)
+        with pytest.raises(FileNotFoundError):
+            storage.read_bytes("pdf/1/absent.pdf", 100)
+        with pytest.raises(ConnectionError, match="InternalError"):
+            storage.read_bytes("pdf/1/a.pdf", 100)
+        stub.assert_no_pending_responses()
