@@ -18,6 +18,7 @@ from pipeline.flows import Flow
 from pipeline.text import HeaderEmail
 from tasks import email, media, pdf, webhooks
 from tasks.email import EmailJob
+from tasks.email_attachments import Attachment
 from tasks.media import Preset, TranscodeJob, TranscodeResult
 from tasks.pdf import PdfJob, PdfResult
 from tasks.pdf_models import InvoiceData
@@ -64,7 +65,7 @@ def email_invoice(order: InvoiceOrder, render: PdfResult) -> EmailJob:
             "currency": data.currency,
             "sender": order.sender,
         },
-        attachments=[{"uri": render.uri, "content_type": "application/pdf"}],
+        attachments=[Attachment(uri=render.uri, content_type="application/pdf")],
     )
 
 
