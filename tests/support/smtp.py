@@ -1,7 +1,8 @@
 """A real SMTP server (aiosmtpd) in the test process that records what it receives and can misbehave on cue.
 
 The recipient's local part picks the behaviour, so tests running against one server stay independent:
-`flaky-*` answers DATA with 421 twice then accepts; `reject-*` answers 550; anything else is accepted.
+`flaky-*` answers DATA with 421 twice then accepts; `reject-*` answers 550; anything else is accepted, except an
+address a test put in `Recorder.refusing` (550 until it is taken out).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class Recorder:
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: EHLO commands seen: one per SMTP connection a client opened.
     connections: int = 0
+    #: First recipients answered 550 for now.
+    refusing: set[str] = field(default_factory=set)
 
     async def handle_EHLO(
         self, server: Any, session: Any, envelope: Any, hostname: str, responses: list[str]
@@ -49,7 +52,7 @@ class Recorder:
             count = self.attempts[first]
         if first.startswith("flaky-") and count <= 2:
             return "421 4.3.0 try again later"
-        if first.startswith("reject-"):
+        if first.startswith("reject-") or first in self.refusing:
             return "550 5.1.1 no such user"
         parsed = cast(EmailMessage, message_from_bytes(envelope.original_content, policy=policy.default))
         with self.lock:
