@@ -66,8 +66,10 @@ def test_the_dead_letter_row_is_one_model() -> None:
     assert row.model_dump(mode="json") == {
         "id": entry.id, "task_id": "t", "task": "email.send", "queue": None, "reason": "failed",
         "exception": "pkg.E", "message": "", "attempts": 1, "failed_at": entry.failed_at.isoformat(),
-        "replayable": True,
+        "replayable": True, "flow": None,
     }  # fmt: skip
+    header = {"flow": "invoice", "id": "f1", "step": "email", "item": None}
+    assert entry.model_copy(update={"headers": {"pipeline_flow": header}}).row().flow == "invoice f1 email"
 
 
 def _imports(path: Path) -> set[str]:
