@@ -46,6 +46,13 @@ def test_a_chain_hands_the_first_steps_result_to_the_second() -> None:
     assert flow_id in [f.id for f in list_flows(name="test_chain")]
 
 
+def test_a_step_that_retries_keeps_its_place_in_the_flow() -> None:
+    key = uuid.uuid4().hex
+    flow_id = start("test_chain", {"key": key, "second": "transient"})
+    _until(flow_id, FlowState.SUCCEEDED, limit_s=60)
+    assert [a["attempt"] for a in attempts(f"{key}:second")] == [1, 2]
+
+
 def test_a_fan_out_runs_every_item_and_its_join_once_with_all_results() -> None:
     key = uuid.uuid4().hex
     flow_id = start("test_fan", {"key": key, "n": 25})

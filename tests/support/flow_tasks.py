@@ -12,7 +12,8 @@ from tests.support.worker_app import LedgerJob, LedgerResult, RunJob, RunResult,
 
 class ChainInput(BaseModel):
     key: str
-    #: "flag": the second step fails permanently while `test:flag:<key>:second` exists (then it dead-letters).
+    #: "flag": the second step fails permanently while `test:flag:<key>:second` exists (then it dead-letters);
+    #: "transient": its first attempt fails with a transient error (it retries).
     second: str = "none"
 
 
@@ -26,7 +27,8 @@ def first(order: ChainInput) -> RunJob:
 
 @chain.step("second", ledger, after=["first"])
 def second(order: ChainInput, first: RunResult) -> LedgerJob:
-    return LedgerJob(key=f"{order.key}:second", fail="flag" if order.second == "flag" else "none")
+    fail = order.second if order.second in ("flag", "transient") else "none"
+    return LedgerJob(key=f"{order.key}:second", fail=fail, fail_times=1)  # type: ignore[arg-type]  # checked above
 
 
 class FanInput(BaseModel):
