@@ -35,8 +35,8 @@ def from_failure(task: Any, task_id: str | None, exc: BaseException | None, args
     if key:
         headers[HEADER_IDEMPOTENCY_KEY] = key
     step = Ref.of(request_header(request, HEADER_FLOW))
-    if step is not None:  # replayed, the job runs its step of the flow again
-        headers[HEADER_FLOW] = step.header()
+    if step is not None:  # replayed, the job runs its step of the flow again (and asks the flow first)
+        headers[HEADER_FLOW] = {**step.header(), "replayed": True}
     publish(
         DeadLetter(
             reason="failed",

@@ -30,7 +30,7 @@ from pipeline.constants import FLOWS_INDEX_KEY, JOB_RECORD_KEY, RECENT_JOBS_KEY
 from pipeline.errors import PayloadInvalid
 from pipeline.flows import record
 from pipeline.flows.definition import FLOWS, Flow, Step
-from pipeline.flows.record import Ref
+from pipeline.flows.record import Advanced, Ref
 from pipeline.producer import wake, write
 from pipeline.producer.client import producer_redis
 from pipeline.records import accepted_entry
@@ -111,7 +111,7 @@ def queued(flow: Flow[Any], flow_id: str, step: Step, given: list[Any] | None, n
     )
 
 
-def _call(client: redis.Redis, flow_id: str, head: list[Any], pairs: list[str], offers: list[Queued]) -> Any:
+def _call(client: redis.Redis, flow_id: str, head: list[Any], pairs: list[str], offers: list[Queued]) -> Advanced:
     settings = get_settings()
     keys = [key for q in offers for key in q.redis_keys()]
     args = [
@@ -146,13 +146,27 @@ def start(flow: Flow[Any] | str, input: BaseModel | Mapping[str, Any]) -> str:
     return flow_id
 
 
-def advance(
-    flow: Flow[Any], ref: Ref, task_id: str, result: dict[str, Any], flow_input: str | None
-) -> tuple[bool, str, list[str]]:
-    """Record node `ref`'s `result` (its job `task_id` succeeded) and queue the steps it lets run; returns
-    (recorded now, the flow's state, the steps queued). `flow_input`: the flow's input (JSON), when a step after
-    this one is built here."""
+def advance(flow: Flow[Any], ref: Ref, task_id: str, result: dict[str, Any], flow_input: str | None) -> Advanced:
+    """Record node `ref`'s `result` (its job `task_id` succeeded) and queue the steps its step lets run (see
+    `flow_advance.lua`). `flow_input`: the flow's input (JSON), needed when a step after this one is built here.
+
+    A fan-out item is recorded without offering the next steps' jobs (most items do not complete their step); the
+    call that finds its step complete offers them in a second call. A job redelivered between the two calls finds its
+    node recorded and makes both again: the next steps are queued once either way."""
     step = flow.steps[ref.step]
+    client = producer_redis()
+    head = [ref.node, json.dumps(result), task_id, ref.step, "1" if ref.item is not None else "", ref.id, flow.name, 0]
+    if ref.item is not None:
+        first = _call(client, ref.id, head, [], [])
+        if not (first.complete and first.state == "running" and step.children):
+            return first
+        then = _call(client, ref.id, head, [], _offers(flow, ref, step, result, flow_input))
+        return Advanced(first.recorded, then.state, then.complete, then.queued)
+    return _call(client, ref.id, head, [], _offers(flow, ref, step, result, flow_input))
+
+
+def _offers(flow: Flow[Any], ref: Ref, step: Step, result: dict[str, Any], flow_input: str | None) -> list[Queued]:
+    """The jobs of each step after `step`: built here, or (a join) built when it starts."""
     now = time.time()
     offers = []
     for name in step.children:
@@ -164,5 +178,4 @@ def advance(
             model = step.task.result_model.model_validate(result)
             given = [flow.input_model.model_validate_json(flow_input), model]
         offers.append(queued(flow, ref.id, child, given, now))
-    head = [ref.node, json.dumps(result), task_id, ref.step, "1" if ref.item is not None else "", ref.id, flow.name, 0]
-    return _call(producer_redis(), ref.id, head, [], offers)  # type: ignore[no-any-return]  # record.advance's tuple
+    return offers

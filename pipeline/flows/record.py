@@ -74,14 +74,27 @@ def ttl() -> int:
     return get_settings().result_expires
 
 
-def advance(client: redis.Redis, flow_id: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[bool, str, list[str]]:
+@dataclass(frozen=True)
+class Advanced:
+    """What `flow_advance.lua` answered."""
+
+    #: This call recorded the node (or created the flow); False: recorded before, or no such flow.
+    recorded: bool
+    #: The flow's state ('' for no such flow).
+    state: str
+    #: The node's step has all its nodes recorded.
+    complete: bool
+    queued: list[str]
+
+
+def advance(client: redis.Redis, flow_id: str, keys: Sequence[str], args: Sequence[Any]) -> Advanced:
     """Run `flow_advance.lua` (KEYS after the flow's hash, ARGV as documented there), confirmed by
-    REDIS_WAIT_REPLICAS replicas (`NotReplicated` otherwise); (recorded, the flow's state, the steps queued)."""
+    REDIS_WAIT_REPLICAS replicas (`NotReplicated` otherwise)."""
     reply, reached = run_script_waited(client, "flow_advance", [key(flow_id), *keys], list(args))
     if reached is not None:
         check_replicas(reached)
-    recorded, state, *queued = reply
-    return bool(recorded), text(state), [text(q) for q in queued]
+    recorded, state, complete, *queued = reply
+    return Advanced(bool(recorded), text(state), bool(complete), [text(q) for q in queued])
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ A step is an ordinary typed job whose message carries HEADER_FLOW. Around its ru
 
 1. `flow_begin.lua`: the flow's state, the node's result if it was recorded before, and what its payload is built
    from. A node already recorded (its job was redelivered after it finished, or replayed) is not run again: its
-   recorded result is the job's result. A step of a cancelled flow is not run: it ends cancelled.
+   recorded result is the job's result. A step of a cancelled flow is not run: it ends cancelled. The call is left
+   out where it cannot find anything: a fan-out item or a last step, on its first delivery (`x-delivery-count` 1),
+   first attempt and not a replay, has nothing recorded, and its flow's cancel cancels its job itself.
 2. A join's payload is built from the flow's input and its parents' stored results (their order: item order for a
    fan-out); any other step's payload came in its message. Then the job runs as any other: admission, guards,
    retries with backoff, dead-lettering (its entry names the flow and the step, and the flow is failed there:
@@ -29,12 +31,13 @@ import redis
 from pydantic import ValidationError
 
 from pipeline.celery_app import get_app
+from pipeline.constants import HEADER_DELIVERY_COUNT
 from pipeline.errors import BrokerWriteRefused, JobCancelled, PayloadInvalid, PermanentError
 from pipeline.flows import launch, record
 from pipeline.flows.definition import FLOWS, Flow, Step
 from pipeline.flows.record import Begun, Ref
 from pipeline.producer.client import producer_redis
-from pipeline.task import PipelineTask
+from pipeline.task import PipelineTask, request_header
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +57,13 @@ def run(task: PipelineTask, header: Any, raw: Any, run_job: Callable[[Any], dict
     joins = flow.joins(step)
     builds_next = any(not flow.joins(flow.steps[child]) for child in step.children)
     parents = step.after if joins else ()
-    try:
-        began = _patiently(lambda: record.begin(producer_redis(), ref, task_id, joins or builds_next, parents))
-    except redis.RedisError as exc:
-        raise task.retry_transient(exc) from exc
+    if joins or builds_next or not _first_run(task, header):
+        try:
+            began = _patiently(lambda: record.begin(producer_redis(), ref, task_id, joins or builds_next, parents))
+        except redis.RedisError as exc:
+            raise task.retry_transient(exc) from exc
+    else:  # nothing to read, and nothing recorded yet: a cancelled flow's queued jobs are cancelled themselves
+        began = Begun("running", None, None, {})
     if began.state is None:
         raise PermanentError(f"flow {ref.flow} {ref.id} is not kept any more (expired, or never started)")
     if began.result is not None:
@@ -69,12 +75,22 @@ def run(task: PipelineTask, header: Any, raw: Any, run_job: Callable[[Any], dict
     else:
         result = run_job(_join_payload(flow, step, began) if joins else raw)
     try:
-        recorded, state, queued = _patiently(lambda: launch.advance(flow, ref, task_id, result, began.input))
+        done = _patiently(lambda: launch.advance(flow, ref, task_id, result, began.input))
     except (redis.RedisError, BrokerWriteRefused) as exc:  # the next attempt finds the node recorded, or records it
         raise task.retry_transient(exc) from exc
-    if recorded:
-        log.info("flow %s %s: %s succeeded (flow %s; queued %s)", ref.flow, ref.id, ref.node, state, queued or "none")
+    if done.recorded:
+        log.info("flow %s %s: %s succeeded (flow %s)%s", ref.flow, ref.id, ref.node, done.state, _queued(done.queued))
     return result
+
+
+def _queued(steps: list[str]) -> str:
+    return f"; queued {', '.join(steps)}" if steps else ""
+
+
+def _first_run(task: PipelineTask, header: dict[str, Any]) -> bool:
+    """The job's first delivery and attempt, not a replay: its node cannot have been recorded before."""
+    count = request_header(task.request, HEADER_DELIVERY_COUNT)
+    return count == 1 and not task.request.retries and not header.get("replayed")
 
 
 def _join_payload(flow: Flow[Any], step: Step, began: Begun) -> Any:

@@ -1,7 +1,11 @@
--- Advances a flow (`pipeline.flows`): records a node's result once and queues the steps that waited on it last;
--- with node '', creates the flow and queues its first steps. A replayed or redelivered node's second call finds its
--- result recorded and changes nothing: a step is queued exactly once (HSETNX on the result, SREM on the wait set,
--- HSETNX on the step's `on:` field), however many workers finish its parents at once.
+-- Advances a flow (`pipeline.flows`): records a node's result once and queues the steps that waited on its step last;
+-- with node '', creates the flow and queues its first steps. A node's result is recorded by the first call only
+-- (HSETNX); a later call for it (a redelivered or replayed job, or the call that brings the next steps' jobs after a
+-- fan-out item completed its step) records nothing and may still queue what its complete step lets run. A step is
+-- queued exactly once (SREM on its wait set, then HSETNX on its `on:` field), however many workers finish its
+-- parents at once and however often a call is repeated. The candidates are offered by the caller: for a fan-out
+-- item it offers none first (most items do not complete their step), and calls again with them when the reply says
+-- the step is complete.
 -- A node is a step's name, or `<step>[<i>]` for item i of a fan-out step. The flow's keys share one hash tag, its id;
 -- M = KEYS[1] = `pipeline:flow:{<id>}`:
 --   M          HASH  name, input (JSON), created, finished (epoch s), state ('running', 'succeeded', 'cancelled'),
@@ -21,17 +25,19 @@
 -- pairs (step, a step it waits on) (creating), then m candidates: steps that may be queued now (creating: the first
 -- steps; else the node's step's children), each as: its step, its node count k, '1' if a fan-out step, its jobs'
 -- record, an event channel ('' for none), then k nodes, k job ids, k messages, and k events when there is a channel.
--- Returns {1 when this call recorded the node or created the flow (else 0: done before, or no such flow), the flow's
--- state, then the steps it queued}.
+-- Returns {1 when this call recorded the node or created the flow (else 0: recorded before, or no such flow), the
+-- flow's state ('' for no such flow), 1 when the node's step is complete (all its nodes recorded), then the steps it
+-- queued}.
 local M = KEYS[1]
 local node, value, job, now, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local prefix, keep, step, item = ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9] == '1'
 local w, m = tonumber(ARGV[13]), tonumber(ARGV[14])
 local at = 16
 local complete = true
+local recorded = 1
 local state
 if node == '' then
-  if redis.call('EXISTS', M) == 1 then return {0, redis.call('HGET', M, 'state')} end
+  if redis.call('EXISTS', M) == 1 then return {0, redis.call('HGET', M, 'state'), 0} end
   state = 'running'
   redis.call('HSET', M, 'name', ARGV[11], 'input', value, 'created', now, 'state', state, 'left', ARGV[12],
     'total', 0, 'done', 0)
@@ -43,12 +49,16 @@ if node == '' then
   redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[15]) - 1)
 else
   state = redis.call('HGET', M, 'state')
-  if not state then return {0, ''} end
-  if redis.call('HSETNX', M .. ':results', node, value) == 0 then return {0, state} end
-  redis.call('HSET', M .. ':tasks', node, job)
-  redis.call('SREM', M .. ':failed', node)
-  redis.call('HINCRBY', M, 'done', 1)
-  if item then complete = redis.call('HINCRBY', M, 'more:' .. step, -1) == 0 end
+  if not state then return {0, '', 0} end
+  recorded = redis.call('HSETNX', M .. ':results', node, value)
+  if recorded == 1 then
+    redis.call('HSET', M .. ':tasks', node, job)
+    redis.call('SREM', M .. ':failed', node)
+    redis.call('HINCRBY', M, 'done', 1)
+    if item then complete = redis.call('HINCRBY', M, 'more:' .. step, -1) == 0 end
+  elseif item then
+    complete = redis.call('HGET', M, 'more:' .. step) == '0'
+  end
 end
 at = at + 2 * w
 local queued = {}
@@ -88,6 +98,6 @@ if state == 'running' and tonumber(redis.call('HGET', M, 'left')) == 0
   redis.call('HSET', M, 'state', state, 'finished', now)
 end
 for _, suffix in ipairs({'', ':results', ':tasks', ':failed'}) do redis.call('EXPIRE', M .. suffix, ttl) end
-local reply = {1, state}
+local reply = {recorded, state, complete and 1 or 0}
 for _, name in ipairs(queued) do reply[#reply + 1] = name end
 return reply
