@@ -19,6 +19,7 @@ from pipeline.api.strict import reject_unknown_query
 from pipeline.browse.listing import browse
 from pipeline.browse.model import MAX_LIMIT, BadCursor, BrowseState, JobPage
 from pipeline.celery_app import get_app
+from pipeline.config import example
 from pipeline.constants import WORK_QUEUES
 from pipeline.control.cancel import JobFinished, JobNotFound, cancel
 from pipeline.status import JobStatus, job_status
@@ -52,7 +53,7 @@ def kind_info(typed: TypedTask[Any, Any]) -> Kind:
         queue=get_app().amqp.router.route({}, typed.name)["queue"].name,
         description=inspect.getdoc(typed.task) or "",
         payload_schema=schema,
-        example=examples[0] if isinstance(examples[0], dict) else {},
+        example=example(examples[0]) if isinstance(examples[0], dict) else {},
     )
 
 

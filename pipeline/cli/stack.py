@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +25,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO
 
 from pipeline.broker import redact_url
@@ -115,6 +118,40 @@ def mail_sink_wanted(settings: Settings) -> bool:
     return "smtp_host" not in settings.model_fields_set and importlib.util.find_spec("aiosmtpd") is not None
 
 
+def hook_sink_wanted(settings: Settings) -> bool:
+    """With no WEBHOOK_SIGNING_SECRET configured, the local stack signs webhooks with a development secret and runs
+    a sink that prints what it receives (`pipeline.cli.hooksink`); the examples post to it (EXAMPLE_WEBHOOK_URL)."""
+    return "webhook_signing_secret" not in settings.model_fields_set
+
+
+def dev_secret(settings: Settings, name: str) -> str:
+    """A random development secret kept in DATA_DIR/<name> (owner-only), made on first use."""
+    path = settings.data_dir / name
+    if path.is_file() and len(path.read_text().strip()) >= API_TOKEN_MIN_LENGTH:
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    value = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(value + "\n")
+    return value
+
+
+def sample_media(settings: Settings) -> Path | None:
+    """MEDIA_ROOT/sample.mp4, the source the transcode and `media` flow examples name: a 4 s test pattern with a
+    tone, made with ffmpeg when it is missing (None without ffmpeg)."""
+    path = settings.media_path / "sample.mp4"
+    if path.is_file():
+        return path
+    if shutil.which("ffmpeg") is None:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lavfi = ["-f", "lavfi", "-i", "testsrc=duration=4:size=640x360:rate=25", "-f", "lavfi", "-i", "sine=duration=4"]
+    argv = ["ffmpeg", "-v", "error", "-y", *lavfi, "-c:v", "libx264", "-pix_fmt", "yuv420p", "-c:a", "aac"]
+    done = subprocess.run([*argv, "-shortest", str(path)], capture_output=True, check=False, timeout=60)
+    return path if done.returncode == 0 else None
+
+
 def plan(settings: Settings, with_api: bool) -> list[Child]:
     """The processes of the stack, in start order (Redis first when embedded)."""
     celery = [sys.executable, "-m", "celery", "-A", "pipeline"]
@@ -161,6 +198,10 @@ def plan(settings: Settings, with_api: bool) -> list[Child]:
                 ],
             )
         )
+    if hook_sink_wanted(settings):
+        secret_file = str(settings.data_dir / "webhook-secret")
+        hooks = [sys.executable, "-m", "pipeline.cli.hooksink", str(settings.local_webhook_port), secret_file]
+        children.append(Child("hooks", hooks))
     # The two worker profiles of a deployment (deploy/docker/start-worker-io, -cpu): short jobs on solo workers
     # under one supervisor, long jobs on prefork (README, "Worker profiles").
     shutdown = settings.worker_soft_shutdown_timeout + 20
@@ -198,15 +239,20 @@ def dev_api_token(settings: Settings) -> str:
     """API_TOKEN if set; else a random development token kept in DATA_DIR/api-token (owner-only)."""
     if settings.api_token is not None:
         return settings.api_token.get_secret_value()
-    path = settings.data_dir / "api-token"
-    if path.is_file() and len(path.read_text().strip()) >= API_TOKEN_MIN_LENGTH:
-        return path.read_text().strip()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(24)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(token + "\n")
-    return token
+    return dev_secret(settings, "api-token")
+
+
+def hook_sink_env(settings: Settings) -> dict[str, str]:
+    """What every process of the stack gets when it runs the webhook sink: the development signing secret, the sink
+    allowed although it is on loopback, and the examples pointed at it."""
+    allowed = [*settings.webhook_allowed_hosts, "127.0.0.1"]
+    env = {
+        "WEBHOOK_SIGNING_SECRET": dev_secret(settings, "webhook-secret"),
+        "WEBHOOK_ALLOWED_HOSTS": json.dumps(allowed),
+    }
+    if "example_webhook_url" not in settings.model_fields_set:
+        env["EXAMPLE_WEBHOOK_URL"] = f"http://127.0.0.1:{settings.local_webhook_port}/hooks"
+    return env
 
 
 def _banner(settings: Settings, children: list[Child], api_token: str | None = None) -> str:
@@ -229,6 +275,14 @@ def _banner(settings: Settings, children: list[Child], api_token: str | None = N
                 "  (development sink: messages are printed, not delivered)"
             ]
             if "mail" in names
+            else []
+        ),
+        *(
+            [
+                f"  hooks   http://127.0.0.1:{settings.local_webhook_port}/hooks"
+                "  (development sink: webhooks are printed; the examples post here)"
+            ]
+            if "hooks" in names
             else []
         ),
         f"  metrics http://127.0.0.1:{WORKER_METRICS_PORT}/metrics (io), "
@@ -282,6 +336,9 @@ def run_stack(with_api: bool = True) -> int:
     }
     if any(c.name == "mail" for c in children):
         env.update(SMTP_HOST="127.0.0.1", SMTP_PORT=str(settings.local_smtp_port), SMTP_SECURITY="none")
+    if any(c.name == "hooks" for c in children):
+        env.update(hook_sink_env(settings))
+    sample_media(settings)
     api_token = dev_api_token(settings) if any(c.name == "api" for c in children) else None
     if api_token:
         env["API_TOKEN"] = api_token

@@ -6,6 +6,13 @@ Config flows one way: env → `Settings` (`settings.py`) → `celery_conf()` (`c
 stops it with one message naming the variable.
 """
 
-from pipeline.config.settings import API_TOKEN_MIN_LENGTH, LOCAL_REDIS_PORT, Settings, get_settings, load_settings
+from pipeline.config.settings import (
+    API_TOKEN_MIN_LENGTH,
+    LOCAL_REDIS_PORT,
+    Settings,
+    example,
+    get_settings,
+    load_settings,
+)
 
-__all__ = ["API_TOKEN_MIN_LENGTH", "LOCAL_REDIS_PORT", "Settings", "get_settings", "load_settings"]
+__all__ = ["API_TOKEN_MIN_LENGTH", "LOCAL_REDIS_PORT", "Settings", "example", "get_settings", "load_settings"]

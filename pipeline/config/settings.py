@@ -38,6 +38,8 @@ from pipeline.text import HeaderText
 #: Where `pipeline run` starts its embedded Redis when REDIS_URL is not set; also the default REDIS_URL.
 LOCAL_REDIS_PORT = 6390
 API_TOKEN_MIN_LENGTH = 16
+#: The webhook URL the shipped examples use; EXAMPLE_WEBHOOK_URL replaces it (`example`).
+EXAMPLE_WEBHOOK_URL = "https://example.com/hooks"
 #: Celery's rate syntax: tasks per second, minute or hour ("10/s", "100/m", "0.5/h").
 RATE_PATTERN = r"^\d+(\.\d+)?/[smh]$"
 
@@ -55,6 +57,8 @@ class Settings(BaseSettings):
     local_redis_port: int = Field(default=LOCAL_REDIS_PORT, ge=1, le=65535)
     #: Port of the SMTP sink `pipeline run` starts when SMTP_HOST is not set.
     local_smtp_port: int = Field(default=1025, ge=1, le=65535)
+    #: Port of the webhook sink `pipeline run` starts when WEBHOOK_SIGNING_SECRET is not set.
+    local_webhook_port: int = Field(default=1026, ge=1, le=65535)
     result_backend_url: str | None = Field(
         default=None, validation_alias=AliasChoices("RESULT_BACKEND_URL", "CELERY_RESULT_BACKEND")
     )
@@ -118,6 +122,10 @@ class Settings(BaseSettings):
     webhook_signing_secret: SecretStr | None = None
     #: Hosts (exact names) and networks (CIDR) that may be delivered to although private/loopback/reserved.
     webhook_allowed_hosts: list[str] = Field(default_factory=list)
+    #: Where the examples the page, the API and `pipeline flow start --example` offer send their webhooks (the
+    #: webhook kind's, the `media` flow's): `https://example.com/hooks` is replaced by this. `pipeline run` sets
+    #: it to its webhook sink.
+    example_webhook_url: str = Field(default=EXAMPLE_WEBHOOK_URL, pattern=r"^https?://[^\s]+$")
     webhook_connect_timeout: float = Field(default=5.0, gt=0, le=60)
     #: Seconds to wait for each read/write of a delivery (the whole request is bounded by the task limits).
     webhook_timeout: float = Field(default=15.0, gt=0, le=300)
@@ -331,6 +339,17 @@ def check_redis_url(name: str, url: str, sentinel_master: str | None) -> None:
         raise ValueError(f"{name} is a sentinel:// URL: set REDIS_SENTINEL_MASTER to the monitored master's name")
     if scheme in ("redis", "rediss") and not urlsplit(url).hostname and "socket" not in url:
         raise ValueError(f"{name} has no host: {url!r}")
+
+
+def example(value: Any) -> Any:
+    """`value` (an example payload or input) with its webhook URLs pointed at EXAMPLE_WEBHOOK_URL."""
+    if isinstance(value, str) and value.startswith(EXAMPLE_WEBHOOK_URL):
+        return get_settings().example_webhook_url.rstrip("/") + value[len(EXAMPLE_WEBHOOK_URL) :]
+    if isinstance(value, dict):
+        return {k: example(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [example(v) for v in value]
+    return value
 
 
 def check_allowed_host(entry: str) -> None:

@@ -36,6 +36,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
+from pipeline.config import example
 from pipeline.task import TypedTask
 
 I = TypeVar("I", bound=BaseModel)  # noqa: E741  # the flow's input model
@@ -74,10 +75,15 @@ class Flow(Generic[I]):
         self.name = name
         self.input_model = input
         self.description = description or (inspect.getdoc(input) or "").split("\n\n")[0]
-        #: An input for trying the flow (the page offers it).
-        self.example = example
+        self._example = example
         self.steps: dict[str, Step] = {}
         FLOWS[name] = self
+
+    @property
+    def example(self) -> dict[str, Any] | None:
+        """An input for trying the flow (the page and `pipeline flow start --example` offer it), its webhook URLs
+        pointed at EXAMPLE_WEBHOOK_URL."""
+        return example(self._example) if self._example is not None else None
 
     def step(
         self, name: str, task: TypedTask[Any, Any], *, after: Sequence[str] = (), each: bool = False

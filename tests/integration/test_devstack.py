@@ -25,9 +25,11 @@ def test_local_stack_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         **os.environ,
         "LOCAL_REDIS_PORT": str(port),
         "LOCAL_SMTP_PORT": str(free_port()),
+        "LOCAL_WEBHOOK_PORT": str(free_port()),
         "DATA_DIR": str(tmp_path / "data"),
     }
-    for name in ("REDIS_URL", "SMTP_HOST", "SMTP_PORT", "SMTP_SECURITY"):  # nothing configured: embedded defaults
+    unset = ("REDIS_URL", "SMTP_HOST", "SMTP_PORT", "SMTP_SECURITY", "WEBHOOK_SIGNING_SECRET", "WEBHOOK_ALLOWED_HOSTS")
+    for name in (*unset, "EXAMPLE_WEBHOOK_URL", "MEDIA_ROOT"):  # nothing configured: embedded defaults
         env.pop(name, None)
     log = (tmp_path / "stack.log").open("w+")
     stack = subprocess.Popen(
@@ -94,6 +96,20 @@ def test_local_stack_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         assert mail.returncode == 0, mail.stderr
         wait_for(lambda: "dev@example.com" in Path(log.name).read_text(), 10, 0.2, what="the printed message")
         assert "https://example.com/start" in Path(log.name).read_text()
+
+        # With no WEBHOOK_SIGNING_SECRET, webhooks are signed with a development secret and the stack's sink
+        # prints them; the examples point at it.
+        hook = f"http://127.0.0.1:{env['LOCAL_WEBHOOK_PORT']}/hooks/orders"
+        sent = subprocess.run(
+            [sys.executable, "-m", "pipeline", "enqueue", "webhook", "--wait", "--json", "--timeout", "60",
+             json.dumps({"url": hook, "event": "order.paid", "payload": {"order": 1}})],
+            env={**env, "REDIS_URL": f"redis://127.0.0.1:{port}/0"},
+            capture_output=True, text=True, timeout=90, check=False,
+        )  # fmt: skip
+        assert sent.returncode == 0, sent.stderr
+        printed = "webhook /hooks/orders event=order.paid signature=valid"
+        wait_for(lambda: printed in Path(log.name).read_text(), 10, 0.2, what="the printed webhook")
+        assert (tmp_path / "data" / "media" / "sample.mp4").is_file()  # the transcode and media examples' source
 
         stack.send_signal(signal.SIGINT)
         assert stack.wait(60) == 0
