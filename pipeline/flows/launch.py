@@ -36,6 +36,8 @@ from pipeline.producer.client import producer_redis
 from pipeline.records import accepted_entry
 from pipeline.task import validate_payload
 
+#: The most jobs one fan-out step may have: they are queued by one script call (Redis runs nothing else meanwhile).
+MAX_FAN_OUT = 10_000
 #: What a join's message carries until it starts: its payload is built then (`pipeline.flows.steps`).
 DEFERRED: dict[str, Any] = {}
 
@@ -83,6 +85,9 @@ def _payloads(flow: Flow[Any], step: Step, given: list[Any]) -> list[tuple[Any, 
     items = built if step.each else [built]
     if step.each and not items:
         raise FlowEmpty(step.task.name, [{"loc": [flow.name, step.name], "msg": "the fan-out step has no items"}])
+    if len(items) > MAX_FAN_OUT:
+        message = f"the fan-out step has {len(items)} items; the limit is {MAX_FAN_OUT}"
+        raise PayloadInvalid(step.task.name, [{"loc": [flow.name, step.name], "msg": message}])
     adapter: TypeAdapter[list[Any]] = TypeAdapter(list[step.task.payload_model])  # type: ignore[name-defined]  # runtime
     jobs = write.validate_many(step.task.name, adapter, list(items))
     return write.dump_checked(step.task.name, adapter, jobs)

@@ -111,6 +111,8 @@ def test_bad_input_and_unknown_flows_are_refused_at_start() -> None:
     with pytest.raises(PayloadInvalid) as caught:
         start("test_fan", {"key": "k", "n": 0})
     assert caught.value.errors[0]["loc"] == ["n"]
+    with pytest.raises(PayloadInvalid, match="the limit is 10000"):
+        start("test_fan", {"key": "k", "n": 10_001})
     with pytest.raises(FlowNotFound, match="no flow named 'nope'"):
         start("nope", {})
     with pytest.raises(FlowNotFound):

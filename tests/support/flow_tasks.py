@@ -33,7 +33,7 @@ def second(order: ChainInput, first: RunResult) -> LedgerJob:
 
 class FanInput(BaseModel):
     key: str
-    n: int = Field(ge=1, le=5000)
+    n: int = Field(ge=1, le=20_000)
     sleep_s: float = 0.0
     #: "release": each item waits for `test:release:<key>` in the ledger.
     ends: str = "sleep"
