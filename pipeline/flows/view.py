@@ -79,6 +79,10 @@ class FlowSummary(BaseModel):
     id: str
     flow: str
     state: FlowState
+    final: bool = Field(
+        description="The flow will not move on by itself: it succeeded, was cancelled, or failed at a step (replaying "
+        "that step's dead-letter entry continues it). Clients follow a flow until this is true."
+    )
     failed_step: str | None = None
     created_at: str
     finished_at: str | None = None
@@ -105,6 +109,7 @@ def _summary(flow_id: str, meta: dict[str, str], failed: set[str]) -> FlowSummar
         id=flow_id,
         flow=meta.get("name", ""),
         state=state,
+        final=state is not FlowState.RUNNING,
         failed_step=failed_step,
         created_at=_iso(meta.get("created")) or "",
         finished_at=_iso(meta.get("finished")),
