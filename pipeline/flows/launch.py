@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from pipeline.config import get_settings
 from pipeline.constants import FLOWS_INDEX_KEY, JOB_RECORD_KEY, RECENT_JOBS_KEY
@@ -81,7 +81,11 @@ class Queued:
 
 def _payloads(flow: Flow[Any], step: Step, given: list[Any]) -> list[tuple[Any, str]]:
     """`step`'s payloads from its mapping called with `given` (validated and size-checked): (JSON dict, JSON text)."""
-    built = step.mapping(*given)
+    try:
+        built = step.mapping(*given)
+    except ValidationError as exc:  # the mapping built a payload its model refuses: the input led there
+        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        raise PayloadInvalid(f"flow {flow.name} step {step.name}", errors) from None
     items = built if step.each else [built]
     if step.each and not items:
         raise FlowEmpty(step.task.name, [{"loc": [flow.name, step.name], "msg": "the fan-out step has no items"}])
