@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Accepted(BaseModel):
@@ -32,6 +32,38 @@ class Kind(BaseModel):
     description: str
     payload_schema: dict[str, Any]
     example: dict[str, Any]
+
+
+class FlowAccepted(BaseModel):
+    """A flow was started: its first steps' jobs are stored in the broker; follow it at `status_url`."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"id": "5f0c7a52-1b7e-4c2b-9a51-0e7f3d4c2a10", "flow": "invoice", "status_url": "/flows/5f0c7a52-..."}
+            ]
+        }
+    )
+    id: str
+    flow: str
+    status_url: str = Field(description="Path of the flow's status, relative to the API root.")
+
+
+class FlowStep(BaseModel):
+    name: str
+    task: str
+    after: list[str] = Field(description="The steps it runs after (all of them must have succeeded).")
+    fan_out: bool = Field(description="One job per item its mapping returns, run in parallel.")
+
+
+class FlowKind(BaseModel):
+    """A declared flow: what `POST /flows/{name}` takes."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    example: dict[str, Any] | None = Field(description="An input to try the flow with (null if it has none).")
+    steps: list[FlowStep] = Field(description="In the order they are declared (a step after the steps it waits on).")
 
 
 class QueueInfo(BaseModel):

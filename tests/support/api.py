@@ -21,15 +21,23 @@ import httpx
 from tests.support.procs import ROOT, free_port, stop_process, wait_for
 
 TERMINAL = {"succeeded", "dead_lettered", "failed", "cancelled", "unknown"}
+#: The API with the test tasks and flows declared too (`tests.support.api_app`).
+TEST_APP = "tests.support.api_app:app"
 
 
 class ApiServer:
-    """uvicorn serving `pipeline.api:app` with its own API_TOKEN (and any other settings in `env`)."""
+    """uvicorn serving `pipeline.api:app` (or `app`) with its own API_TOKEN (and any other settings in `env`)."""
 
     def __init__(
-        self, name: str, log_dir: Path, env: Mapping[str, str] | None = None, token: str | None = None
+        self,
+        name: str,
+        log_dir: Path,
+        env: Mapping[str, str] | None = None,
+        token: str | None = None,
+        app: str = "pipeline.api:app",
     ) -> None:
         self.name = name
+        self.app = app
         self.port = free_port()
         self.token = token or "test-token-" + secrets.token_hex(12)
         self.log_path = log_dir / f"api-{name}.log"
@@ -46,7 +54,7 @@ class ApiServer:
             sys.executable,
             "-m",
             "uvicorn",
-            "pipeline.api:app",
+            self.app,
             "--host",
             "127.0.0.1",
             "--port",
