@@ -74,7 +74,8 @@ class Flow(Generic[I]):
             raise FlowInvalid(f"flow {name!r} is declared twice")
         self.name = name
         self.input_model = input
-        self.description = description or (inspect.getdoc(input) or "").split("\n\n")[0]
+        own_doc = input.__dict__.get("__doc__")  # the model's own docstring, not one it inherits (BaseModel's)
+        self.description = description or inspect.cleandoc(own_doc or "").split("\n\n")[0]
         self._example = example
         self.steps: dict[str, Step] = {}
         FLOWS[name] = self
@@ -120,6 +121,14 @@ class Flow(Generic[I]):
     def joins(self, step: Step) -> bool:
         """Whether `step`'s payload is built when it starts, from stored results: it waits on several jobs."""
         return not step.each and (len(step.after) > 1 or self.parents_fan_out(step))
+
+    def outline(self) -> str:
+        """The steps in one line: `transcode (media.transcode, each), notify (webhooks.deliver) after transcode`."""
+        return ", ".join(
+            f"{s.name} ({s.task.name}{', each' if s.each else ''})"
+            + (f" after {', '.join(s.after)}" if s.after else "")
+            for s in self.steps.values()
+        )
 
     def __repr__(self) -> str:
         return f"Flow({self.name!r}, steps={list(self.steps)})"
