@@ -101,9 +101,6 @@ def _start_routes(routes: APIRouter, names: list[str]) -> None:
     """`POST /flows/<name>` for each declared flow, and a 404 naming them for any other name."""
     for name in names:
         flow = FLOWS[name]
-        steps = " → ".join(
-            f"{s.name} ({s.task.name}{', one job per item' if s.each else ''})" for s in flow.steps.values()
-        )
         routes.add_api_route(
             f"/flows/{name}",
             start_endpoint(flow),
@@ -115,7 +112,8 @@ def _start_routes(routes: APIRouter, names: list[str]) -> None:
             response_model=FlowAccepted,
             response_description="The flow and its first steps' jobs are stored; `Location` is its status URL.",
             summary=f"Start a {name} flow",
-            description=f"{flow.description}\n\nSteps: {steps}.\n\nThe body is the flow's input, validated "
+            description=f"{flow.description}\n\nSteps: {flow.outline()} (`each`: one job per item, in "
+            "parallel).\n\nThe body is the flow's input, validated "
             "strictly (JSON types must match the schema); a `422` names each invalid field, and nothing is stored.",
             responses=BODY_ERRORS,
         )

@@ -58,7 +58,7 @@ def test_the_declared_flows_with_their_inputs_examples_and_steps(api: ApiServer)
         {"name": "email", "task": "email.send", "after": ["render"], "fan_out": False},
     ]
     assert [s["fan_out"] for s in kinds["media"]["steps"]] == [True, False]
-    assert kinds["test_chain"]["example"] is None  # declared without one
+    assert (kinds["test_chain"]["example"], kinds["test_chain"]["description"]) == (None, "")  # declared without
 
 
 def test_a_chain_started_over_http_is_seen_step_by_step_until_it_succeeds(api: ApiServer) -> None:
