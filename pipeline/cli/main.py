@@ -12,8 +12,18 @@ from typing import Annotated, Any
 import typer
 
 from pipeline.cli import dlq as cli_dlq
+from pipeline.cli import flows as cli_flows
 from pipeline.cli import queues as cli_queues
-from pipeline.cli.output import broker_errors, emit_json, fail, parse_time, read_payload, read_payloads, refused
+from pipeline.cli.output import (
+    broker_errors,
+    emit_json,
+    fail,
+    invalid,
+    parse_time,
+    read_payload,
+    read_payloads,
+    refused,
+)
 from pipeline.compat import PRODUCER_LIBRARIES, versions
 from pipeline.config import get_settings
 from pipeline.errors import BrokerWriteRefused, PayloadInvalid, PriorityInvalid
@@ -26,6 +36,7 @@ app = typer.Typer(
 )
 app.add_typer(cli_dlq.app, name="dlq")
 app.add_typer(cli_queues.app, name="queues")
+app.add_typer(cli_flows.app, name="flow")
 
 
 @app.callback()
@@ -82,7 +93,7 @@ def enqueue(
             group=group,
         )
     except PayloadInvalid as exc:
-        raise _invalid(exc, as_json) from None
+        raise invalid(exc, as_json) from None
     except PriorityInvalid as exc:
         raise fail(str(exc), 2, as_json) from None
     except BrokerWriteRefused as exc:
@@ -120,7 +131,7 @@ def enqueue_many(
     try:
         ids = typed.enqueue_many(read_payloads(payloads), priority=priority, group=group)
     except PayloadInvalid as exc:
-        raise _invalid(exc, as_json) from None
+        raise invalid(exc, as_json) from None
     except PriorityInvalid as exc:
         raise fail(str(exc), 2, as_json) from None
     except BrokerWriteRefused as exc:
@@ -140,14 +151,6 @@ def _typed(kind: str, as_json: bool) -> Any:
     if typed is None:
         raise fail(f"unknown kind {kind!r}; known: {', '.join(sorted(tasks))}", 2, as_json)
     return typed
-
-
-def _invalid(exc: PayloadInvalid, as_json: bool) -> typer.Exit:
-    """Exit 2 with the field errors (for a batch, each `loc` starts with the item's index)."""
-    if as_json:
-        emit_json({"error": "invalid payload", "task": exc.task, "details": exc.errors})
-        return typer.Exit(2)
-    return fail(str(exc), 2)
 
 
 def _dumps(value: Any) -> str:

@@ -14,6 +14,7 @@ import typer
 
 from pipeline.broker import full, oom_cause, redact_url
 from pipeline.dlq import filters
+from pipeline.errors import PayloadInvalid
 
 
 def parse_duration(text: str) -> timedelta:
@@ -43,6 +44,15 @@ def fail(message: str, code: int = 1, as_json: bool = False) -> typer.Exit:
     else:
         typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     return typer.Exit(code)
+
+
+def invalid(exc: PayloadInvalid, as_json: bool = False) -> typer.Exit:
+    """Exit 2 with the field errors of an invalid payload or flow input (for a batch, each `loc` starts with the
+    item's index)."""
+    if as_json:
+        emit_json({"error": "invalid payload", "task": exc.task, "details": exc.errors})
+        return typer.Exit(2)
+    return fail(str(exc), 2)
 
 
 #: Exit status of a command whose write the broker refused as durable (`BrokerWriteRefused`), as for an
