@@ -23,6 +23,7 @@ from pipeline.api.jobs import BODY_ERRORS
 from pipeline.api.jobs import ERRORS as JOB_ERRORS
 from pipeline.api.models import FlowAccepted, FlowKind, FlowStep, Problem
 from pipeline.api.strict import reject_unknown_query
+from pipeline.config import example
 from pipeline.flows import FLOWS, Flow, FlowNotFound, start
 from pipeline.flows.definition import NAME
 from pipeline.flows.view import FlowFinished, FlowStatus, FlowSummary, cancel_flow, flow_status, list_flows
@@ -57,12 +58,12 @@ def wrong_method() -> HTTPException:
 def flow_kind(flow: Flow[Any]) -> FlowKind:
     schema = flow.input_model.model_json_schema()
     examples = schema.get("examples") or [None]
-    example = flow.example if flow.example is not None else examples[0]
+    given = flow.example if flow.example is not None else example(examples[0])  # webhook URLs pointed at the sink
     return FlowKind(
         name=flow.name,
         description=flow.description,
         input_schema=schema,
-        example=example if isinstance(example, dict) else None,
+        example=given if isinstance(given, dict) else None,
         steps=[
             FlowStep(name=s.name, task=s.task.name, after=list(s.after), fan_out=s.each) for s in flow.steps.values()
         ],
