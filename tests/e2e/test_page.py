@@ -3,7 +3,8 @@
 A person's path through the page: give the token, start a job with progress (a transcode of a 30 s
 clip; the probe when the transcode kind is absent), watch its bar reach 100 % and open its result;
 send a job that fails, replay it from the dead-letter queue; pause and resume a queue; browse every queue's jobs by
-state, including jobs the page did not start, and cancel one. Screenshots of the page go to test-artifacts/. The
+state, including jobs the page did not start, and cancel one; start a flow, watch its steps succeed one after the other
+and open a step's job, and cancel a running flow. Screenshots of the page go to test-artifacts/. The
 browser is the system's (`scripts/ensure-system-deps` installs it); nothing is downloaded.
 """
 
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,10 +23,11 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY, PAUSED_KEY
 from pipeline.status import job_status
 from tasks.probe import probe
-from tests.support.api import ApiServer
+from tests.support.api import TEST_APP, ApiServer
 from tests.support.inproc import InProcessWorker
 from tests.support.media import make_clip
 from tests.support.procs import ROOT, RedisServer, Worker, wait_for
+from tests.support.worker_app import run_records
 
 pytestmark = pytest.mark.e2e
 
@@ -55,9 +59,9 @@ def browser() -> Iterator[Browser]:
         launched.close()
 
 
-@pytest.fixture
-def page(browser: Browser, api: ApiServer) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1360, "height": 1000}, base_url=api.url)
+@contextmanager
+def open_page(browser: Browser, server: ApiServer) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1360, "height": 1000}, base_url=server.url)
     page = context.new_page()
     page.set_default_timeout(60_000)
     problems: list[str] = []
@@ -67,6 +71,26 @@ def page(browser: Browser, api: ApiServer) -> Iterator[Page]:
     yield page
     context.close()
     assert problems == [], f"errors in the page (script errors or CSP violations): {problems}"
+
+
+@pytest.fixture
+def page(browser: Browser, api: ApiServer) -> Iterator[Page]:
+    with open_page(browser, api) as opened:
+        yield opened
+
+
+@pytest.fixture(scope="module")
+def flows_api(session_worker: InProcessWorker, work_dir: Path) -> Iterator[ApiServer]:
+    """The API with the test flows declared too (test_chain, test_fan), as the API of a deployment declaring them."""
+    server = ApiServer("page-flows", work_dir / "logs", app=TEST_APP).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def flows_page(browser: Browser, flows_api: ApiServer) -> Iterator[Page]:
+    with open_page(browser, flows_api) as opened:
+        yield opened
 
 
 def sign_in(page: Page, api: ApiServer) -> None:
@@ -262,3 +286,76 @@ def test_the_job_browser_lists_every_queues_jobs_by_state(
         client.zrem(DELAYED_KEY, *parked)
         client.hdel(DELAYED_MESSAGE_KEY, *parked)
         client.hdel(DELAYED_DEST_KEY, *parked)
+
+
+def test_start_a_flow_watch_its_steps_and_cancel_another(
+    flows_page: Page, flows_api: ApiServer, redis_server: RedisServer
+) -> None:
+    page = flows_page
+    sign_in(page, flows_api)
+    expect(page.locator("#flow-name option[value='invoice']")).to_have_count(1)
+    assert json.loads(page.input_value("#flow-input")) == page.evaluate(
+        "fetch('/flows/kinds', {headers: {Authorization: `Bearer ${sessionStorage.getItem('pipeline.token')}`}})"
+        ".then(r => r.json()).then(ks => ks.find(k => k.name === 'invoice').example)"
+    )  # the selected flow's example input, ready to start
+
+    # A fan-out of three items, then its join: record every state each step's badge shows.
+    page.select_option("#flow-name", "test_fan")
+    expect(page.locator("#flow-desc")).to_contain_text("split (test.run, each), join (test.ledger) after split")
+    page.evaluate(
+        """() => {
+            window.__steps = {};
+            new MutationObserver(() => {
+                for (const tr of document.querySelectorAll('#flow-steps tr')) {
+                    const seen = (window.__steps[tr.dataset.step] ||= []);
+                    const text = tr.querySelector('.badge').textContent;
+                    if (seen[seen.length - 1] !== text) seen.push(text);
+                }
+            }).observe(document.getElementById('flow-steps'), {subtree: true, childList: true});
+        }"""
+    )
+    key = uuid.uuid4().hex
+    page.fill("#flow-input", json.dumps({"key": key, "n": 3, "sleep_s": 0.3}))
+    page.click("#flow-start")
+    expect(page.locator("#flow-message")).to_contain_text("Started: flow")
+    expect(page.locator("#flow-view")).to_be_visible()
+    flow_id = page.inner_text("#flow-view-id")
+    expect(page.locator("#flow-state")).to_have_text("succeeded", timeout=60_000)
+    expect(page.locator("#flow-cancel")).to_be_hidden()
+    split, join = page.locator("#flow-steps tr[data-step='split']"), page.locator("#flow-steps tr[data-step='join']")
+    expect(split.locator(".jobs")).to_have_text("3/3")
+    expect(split.locator("[role=progressbar]")).to_have_attribute("aria-valuenow", "100")
+    expect(join.locator(".badge")).to_have_text("succeeded")
+    steps = page.evaluate("window.__steps")
+    assert steps["join"][0] == "waiting for split" and steps["join"][-1] == "succeeded", steps
+    assert steps["split"][-1] == "succeeded", steps
+    listed = page.locator(f"#flow-list li[data-id='{flow_id}']")
+    expect(listed.locator(".badge")).to_have_text("succeeded", timeout=10_000)  # the list's next refresh
+    expect(listed.locator("[role=progressbar]")).to_have_attribute("aria-valuenow", "100")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#flows").screenshot(path=str(ARTIFACTS / "api-page-flows.png"))
+
+    # A step's job opens in the job view.
+    job = split.locator(".job-link").first
+    job_id = str(job.get_attribute("data-id"))
+    job.click()
+    expect(page.locator("#detail-id")).to_have_text(job_id)
+    expect(page.locator("#detail-facts")).to_contain_text("test.run")
+
+    # A flow whose only item runs until released: cancel it from its view.
+    other = uuid.uuid4().hex
+    try:
+        page.fill("#flow-input", json.dumps({"key": other, "n": 1, "ends": "release"}))
+        page.click("#flow-start")
+        expect(page.locator("#flow-view-id")).not_to_have_text(flow_id)
+        wait_for(lambda: any(r["event"] == "start" for r in run_records(other)), 20, 0.05, what="the item to start")
+        expect(page.locator("#flow-state")).to_have_text("running")
+        expect(page.locator("#flow-steps tr[data-step='join'] .badge")).to_have_text("waiting for split")
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.click("#flow-cancel")
+        expect(page.locator("#flow-state")).to_have_text("cancelled")
+        expect(page.locator("#flow-steps tr[data-step='split'] .badge")).to_have_text("cancelled")
+        expect(page.locator("#flow-cancel")).to_be_hidden()
+        expect(page.locator("#flow-message")).to_contain_text("Cancelled flow")
+    finally:
+        redis_server.client().set(f"test:release:{other}", "1")

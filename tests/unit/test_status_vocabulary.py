@@ -12,6 +12,7 @@ import pytest
 from pipeline.api.models import Accepted
 from pipeline.dlq import filters, store
 from pipeline.dlq.envelope import DeadLetter, DeadLetterRow
+from pipeline.flows.view import FlowState
 from pipeline.status import CELERY_STATES, FAILED_GRACE_S, JobState, JobStatus, is_final
 
 PIPELINE = Path(__file__).resolve().parents[2] / "pipeline"
@@ -49,14 +50,27 @@ def test_the_status_json_keeps_the_fields_clients_read() -> None:
     }  # fmt: skip
 
 
-def test_the_page_names_only_known_states_and_asks_the_status_whether_it_is_final() -> None:
-    script = (PIPELINE / "api" / "static" / "app.js").read_text()
-    compared = set(re.findall(r'state === "(\w+)"', script))
+def _compared_states(script: str) -> set[str]:
+    compared = set(re.findall(r'state [!=]== "(\w+)"', script))
     for listed in re.findall(r"\[([^\]]*)\]\.includes\(s\.state\)", script):
         compared |= set(re.findall(r'"(\w+)"', listed))
+    return compared
+
+
+def test_the_page_names_only_known_states_and_asks_the_status_whether_it_is_final() -> None:
+    script = (PIPELINE / "api" / "static" / "app.js").read_text()
+    compared = _compared_states(script)
     assert compared and compared <= {s.value for s in JobState}
     assert "status.final" in script
     assert "new Set([" not in script  # no state list of its own
+
+
+def test_the_flows_script_names_only_job_and_flow_states_and_asks_the_flow_whether_it_is_final() -> None:
+    script = (PIPELINE / "api" / "static" / "flows.js").read_text()
+    compared = _compared_states(script)
+    assert compared and compared <= {s.value for s in JobState} | {s.value for s in FlowState}
+    assert "body.final" in script and "f.final" in script
+    assert "new Set([" not in script
 
 
 def test_the_dead_letter_row_is_one_model() -> None:

@@ -1,4 +1,4 @@
-// The job page: start jobs, follow them live, inspect results, operate the dead-letter queue.
+// The job page: start jobs, follow them live, inspect results, operate the dead-letter queue (flows: flows.js).
 // Plain JavaScript, no build step. Every call carries the API token as a bearer header; the token lives
 // in sessionStorage only. Job events are read with fetch() streaming (EventSource cannot send headers,
 // and a token in a URL would end up in access logs).
@@ -576,6 +576,7 @@ async function start() {
   loadDlq();
   loadQueues();
   loadBrowser();
+  startFlows(); // flows.js
   if (started) {
     for (const id of state.jobs.keys()) follow(id); // a new token after a refusal: resume following
     return;
