@@ -125,6 +125,18 @@ def test_invalid_input_is_a_422_naming_the_field_and_unknown_names_and_ids_are_4
         assert client.get(f"/flows/{uuid.uuid4()}").status_code == 404
         assert client.post(f"/flows/{uuid.uuid4()}/cancel").status_code == 404
         assert client.get("/flows", params={"flow": "nope"}).status_code == 422
+        # Flow names and ids share /flows/<x>: a name with a flow id's method (and `kinds` with POST) is a 405.
+        wrong = client.get("/flows/test_chain")
+        assert (wrong.status_code, wrong.headers["allow"]) == (405, "POST")
+        wrong = client.post("/flows/kinds", json={})
+        assert (wrong.status_code, wrong.headers["allow"]) == (405, "GET")
+        refused = client.post(
+            "/flows/media", json={"source_uri": "sample.mp4", "presets": ["720p", "720p"], "notify_url": "not a url"}
+        )
+        assert [(e["loc"], e["type"]) for e in refused.json()["detail"]] == [
+            (["body", "presets"], "value_error"),
+            (["body", "notify_url"], "url_parsing"),
+        ], refused.text
         assert client.get("/flows", params={"limit": 0}).status_code == 422
         assert client.get("/flows", params={"state": "running"}).status_code == 422  # unknown parameter
         assert client.get("/flows/kinds", headers={"Authorization": "Bearer wrong-token-0000000"}).status_code == 401
@@ -151,3 +163,16 @@ def test_cancel_a_running_flow_then_409(api: ApiServer, redis_server: RedisServe
             assert client.get(f"/flows/{flow_id}").json()["state"] == "cancelled"
     finally:
         redis_server.client().set(f"test:release:{key}", "1")
+
+
+@pytest.mark.usefixtures("clean_dlq")
+def test_a_failed_flow_names_its_step_and_can_be_cancelled(api: ApiServer, redis_server: RedisServer) -> None:
+    key = uuid.uuid4().hex
+    redis_server.client().set(f"test:flag:{key}:second", "1")
+    with api.client() as client:
+        flow_id = client.post("/flows/test_chain", json={"key": key, "second": "flag"}).json()["id"]
+        failed = until(client, flow_id, "failed")
+        assert (failed["final"], failed["failed_step"]) == (True, "second")
+        assert [s["state"] for s in failed["steps"]] == ["succeeded", "dead_lettered"]
+        cancelled = client.post(f"/flows/{flow_id}/cancel")
+        assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled", cancelled.text
