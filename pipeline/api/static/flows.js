@@ -5,7 +5,7 @@
 
 const FLOW_LIMIT = 20;
 const FLOW_ITEMS_SHOWN = 12; // a fan-out step's first jobs get a link each; the rest are counted
-const flowState = { kinds: [], open: null, timer: null, summaries: new Map() };
+const flowState = { kinds: [], open: null, timer: null, listTimer: null, summaries: new Map() };
 
 // --- declared flows and the start form ------------------------------------------------------------------
 
@@ -152,6 +152,13 @@ function renderFlow(f, scroll) {
   // Cancel while it runs, or when it failed (instead of replaying its step).
   $("flow-cancel").hidden = f.final && f.state !== "failed";
   $("flow-steps").replaceChildren(...f.steps.map(stepRow));
+  const listed = flowState.summaries.get(f.id);
+  if (!listed || listed.state !== f.state || listed.progress !== f.progress) refreshFlowsSoon();
+}
+
+function refreshFlowsSoon() {
+  // The open flow moved on: its row in the list too (at most one reload per second).
+  if (flowState.listTimer === null) flowState.listTimer = setTimeout(() => ((flowState.listTimer = null), loadFlows()), 1000);
 }
 
 function stepRow(s) {
