@@ -176,3 +176,32 @@ def test_a_failed_flow_names_its_step_and_can_be_cancelled(api: ApiServer, redis
         assert [s["state"] for s in failed["steps"]] == ["succeeded", "dead_lettered"]
         cancelled = client.post(f"/flows/{flow_id}/cancel")
         assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled", cancelled.text
+
+
+def test_a_full_or_unreachable_broker_is_a_503_and_no_flow_is_started(work_dir: Path) -> None:
+    redis = RedisServer(work_dir / "flows-outage-redis").start()
+    server = ApiServer("flows-outage", work_dir / "logs", {"REDIS_URL": redis.url}).start()
+    try:
+        with server.client() as client:
+            client.get("/readyz").raise_for_status()
+            redis.client().config_set("maxmemory", "1")  # below what it uses: every write is refused
+            full = client.post("/flows/invoice", json=INVOICE_EXAMPLE)
+            assert full.status_code == 503 and int(full.headers["retry-after"]) > 0, full.text
+            assert "maxmemory" in full.json()["detail"]
+            redis.client().config_set("maxmemory", "0")
+            assert client.get("/flows").json() == []  # nothing of it was stored
+
+            redis.stop()
+            down = client.post("/flows/invoice", json=INVOICE_EXAMPLE)
+            assert down.status_code == 503 and int(down.headers["retry-after"]) > 0, down.text
+            assert "nothing was stored" in down.json()["detail"]
+            flow_id = str(uuid.uuid4())
+            for response in (
+                client.get("/flows"),
+                client.get(f"/flows/{flow_id}"),
+                client.post(f"/flows/{flow_id}/cancel"),
+            ):
+                assert response.status_code == 503, response.text
+    finally:
+        server.stop()
+        redis.stop()
