@@ -243,16 +243,13 @@ def dev_api_token(settings: Settings) -> str:
 
 
 def hook_sink_env(settings: Settings) -> dict[str, str]:
-    """What every process of the stack gets when it runs the webhook sink: the development signing secret, the sink
-    allowed although it is on loopback, and the examples pointed at it."""
+    """What every process of the stack gets when it runs the webhook sink: the development signing secret, and the
+    sink allowed although it is on loopback (the examples point at it: EXAMPLE_WEBHOOK_URL)."""
     allowed = [*settings.webhook_allowed_hosts, "127.0.0.1"]
-    env = {
+    return {
         "WEBHOOK_SIGNING_SECRET": dev_secret(settings, "webhook-secret"),
         "WEBHOOK_ALLOWED_HOSTS": json.dumps(allowed),
     }
-    if "example_webhook_url" not in settings.model_fields_set:
-        env["EXAMPLE_WEBHOOK_URL"] = f"http://127.0.0.1:{settings.local_webhook_port}/hooks"
-    return env
 
 
 def _banner(settings: Settings, children: list[Child], api_token: str | None = None) -> str:

@@ -123,9 +123,9 @@ class Settings(BaseSettings):
     #: Hosts (exact names) and networks (CIDR) that may be delivered to although private/loopback/reserved.
     webhook_allowed_hosts: list[str] = Field(default_factory=list)
     #: Where the examples the page, the API and `pipeline flow start --example` offer send their webhooks (the
-    #: webhook kind's, the `media` flow's): `https://example.com/hooks` is replaced by this. `pipeline run` sets
-    #: it to its webhook sink.
-    example_webhook_url: str = Field(default=EXAMPLE_WEBHOOK_URL, pattern=r"^https?://[^\s]+$")
+    #: webhook kind's, the `media` flow's): `https://example.com/hooks` is replaced by this. Unset: the webhook sink
+    #: `pipeline run` starts (`http://127.0.0.1:LOCAL_WEBHOOK_PORT/hooks`), except in production.
+    example_webhook_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
     webhook_connect_timeout: float = Field(default=5.0, gt=0, le=60)
     #: Seconds to wait for each read/write of a delivery (the whole request is bounded by the task limits).
     webhook_timeout: float = Field(default=15.0, gt=0, le=300)
@@ -242,7 +242,7 @@ class Settings(BaseSettings):
     #: Release name for error reports (e.g. the image tag or git sha). Empty: the package version.
     release: str | None = Field(default=None, validation_alias=AliasChoices("RELEASE", "SENTRY_RELEASE"))
 
-    @field_validator("webhook_signing_secret", mode="before")
+    @field_validator("webhook_signing_secret", "example_webhook_url", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         return None if value == "" else value
@@ -344,7 +344,13 @@ def check_redis_url(name: str, url: str, sentinel_master: str | None) -> None:
 def example(value: Any) -> Any:
     """`value` (an example payload or input) with its webhook URLs pointed at EXAMPLE_WEBHOOK_URL."""
     if isinstance(value, str) and value.startswith(EXAMPLE_WEBHOOK_URL):
-        return get_settings().example_webhook_url.rstrip("/") + value[len(EXAMPLE_WEBHOOK_URL) :]
+        settings = get_settings()
+        base = settings.example_webhook_url or (
+            EXAMPLE_WEBHOOK_URL
+            if settings.environment == "production"
+            else f"http://127.0.0.1:{settings.local_webhook_port}/hooks"
+        )
+        return base.rstrip("/") + value[len(EXAMPLE_WEBHOOK_URL) :]
     if isinstance(value, dict):
         return {k: example(v) for k, v in value.items()}
     if isinstance(value, list):
