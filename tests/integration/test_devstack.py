@@ -111,6 +111,20 @@ def test_local_stack_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         wait_for(lambda: printed in Path(log.name).read_text(), 10, 0.2, what="the printed webhook")
         assert (tmp_path / "data" / "media" / "sample.mp4").is_file()  # the transcode and media examples' source
 
+        # Both shipped flows run from their example input: the invoice is mailed to the sink with its PDF, the
+        # media flow's three renditions are announced by one webhook to the sink.
+        for flow in ("invoice", "media"):
+            started = subprocess.run(
+                [sys.executable, "-m", "pipeline", "flow", "start", flow, "--example", "--wait", "--json",
+                 "--timeout", "120"],
+                env={**env, "REDIS_URL": f"redis://127.0.0.1:{port}/0"},
+                capture_output=True, text=True, timeout=150, check=False,
+            )  # fmt: skip
+            assert started.returncode == 0, started.stdout + started.stderr
+            assert json.loads(started.stdout)["state"] == "succeeded"
+        wait_for(lambda: "event=media.transcoded signature=valid" in Path(log.name).read_text(), 10, 0.2)
+        assert "invoice-INV-1001.pdf" in Path(log.name).read_text()  # the attachment, as the mail sink prints it
+
         stack.send_signal(signal.SIGINT)
         assert stack.wait(60) == 0
         _gone, alive = psutil.wait_procs(children, timeout=10)
