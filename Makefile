@@ -54,9 +54,10 @@ format: install ## Apply ruff's fixes and formatting
 typecheck: install ## mypy --strict on pipeline/ and tasks/
 	$(VENV)/bin/mypy
 
-bench: install system-deps ## Stock Celery (default settings) vs the pipeline, same Redis, same run; then fairness of groups
+bench: install system-deps ## Stock Celery (default settings) vs the pipeline, same Redis, same run; then groups and flows
 	$(PY) -m bench
 	$(PY) -m bench fairness
+	$(PY) -m bench flows
 
 clean: ## Remove the virtualenv, caches and local data
 	rm -rf $(VENV) .upgrade-check .data .mypy_cache .ruff_cache .pytest_cache *.egg-info

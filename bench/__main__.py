@@ -1,8 +1,8 @@
 """`make bench` / `python -m bench [PART ...] [options]`: stock Celery against the pipeline on a throwaway Redis.
 
 Parts: enqueue, bulk, drain, latency, every (start latency of a worker on every queue; all five by default:
-`bench.compare`), and the standalone pdf_memory, webhook_fanout, replicated_enqueue, fairness, priority_overtake and
-backlog benchmarks (run only when named). Not a test: nothing is asserted.
+`bench.compare`), and the standalone pdf_memory, webhook_fanout, replicated_enqueue, fairness, flows,
+priority_overtake and backlog benchmarks (run only when named). Not a test: nothing is asserted.
 
     python -m bench                                  # the comparison table, medians of 3
     python -m bench drain latency --json             # two parts, one JSON document on stdout
@@ -22,7 +22,15 @@ import sys
 from bench.compare import DEFAULT_WORKERS, PARTS, Options, measure, table
 from bench.procs import redis_server
 
-STANDALONE = ("pdf_memory", "webhook_fanout", "replicated_enqueue", "fairness", "priority_overtake", "backlog")
+STANDALONE = (
+    "pdf_memory",
+    "webhook_fanout",
+    "replicated_enqueue",
+    "fairness",
+    "flows",
+    "priority_overtake",
+    "backlog",
+)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

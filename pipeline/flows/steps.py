@@ -16,7 +16,9 @@ A step is an ordinary typed job whose message carries HEADER_FLOW. Around its ru
    recorded (1.) and changes nothing, so each step is queued once.
 
 A Redis error in 1. or 3. is retried for up to ADVANCE_PATIENCE_S (each call is safe to repeat), then the job
-retries as after a transient error.
+retries as after a transient error. That includes kombu's `OperationalError`: the process's first call connects
+through kombu (`producer_redis`), and 3. builds the next step's message template by one publish through Celery
+(`pipeline.producer.template`), which kombu retries for about a second before it raises.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from kombu.exceptions import OperationalError
 from pydantic import ValidationError
 
 from pipeline.celery_app import get_app
@@ -44,6 +47,8 @@ log = logging.getLogger(__name__)
 #: How long a step keeps trying to reach Redis for its flow calls before the job retries instead (seconds).
 ADVANCE_PATIENCE_S = 30.0
 _PAUSES_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+#: Redis unreachable: through redis-py, or through kombu (a connection, a publish).
+_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OperationalError)
 
 
 def run(task: PipelineTask, header: Any, raw: Any, run_job: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
@@ -60,7 +65,7 @@ def run(task: PipelineTask, header: Any, raw: Any, run_job: Callable[[Any], dict
     if joins or builds_next or not _first_run(task, header):
         try:
             began = _patiently(lambda: record.begin(producer_redis(), ref, task_id, joins or builds_next, parents))
-        except redis.RedisError as exc:
+        except (redis.RedisError, OperationalError) as exc:
             raise task.retry_transient(exc) from exc
     else:  # nothing to read, and nothing recorded yet: a cancelled flow's queued jobs are cancelled themselves
         began = Begun("running", None, None, {})
@@ -76,7 +81,7 @@ def run(task: PipelineTask, header: Any, raw: Any, run_job: Callable[[Any], dict
         result = run_job(_join_payload(flow, step, began) if joins else raw)
     try:
         done = _patiently(lambda: launch.advance(flow, ref, task_id, result, began.input))
-    except (redis.RedisError, BrokerWriteRefused) as exc:  # the next attempt finds the node recorded, or records it
+    except (redis.RedisError, OperationalError, BrokerWriteRefused) as exc:  # the next attempt records it, or finds it
         raise task.retry_transient(exc) from exc
     if done.recorded:
         log.info("flow %s %s: %s succeeded (flow %s)%s", ref.flow, ref.id, ref.node, done.state, _queued(done.queued))
@@ -112,13 +117,14 @@ def _join_payload(flow: Flow[Any], step: Step, began: Begun) -> Any:
 
 
 def _patiently(call: Callable[[], Any]) -> Any:
-    """`call()`, repeated on a Redis connection error or timeout for up to ADVANCE_PATIENCE_S (it is idempotent)."""
+    """`call()`, repeated while Redis is unreachable (`_UNREACHABLE`) for up to ADVANCE_PATIENCE_S (it is
+    idempotent)."""
     deadline = time.monotonic() + ADVANCE_PATIENCE_S
     attempt = 0
     while True:
         try:
             return call()
-        except (redis.ConnectionError, redis.TimeoutError):
+        except _UNREACHABLE:
             if time.monotonic() >= deadline:
                 raise
             time.sleep(_PAUSES_S[min(attempt, len(_PAUSES_S) - 1)])
