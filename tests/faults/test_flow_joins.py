@@ -32,7 +32,7 @@ import pytest
 import redis
 
 from pipeline.broker import queue_keys
-from pipeline.constants import DEAD_LETTER_QUEUE, DLQ_INDEX_KEY, LEASE_KEY, UNACKED_KEY
+from pipeline.constants import DEAD_LETTER_QUEUE, DELIVERIES_KEY, DLQ_INDEX_KEY, LEASE_KEY, UNACKED_KEY
 from tasks import webhook_http
 from tests.conftest import TEST_ENV
 from tests.support.flow_client import FlowClient
@@ -223,8 +223,9 @@ def test_a_parent_run_twice_and_redelivered_after_the_flow_finished_queues_the_j
 ) -> None:
     """Each item's message is published twice before any worker runs (a second copy under a new delivery tag, as a
     producer's retry would), so two copies of a parent can run and finish at once; once the flow has succeeded,
-    every item's original message is put back as a lease restore puts back a job whose acknowledgement was lost.
-    The late copies find their node recorded: they run nothing and queue nothing."""
+    every item's original message is put back as a lease restore puts back a job whose acknowledgement was lost
+    (its delivery counted once and never acknowledged, so this delivery is its second). The late copies find their
+    node recorded: they run nothing and queue nothing."""
     key, n = uuid.uuid4().hex, 12
     flow_id = rig.flows.start("test_fan", {"key": key, "n": n, "sleep_s": 0.2})
     client = rig.broker.client()
@@ -239,6 +240,7 @@ def test_a_parent_run_twice_and_redelivered_after_the_flow_finished_queues_the_j
     before = len(rig.runs(key))
 
     for list_key, raw in originals:
+        client.hset(DELIVERIES_KEY, json.loads(raw)["properties"]["delivery_tag"], 1)  # what a lost ack leaves
         client.lpush(list_key, raw)
     wait_for(lambda: rig.settled(), 30, 0.05, what="the redelivered items to be acknowledged")
     assert len(rig.runs(key)) == before, "a redelivered item whose node was recorded ran again"

@@ -98,9 +98,11 @@ def advance_race(flow_id: str, copies: int, threads: int) -> list[dict[str, Any]
         for i in share:
             ref = record.Ref("test_fan", flow_id, "split", i)
             result = RunResult(key=f"race-{i}", node="race", pid=os.getpid()).model_dump(mode="json")
-            recorded, state, queued = launch.advance(fan, ref, tasks[ref.node], result, None)
+            done = launch.advance(fan, ref, tasks[ref.node], result, None)
             with lock:
-                replies.append({"node": ref.node, "recorded": recorded, "state": state, "queued": queued})
+                replies.append(
+                    {"node": ref.node, "recorded": done.recorded, "state": done.state, "queued": done.queued}
+                )
 
     pool = [threading.Thread(target=work, args=(calls[t::threads],)) for t in range(threads)]
     for thread in pool:
