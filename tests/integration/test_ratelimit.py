@@ -103,7 +103,9 @@ def test_throttled_job_is_republished_for_its_slot_and_counted(redis_server: Red
     slot = again["headers"][HEADER_RATE_SLOT]
     assert again["headers"][HEADER_THROTTLED] == 1
     assert 0.5 < slot - time.time() <= 1.01
-    assert abs(again["eta"].timestamp() - slot) < 0.001
+    # The ETA is this host's clock after the script's reply plus the wait, the slot Redis's clock in the script plus
+    # the wait: they differ by the round trip's latter half (milliseconds on a busy machine), never by more.
+    assert abs(again["eta"].timestamp() - slot) < 0.05
     assert second.states[0][0] == "THROTTLED"
     counted = metrics.rate_limit_throttled.labels(task=second.name)._value.get()
     assert counted == 1
