@@ -36,8 +36,8 @@ system-deps: ## Install the system packages the tests need, when missing (idempo
 run: install ## Run the local stack: Redis (embedded unless REDIS_URL is set), worker, beat, Flower, API
 	$(VENV)/bin/pipeline run
 
-test: install system-deps ## Run the whole test suite on three processes (each starts its own Redis and workers)
-	$(PY) -m pytest -n 3 --dist loadfile $(PYTEST_ARGS)
+test: install system-deps ## Run the whole test suite on four processes (each starts its own Redis and workers)
+	$(PY) -m pytest -n 4 --dist loadfile $(PYTEST_ARGS)
 
 test-unit: install ## Only the tests that need no services
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

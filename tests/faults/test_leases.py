@@ -11,80 +11,20 @@ workers' leases by its own), so these workers never share the session's Redis.
 from __future__ import annotations
 
 import collections
-import json
 import signal
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from celery import Celery
 
 from pipeline.constants import LEASE_KEY
-from tests.support.procs import RedisServer, wait_for, waiting
+from tests.faults.ledger import SHORT_LEASE, done, env_for, send, settled, starts
+from tests.support.procs import RedisServer, wait_for
 
 pytestmark = pytest.mark.faults
-
-#: A short lease for tests about the mechanism: renewed every 2 s, restored 6 s after the last renewal.
-SHORT_LEASE = {"LEASE_SECONDS": "6", "UNACKED_RESTORE_INTERVAL": "1"}
-
-
-@pytest.fixture
-def producer(own_redis: RedisServer) -> Iterator[Celery]:
-    app = Celery("lease-producer", broker=own_redis.url, backend=own_redis.url, set_as_current=False)
-    app.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
-    yield app
-    app.close()
-
-
-def _env(own_redis: RedisServer, ledger: RedisServer, **extra: str) -> dict[str, str]:
-    return {"REDIS_URL": own_redis.url, "TEST_LEDGER_URL": ledger.url, **extra}
-
-
-def _send(producer: Celery, key: str, sleep_s: float) -> str:
-    return str(producer.send_task("test.ledger", args=[{"key": key, "sleep_s": sleep_s}], queue="default").id)
-
-
-def _starts(ledger: RedisServer, key: str) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in ledger.client().lrange(f"test:ledger:{key}", 0, -1)]
-
-
-def _done(ledger: RedisServer, key: str) -> collections.Counter[str]:
-    return collections.Counter(x.decode() for x in ledger.client().lrange(f"test:done:{key}", 0, -1))
-
-
-def _settled(broker: RedisServer) -> bool:
-    """Nothing queued or held: no job can run (again) from here on."""
-    client = broker.client()
-    return client.hlen("unacked") == 0 and waiting(client, "default") == 0
-
-
-def test_kill_9_with_three_jobs_in_flight_all_finish_once_on_a_peer_within_lease_plus_sweep(
-    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
-) -> None:
-    """Default LEASE_SECONDS (30) and sweep interval (10 s): the bound is 40 s from the kill to the restore."""
-    key = uuid.uuid4().hex
-    env = _env(own_redis, ledger_redis, UNACKED_RESTORE_INTERVAL="10")
-    first = make_worker(f"kill9-a-{key[:6]}", env=env, concurrency=3)
-    jobs = [_send(producer, key, 5) for _ in range(3)]
-    wait_for(lambda: len(_starts(ledger_redis, key)) >= 3, 30, 0.05, what="three jobs to start")
-    peer = make_worker(f"kill9-b-{key[:6]}", env=env, concurrency=3)
-    first.kill_group(signal.SIGKILL)
-    killed_at = time.time()
-    first.wait(10)
-    wait_for(lambda: set(jobs) <= set(_done(ledger_redis, key)), 60, 0.1, what="the three jobs on the peer")
-    restarts = [s for s in _starts(ledger_redis, key) if s["t"] > killed_at]
-    recovery = max(s["t"] for s in restarts) - killed_at
-    print(f"kill -9 → every job started again on the peer after {recovery:.1f} s (bound: lease 30 + sweep 10)")
-    assert _done(ledger_redis, key) == collections.Counter(dict.fromkeys(jobs, 1))
-    assert sorted(s["task_id"] for s in restarts) == sorted(jobs)
-    assert recovery <= 30 + 10 + 3, recovery
-    broker = own_redis.client()
-    # A job is done a loop iteration before its acknowledgement lands.
-    wait_for(lambda: broker.hlen("unacked") == 0 and broker.hlen(LEASE_KEY) == 0, 10, 0.1, what="the acknowledgements")
-    assert peer.proc is not None and peer.proc.poll() is None
 
 
 def _runs_once_on_two_workers(
@@ -96,14 +36,14 @@ def _runs_once_on_two_workers(
 ) -> None:
     """Two workers with a short lease; the job `send(key)` publishes runs once, and only once, on one of them."""
     key = uuid.uuid4().hex
-    env = _env(own_redis, ledger_redis, **SHORT_LEASE)
+    env = env_for(own_redis, ledger_redis, **SHORT_LEASE)
     for name in "ab":
         make_worker(f"once-{name}-{key[:6]}", env=env, concurrency=1, pool=pool)
     job = send(key)
-    wait_for(lambda: _done(ledger_redis, key), 60, 0.2, what="the job to finish")
-    wait_for(lambda: _settled(own_redis), 10, 0.1, what="its acknowledgement, with no copy left to run")
-    assert _done(ledger_redis, key) == collections.Counter({job: 1})
-    assert len(_starts(ledger_redis, key)) == 1, _starts(ledger_redis, key)
+    wait_for(lambda: done(ledger_redis, key), 60, 0.2, what="the job to finish")
+    wait_for(lambda: settled(own_redis), 10, 0.1, what="its acknowledgement, with no copy left to run")
+    assert done(ledger_redis, key) == collections.Counter({job: 1})
+    assert len(starts(ledger_redis, key)) == 1, starts(ledger_redis, key)
 
 
 @pytest.mark.parametrize("pool", ["prefork", "solo", "threads"])
@@ -112,7 +52,7 @@ def test_a_job_of_several_leases_with_an_idle_peer_runs_exactly_once(
 ) -> None:
     """The renewal thread renews whatever the pool: with solo the main process itself runs the job."""
     sleep_s = 25 if pool == "prefork" else 15
-    _runs_once_on_two_workers(own_redis, ledger_redis, make_worker, lambda key: _send(producer, key, sleep_s), pool)
+    _runs_once_on_two_workers(own_redis, ledger_redis, make_worker, lambda key: send(producer, key, sleep_s), pool)
 
 
 def test_a_countdown_held_past_several_leases_runs_once(
@@ -132,30 +72,30 @@ def test_a_worker_frozen_past_its_lease_neither_runs_nor_acknowledges_the_jobs_a
     """The frozen worker holds two jobs: one running, one prefetched behind it. A peer takes both over; thawed,
     the worker terminates the first, drops the second without running it, and acknowledges neither."""
     key = uuid.uuid4().hex
-    env = _env(own_redis, ledger_redis, **SHORT_LEASE)
+    env = env_for(own_redis, ledger_redis, **SHORT_LEASE)
     frozen = make_worker(f"fence-a-{key[:6]}", env={**env, "WORKER_PREFETCH_MULTIPLIER": "2"}, concurrency=1)
-    jobs = [_send(producer, key, 20) for _ in range(2)]
-    wait_for(lambda: _starts(ledger_redis, key), 30, 0.05, what="the first job to start")
+    jobs = [send(producer, key, 20) for _ in range(2)]
+    wait_for(lambda: starts(ledger_redis, key), 30, 0.05, what="the first job to start")
     broker = own_redis.client()
     wait_for(lambda: broker.hlen(LEASE_KEY) == 2, 10, 0.05, what="the second job to be prefetched")
     peer = make_worker(f"fence-b-{key[:6]}", env=env, concurrency=2)
     frozen.kill_group(signal.SIGSTOP)  # the whole worker: main process (and its renewal thread) and pool child
     stopped_at = time.time()
     try:
-        wait_for(lambda: len(_starts(ledger_redis, key)) >= 3, 40, 0.1, what="the peer to take both jobs over")
+        wait_for(lambda: len(starts(ledger_redis, key)) >= 3, 40, 0.1, what="the peer to take both jobs over")
     finally:
         frozen.kill_group(signal.SIGCONT)
-    taken_after = _starts(ledger_redis, key)[1]["t"] - stopped_at
+    taken_after = starts(ledger_redis, key)[1]["t"] - stopped_at
     wait_for(lambda: "not run here" in frozen.log(), 10, 0.1, what="the thawed worker to find its leases gone")
     time.sleep(2)  # the thawed worker's fence and its fenced acknowledgements have run by now
     holders = {v.decode().split(":")[1] for v in broker.hvals(LEASE_KEY)}
     assert broker.hlen("unacked") == 2 and holders == {str(peer.pid)}, "the thawed worker touched the peer's jobs"
-    wait_for(lambda: len(_done(ledger_redis, key)) >= 2, 40, 0.2, what="the peer to finish both jobs")
-    wait_for(lambda: _settled(own_redis), 10, 0.1, what="the peer's acknowledgements, with no copy left to run")
+    wait_for(lambda: len(done(ledger_redis, key)) >= 2, 40, 0.2, what="the peer to finish both jobs")
+    wait_for(lambda: settled(own_redis), 10, 0.1, what="the peer's acknowledgements, with no copy left to run")
     print(f"frozen worker's jobs restarted on the peer {taken_after:.1f} s after SIGSTOP (lease 6 s)")
     assert taken_after <= 6 + 1 + 3, taken_after  # the lease, a 1 s sweep, and a margin for a loaded machine
-    assert _done(ledger_redis, key) == collections.Counter(dict.fromkeys(jobs, 1))
-    assert len(_starts(ledger_redis, key)) == 3  # the prefetched job never started on the frozen worker
+    assert done(ledger_redis, key) == collections.Counter(dict.fromkeys(jobs, 1))
+    assert len(starts(ledger_redis, key)) == 3  # the prefetched job never started on the frozen worker
     assert {producer.AsyncResult(job).state for job in jobs} == {"SUCCESS"}
     assert frozen.proc is not None and frozen.proc.poll() is None
     assert "terminating it here" in frozen.log()
@@ -168,64 +108,20 @@ def test_after_an_outage_longer_than_the_lease_no_worker_restores_a_live_peers_j
     only after renewing for a whole lease itself, by when every live worker has renewed: the four jobs, still
     running on two workers, are neither restored nor run twice."""
     key = uuid.uuid4().hex
-    env = _env(own_redis, ledger_redis, **SHORT_LEASE)
+    env = env_for(own_redis, ledger_redis, **SHORT_LEASE)
     workers = [make_worker(f"outage-{n}-{key[:6]}", env=env, concurrency=2) for n in "ab"]
-    jobs = [_send(producer, key, 22) for _ in range(4)]
-    wait_for(lambda: len(_starts(ledger_redis, key)) >= 4, 30, 0.05, what="four jobs to start")
-    assert len({s["pid"] for s in _starts(ledger_redis, key)}) == 4
+    jobs = [send(producer, key, 22) for _ in range(4)]
+    wait_for(lambda: len(starts(ledger_redis, key)) >= 4, 30, 0.05, what="four jobs to start")
+    assert len({s["pid"] for s in starts(ledger_redis, key)}) == 4
     own_redis.stop()
     time.sleep(10)  # the outage itself, not a wait for an outcome
     own_redis.start()
-    wait_for(lambda: set(jobs) <= set(_done(ledger_redis, key)), 60, 0.2, what="the four jobs to finish")
-    wait_for(lambda: _settled(own_redis), 10, 0.1, what="every acknowledgement, with no copy left to run")
-    assert _done(ledger_redis, key) == collections.Counter(dict.fromkeys(jobs, 1))
-    assert len(_starts(ledger_redis, key)) == 4, _starts(ledger_redis, key)
+    wait_for(lambda: set(jobs) <= set(done(ledger_redis, key)), 60, 0.2, what="the four jobs to finish")
+    wait_for(lambda: settled(own_redis), 10, 0.1, what="every acknowledgement, with no copy left to run")
+    assert done(ledger_redis, key) == collections.Counter(dict.fromkeys(jobs, 1))
+    assert len(starts(ledger_redis, key)) == 4, starts(ledger_redis, key)
     assert {producer.AsyncResult(job).state for job in jobs} == {"SUCCESS"}
     assert all("restored" not in w.log() for w in workers)
-
-
-def test_kill_9_under_load_loses_no_accepted_job(
-    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
-) -> None:
-    """The fetch window: a worker killed at any instant holds nothing untracked. A producer sends short jobs all
-    along; the worker is killed -9 three times (a fresh one started each time); every job the producer was told
-    was accepted runs. A killed worker's jobs run again (at-least-once): at most its prefetch each time."""
-    key = uuid.uuid4().hex
-    env = _env(own_redis, ledger_redis, **SHORT_LEASE)
-    sent: list[str] = []
-    stop = threading.Event()
-
-    def produce() -> None:
-        while not stop.is_set():
-            sent.append(_send(producer, key, 0.05))
-            time.sleep(0.01)
-
-    worker = make_worker(f"loop-0-{key[:6]}", env=env, concurrency=2)
-    thread = threading.Thread(target=produce, daemon=True)
-    thread.start()
-    try:
-        for n in range(1, 4):
-            target = len(_done(ledger_redis, key)) + 30
-            wait_for(lambda: len(_done(ledger_redis, key)) >= target, 30, 0.05, what="jobs to run")  # noqa: B023
-            worker.kill_group(signal.SIGKILL)
-            worker.wait(10)
-            worker = make_worker(f"loop-{n}-{key[:6]}", env=env, concurrency=2)
-    finally:
-        stop.set()
-        thread.join(10)
-    broker = own_redis.client()
-    wait_for(
-        lambda: set(sent) <= set(_done(ledger_redis, key)) and broker.hlen("unacked") == 0,
-        60,
-        0.2,
-        what="every accepted job to run",
-    )
-    runs = _done(ledger_redis, key)
-    twice = {job: n for job, n in runs.items() if n > 1}
-    extra = sum(n - 1 for n in runs.values())
-    print(f"sent {len(sent)}, ran {len(runs)}, lost {len(set(sent) - set(runs))}, extra runs {extra}")
-    assert not set(sent) - set(runs)
-    assert extra <= 3 * 2, twice  # at most one more run of each of the two jobs each killed worker held
 
 
 def test_a_prefetched_job_dropped_with_a_lost_connection_runs_once_after_it(
@@ -234,16 +130,16 @@ def test_a_prefetched_job_dropped_with_a_lost_connection_runs_once_after_it(
     """Celery forgets the jobs it had prefetched when its connection drops (`Consumer.on_close`); the worker gives
     their leases up, so a sweep puts them back and they run once, beside the job that ran through the outage."""
     key = uuid.uuid4().hex
-    env = _env(own_redis, ledger_redis, **SHORT_LEASE, WORKER_PREFETCH_MULTIPLIER="2")
+    env = env_for(own_redis, ledger_redis, **SHORT_LEASE, WORKER_PREFETCH_MULTIPLIER="2")
     worker = make_worker(f"dropped-{key[:6]}", env=env, concurrency=1)
-    running, prefetched = _send(producer, key, 12), _send(producer, key, 0.1)
-    wait_for(lambda: _starts(ledger_redis, key), 30, 0.05, what="the first job to start")
+    running, prefetched = send(producer, key, 12), send(producer, key, 0.1)
+    wait_for(lambda: starts(ledger_redis, key), 30, 0.05, what="the first job to start")
     wait_for(lambda: own_redis.client().hlen(LEASE_KEY) == 2, 10, 0.05, what="the second job to be prefetched")
     own_redis.stop()
     time.sleep(4)  # the outage itself, not a wait for an outcome
     own_redis.start()
-    wait_for(lambda: {running, prefetched} <= set(_done(ledger_redis, key)), 60, 0.2, what="both jobs")
-    wait_for(lambda: _settled(own_redis), 10, 0.1, what="both acknowledgements, with no copy left to run")
-    assert _done(ledger_redis, key) == collections.Counter({running: 1, prefetched: 1})
-    assert len(_starts(ledger_redis, key)) == 2
+    wait_for(lambda: {running, prefetched} <= set(done(ledger_redis, key)), 60, 0.2, what="both jobs")
+    wait_for(lambda: settled(own_redis), 10, 0.1, what="both acknowledgements, with no copy left to run")
+    assert done(ledger_redis, key) == collections.Counter({running: 1, prefetched: 1})
+    assert len(starts(ledger_redis, key)) == 2
     assert "released 1 prefetched job(s)" in worker.log()
