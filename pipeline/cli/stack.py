@@ -120,7 +120,8 @@ def mail_sink_wanted(settings: Settings) -> bool:
 
 def hook_sink_wanted(settings: Settings) -> bool:
     """With no WEBHOOK_SIGNING_SECRET configured, the local stack signs webhooks with a development secret and runs
-    a sink that prints what it receives (`pipeline.cli.hooksink`); the examples post to it (EXAMPLE_WEBHOOK_URL)."""
+    a sink that prints what it receives (`tasks.webhook_sink`, run by module name: `pipeline` never imports
+    `tasks`); the examples post to it (EXAMPLE_WEBHOOK_URL)."""
     return "webhook_signing_secret" not in settings.model_fields_set
 
 
@@ -200,7 +201,7 @@ def plan(settings: Settings, with_api: bool) -> list[Child]:
         )
     if hook_sink_wanted(settings):
         secret_file = str(settings.data_dir / "webhook-secret")
-        hooks = [sys.executable, "-m", "pipeline.cli.hooksink", str(settings.local_webhook_port), secret_file]
+        hooks = [sys.executable, "-m", "tasks.webhook_sink", str(settings.local_webhook_port), secret_file]
         children.append(Child("hooks", hooks))
     # The two worker profiles of a deployment (deploy/docker/start-worker-io, -cpu): short jobs on solo workers
     # under one supervisor, long jobs on prefork (README, "Worker profiles").

@@ -15,6 +15,7 @@ the results stored in the flow (`pipeline.flows.steps`).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -92,9 +93,15 @@ def _payloads(flow: Flow[Any], step: Step, given: list[Any]) -> list[tuple[Any, 
     if len(items) > MAX_FAN_OUT:
         message = f"the fan-out step has {len(items)} items; the limit is {MAX_FAN_OUT}"
         raise PayloadInvalid(step.task.name, [{"loc": [flow.name, step.name], "msg": message}])
-    adapter: TypeAdapter[list[Any]] = TypeAdapter(list[step.task.payload_model])  # type: ignore[name-defined]  # runtime
+    adapter = _list_adapter(step.task.payload_model)  # type: ignore[arg-type]  # a class is hashable; the stubs say Any
     jobs = write.validate_many(step.task.name, adapter, list(items))
     return write.dump_checked(step.task.name, adapter, jobs)
+
+
+@functools.cache
+def _list_adapter(model: type[BaseModel]) -> TypeAdapter[list[Any]]:
+    """The validator of a list of `model` payloads, built once per model (building one costs far more than using it)."""
+    return TypeAdapter(list[model])  # type: ignore[valid-type]  # a runtime model
 
 
 def queued(flow: Flow[Any], flow_id: str, step: Step, given: list[Any] | None, now: float) -> Queued:

@@ -1,42 +1,33 @@
 """The development webhook sink `pipeline run` starts: it answers every POST with 204 and prints it.
 
-`python -m pipeline.cli.hooksink PORT SECRET_FILE`: listens on 127.0.0.1:PORT; for each request it prints the path,
-the event and idempotency headers, whether the `X-Pipeline-Signature` header signs the body with the secret in
-SECRET_FILE (the stack's development WEBHOOK_SIGNING_SECRET), and the body (the first 2,000 characters). The local
+`python -m tasks.webhook_sink PORT SECRET_FILE`: listens on 127.0.0.1:PORT; for each request it prints the path,
+the event and idempotency headers, whether the signature header signs the body with the secret in SECRET_FILE (the
+stack's development WEBHOOK_SIGNING_SECRET), checked as any receiver checks it (`tasks.webhook_http.verify`), and the
+body (the first 2,000 characters). The local
 stack points the page's and the API's webhook examples at it (EXAMPLE_WEBHOOK_URL), so a webhook delivery and the
 `media` flow succeed without a network.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tasks.webhook_http import EVENT_HEADER, IDEMPOTENCY_HEADER, SIGNATURE_HEADER, verify
+
 #: What a body is cut to when printed.
 SHOWN = 2000
-
-
-def signed(secret: bytes, header: str, body: bytes) -> bool:
-    """`header` (`t=<unix time>,v1=<hex>`) is the HMAC-SHA256 of `<t>.<body>` with `secret`."""
-    try:
-        parts = dict(item.split("=", 1) for item in header.split(","))
-        expected = hmac.new(secret, f"{int(parts['t'])}.".encode() + body, hashlib.sha256).hexdigest()
-    except (KeyError, ValueError):
-        return False
-    return hmac.compare_digest(expected, parts.get("v1", ""))
 
 
 def serve(port: int, secret: bytes) -> None:
     class Sink(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # http.server's name
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            verdict = "valid" if signed(secret, self.headers.get("X-Pipeline-Signature", ""), body) else "INVALID"
+            verdict = "valid" if verify(secret, self.headers.get(SIGNATURE_HEADER, ""), body) else "INVALID"
             print(
-                f"webhook {self.path} event={self.headers.get('X-Pipeline-Event')} signature={verdict} "
-                f"idempotency-key={self.headers.get('Idempotency-Key')}: {body.decode(errors='replace')[:SHOWN]}",
+                f"webhook {self.path} event={self.headers.get(EVENT_HEADER)} signature={verdict} "
+                f"idempotency-key={self.headers.get(IDEMPOTENCY_HEADER)}: {body.decode(errors='replace')[:SHOWN]}",
                 flush=True,
             )
             self.send_response(204)
