@@ -18,9 +18,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import inspect
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -29,7 +30,7 @@ from celery.exceptions import Retry
 from celery.result import AsyncResult
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from pipeline import publish
+from pipeline import aio, publish
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.constants import DELIVERY_HEADERS, HEADER_FLOW, HEADER_IDEMPOTENCY_KEY, HEADER_RATE_SLOT, TASK_MODULES
@@ -42,6 +43,9 @@ from pipeline.retry import RetryPolicy
 
 P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
+
+#: A typed task's function: `fn(payload, ctx) -> result`, or `async def` (`pipeline.aio` runs its coroutine).
+JobFunction = Callable[[Any, "JobContext"], BaseModel | Awaitable[BaseModel]]
 
 #: Every typed task of this process by kind; filled as task modules are imported (see `load_task_modules`).
 REGISTRY: dict[str, TypedTask[Any, Any]] = {}
@@ -109,6 +113,8 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
 
     #: Celery options `on_bound` takes from the policy: those `typed_task` was not given explicitly.
     policy_fills: tuple[str, ...] = ()
+    #: The function is `async def`: the asyncio pool awaits it on its event loop among the other jobs in flight.
+    is_async: bool = False
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:
@@ -131,16 +137,18 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
     def job_context(self) -> JobContext:
         request = self.request
         key = request_header(request, HEADER_IDEMPOTENCY_KEY) or request.id
+        task_id = str(request.id)
         return JobContext(
-            task_id=str(request.id),
+            task_id=task_id,
             attempt=int(request.retries or 0) + 1,
             idempotency_key=str(key),
-            report=lambda state, meta: self.update_state(state=state, meta=meta),
+            # By id: an async job's coroutine reports from the event loop, outside the job's request context.
+            report=lambda state, meta: self.update_state(task_id=task_id, state=state, meta=meta),
         )
 
     def run_typed(
         self,
-        fn: Callable[[Any, JobContext], BaseModel],
+        fn: JobFunction,
         model: type[BaseModel],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
@@ -151,7 +159,7 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
             return FLOW_STEPS[0](self, step, raw, lambda payload: self._run_job(fn, model, payload))
         return self._run_job(fn, model, raw)
 
-    def _run_job(self, fn: Callable[[Any, JobContext], BaseModel], model: type[BaseModel], raw: Any) -> dict[str, Any]:
+    def _run_job(self, fn: JobFunction, model: type[BaseModel], raw: Any) -> dict[str, Any]:
         job = validate_payload(self.name, model, raw)
         for admit in ADMISSION:
             admit(self, job)  # raises Ignore after deferring the job
@@ -164,10 +172,11 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
                 raise
             raise self.retry_transient(exc) from exc
 
-    def _guarded(self, fn: Callable[[Any, JobContext], BaseModel], job: Any, index: int) -> dict[str, Any]:
+    def _guarded(self, fn: JobFunction, job: Any, index: int) -> dict[str, Any]:
         """`fn(job, ctx)` as JSON, inside GUARDS[index:], nested: each stops even when an inner one raised."""
         if index == len(GUARDS):
-            return fn(job, self.job_context()).model_dump(mode="json")
+            result: BaseModel = aio.resolve(fn(job, self.job_context()))  # an `async def` task's coroutine, awaited
+            return result.model_dump(mode="json")
         guard = GUARDS[index]
         guard.start(self)
         try:
@@ -362,7 +371,7 @@ def typed_task(
     cluster_burst: int = 1,
     rate_key: Callable[[P], str] | None = None,
     **options: Any,
-) -> Callable[[Callable[[P, JobContext], R]], TypedTask[P, R]]:
+) -> Callable[[Callable[[P, JobContext], R | Awaitable[R]]], TypedTask[P, R]]:
     """Register `fn(payload, ctx) -> result` as the Celery task `name` (see the module docstring).
 
     `kind` is the short name for the CLI and API (default: the part of `name` before the dot); `public=False`
@@ -377,7 +386,7 @@ def typed_task(
         overrides["max_attempts"] = max_attempts
     limit = ClusterRate(cluster_rate, cluster_burst, rate_key) if cluster_rate else None
 
-    def decorate(fn: Callable[[P, JobContext], R]) -> TypedTask[P, R]:
+    def decorate(fn: Callable[[P, JobContext], R | Awaitable[R]]) -> TypedTask[P, R]:
         def run(self: PipelineTask, *args: Any, **kwargs: Any) -> dict[str, Any]:
             return self.run_typed(fn, payload, args, kwargs)
 
@@ -391,6 +400,7 @@ def typed_task(
             policy_overrides=overrides,
             policy_fills=fills,
             cluster_limit=limit,
+            is_async=inspect.iscoroutinefunction(fn),
             **options,
         )
         register(run)
