@@ -1,6 +1,7 @@
 """Which Celery pool runs the jobs: one answer for the modules that behave differently per pool.
 
-The solo pool runs each job in the worker's main thread (time limits from a timer there, the result carried by
+The asyncio pool (`pipeline.runtime.asyncpool`, the I/O profile) keeps many jobs in flight in one process. The solo
+pool runs each job in the worker's main thread (time limits from a timer there, the result carried by
 the acknowledging call, a shutdown that cannot wait for the job); prefork runs them in child processes (metrics in
 multiprocess mode). Celery names a pool by a `-P` alias until it resolves the class (`celery/concurrency/__init__.py`).
 """
@@ -18,17 +19,24 @@ _MODULES = {
     "celery.concurrency.thread": "threads",
     "celery.concurrency.gevent": "gevent",
     "celery.concurrency.eventlet": "eventlet",
+    "pipeline.runtime.asyncpool": "asyncio",
 }
 
 
 def pool_kind(pool: Any) -> str:
-    """'solo', 'prefork', 'threads', 'gevent' or 'eventlet' for a `-P` alias, a pool class or a pool; 'other' for
+    """'solo', 'prefork', 'threads', 'gevent', 'eventlet' or 'asyncio' (`pipeline.runtime.asyncpool`) for a `-P`
+    alias, a pool class or a pool; 'other' for
     anything else (a custom pool, or none)."""
     if isinstance(pool, str):
         name = _ALIASES.get(pool, pool)
         return name if name in _MODULES.values() else "other"
     cls = pool if isinstance(pool, type) else type(pool)
     return _MODULES.get(cls.__module__, "other")
+
+
+def is_asyncio(pool: Any) -> bool:
+    """Many jobs in flight in one process: async tasks on an event loop, sync ones on threads (`-P custom`)."""
+    return pool_kind(pool) == "asyncio"
 
 
 def is_solo(pool: Any) -> bool:

@@ -143,6 +143,11 @@ class Settings(BaseSettings):
     task_events: bool = False
     events_idle_timeout: float = Field(default=60.0, ge=10, le=86400)
     worker_soft_shutdown_timeout: float = Field(default=25.0, ge=0)
+    #: Jobs one process of the asyncio pool (`pipeline worker`: email, webhooks) keeps in flight at once. 200 keeps
+    #: an endpoint answering in 100 ms busy at about 2,000 deliveries/s per process; `-c` overrides it.
+    worker_concurrency: int = Field(default=200, ge=1, le=10_000)
+    #: Threads of the asyncio pool that run plain (sync) tasks, so a blocking job never stalls the event loop.
+    worker_threads: int = Field(default=8, ge=1, le=1000)
     worker_max_memory_per_child: int | None = Field(default=None, ge=1024)
     #: Deliveries of one message before it is dead-lettered (reason `delivery_limit`) instead of run again: a job
     #: whose run takes its whole worker down comes back once per lease, and would otherwise do so forever.

@@ -209,9 +209,26 @@ class Request(CeleryRequest):
             return
         super()._announce_revoked(reason, terminated, signum, expired)  # type: ignore[misc]  # untyped in celery-types
 
+    def terminate(self, pool: Any, signal: Any = None) -> None:
+        stop_job = getattr(pool, "stop_job", None)
+        if stop_job is not None and self.time_start:
+            # The asyncio pool: `JobCancelled` raised in the job (its coroutine cancelled); `on_failure` records
+            # it as cancelled (or, for a lease lost, records nothing), as a solo worker's job.
+            stop_job(self.id, JobCancelled)
+            return
+        super().terminate(pool, signal)
+
     def cancel(self, pool: Any, signal: Any = None, emit_retry: bool = True) -> None:
         if self.task.acks_late:
             emit_retry = False  # no backend write while the broker is away; its message comes back instead
+        stop_job = getattr(pool, "stop_job", None)
+        if stop_job is not None and self.time_start:
+            # The asyncio pool (a cold shutdown, or a lease lost): the job is stopped; nothing stored, and its
+            # message goes back (or is a peer's).
+            if not self._lease_lost:
+                self._announce_cancelled(emit_retry=False)  # type: ignore[attr-defined]  # Celery's own; not in celery-types
+            stop_job(self.id, JobCancelled)
+            return
         if (
             self.time_start
             and is_solo(pool)  # the job runs in the main thread, where a cold shutdown's signal handler runs
@@ -226,6 +243,8 @@ class Request(CeleryRequest):
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
         exc = getattr(exc_info.exception, "exc", exc_info.exception)  # prefork wraps it (ExceptionWithTraceback)
+        if getattr(self, "_already_cancelled", False) and self.task.acks_late and isinstance(exc, JobCancelled):
+            return  # stopped by a cold shutdown (the asyncio pool): its message goes back to its queue
         if isinstance(exc, JobCancelled):
             # Cancelled while it ran (a solo worker raised it in the job): not a failure. The state Celery stores for
             # a revoke (REVOKED, read as `cancelled`; the cancel stored it already), the revoke signal (counted),

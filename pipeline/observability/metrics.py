@@ -67,6 +67,12 @@ leases = Counter(
     ["outcome"],
 )
 
+jobs_abandoned = Counter(
+    "pipeline_jobs_abandoned",
+    "Jobs of the asyncio pool that ignored their cancellation (a time limit or a cancel) and were left running; the"
+    " worker process is recycled after each.",
+    ["task"],
+)
 #: Every per-process family above (each has labels, so none holds a value before `.labels()`).
 FAMILIES: Final = (
     tasks,
@@ -76,6 +82,7 @@ FAMILIES: Final = (
     workers_up,
     rate_limit_throttled,
     leases,
+    jobs_abandoned,
 )
 
 _children: dict[tuple[Any, ...], Any] = {}

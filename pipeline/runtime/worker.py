@@ -21,6 +21,8 @@
   `pipeline.delivery.fencing.DeliveryStep`, binds it to the worker's leases before any connection): queue
   elements that are not messages are dead-lettered instead of stopping it, each delivery is fetched and leased in
   one step, and jobs running when the connection drops go on and are acknowledged once it is back.
+* An asyncio-pool worker (`-P custom`, `pipeline.runtime.asyncpool`; what `pipeline worker` runs) keeps
+  WORKER_CONCURRENCY jobs in flight (unless `-c` says otherwise) and prefetches no more than that (multiplier 1).
 * The tracer writes a plain result's text with Python's `repr` (`pipeline.compat.resultrepr`, installed in
   `on_before_init`), not with Celery's much slower walker.
 """
@@ -40,7 +42,7 @@ from pipeline.config import get_settings
 from pipeline.config.celery import WORKER_RESULT_RETRIES, prefetch_multiplier, worker_profile
 from pipeline.constants import DEAD_LETTER_QUEUE
 from pipeline.delivery import acks, request
-from pipeline.pools import is_solo
+from pipeline.pools import is_asyncio, is_solo
 from pipeline.runtime import timelimits
 from pipeline.runtime.stall import mark_stopping, running_job
 from pipeline.task import GUARDS
@@ -79,6 +81,12 @@ class Worker(CeleryWorker):
         resultrepr.install()  # before the pool starts: prefork children inherit it
         super().on_before_init(quiet=quiet, **kwargs)
 
+    def setup_defaults(self, concurrency: int | None = None, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]  # keywords passed on
+        defaults = super().setup_defaults(concurrency=concurrency, **kwargs)
+        if is_asyncio(getattr(self, "pool_cls", None)) and not concurrency and not self.app.conf.worker_concurrency:
+            self.concurrency = get_settings().worker_concurrency  # jobs in flight, not processes
+        return defaults
+
     def setup_queues(self, include: Any, exclude: Any = None) -> None:
         super().setup_queues(include, exclude)
         queues = set(self.app.amqp.queues.consume_from)
@@ -99,7 +107,8 @@ class Worker(CeleryWorker):
         profile = worker_profile(settings, queues)
         given = int(getattr(self, "prefetch_multiplier", 0))  # set by Celery's `setup_defaults`
         if settings.worker_prefetch_multiplier is None and given == int(self.app.conf.worker_prefetch_multiplier):
-            given = prefetch_multiplier(settings, profile)
+            # The asyncio pool holds no more than it runs: its limit is already the jobs in flight.
+            given = 1 if is_asyncio(getattr(self, "pool_cls", None)) else prefetch_multiplier(settings, profile)
         self.prefetch_multiplier = given
         self.profile = profile
 

@@ -7,6 +7,7 @@ enqueues a probe job from inside a running job.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -157,3 +158,39 @@ def run(job: RunJob, ctx: JobContext) -> RunResult:
 
 # Declared after the tasks they run (the flows' module imports them from here).
 from tests.support import flow_tasks  # noqa: E402, F401  # declares the test flows: test_chain, test_fan, test_diamond
+
+
+class AwaitJob(BaseModel):
+    key: str
+    sleep_s: float = 0.0
+    #: "sleep": awaits `sleep_s`; "hang": awaits forever (until cancelled); "ignore": swallows its cancellation and
+    #: goes on awaiting (only abandoning it ends the job).
+    mode: Literal["sleep", "hang", "ignore"] = "sleep"
+
+
+class AwaitResult(BaseModel):
+    key: str
+    pid: int
+
+
+@typed_task("test.await", kind="test-await", payload=AwaitJob, result=AwaitResult, soft_time_limit=6, time_limit=9)
+async def awaiting(job: AwaitJob, ctx: JobContext) -> AwaitResult:
+    """An `async def` job for the asyncio pool: records `start`, then `finish` or `cancelled`, with the ledger's
+    clock in `test:run:<key>` (as `test.run` does)."""
+    _record(job.key, "start", ctx.task_id, "")
+    try:
+        if job.mode == "sleep":
+            await asyncio.sleep(job.sleep_s)
+        elif job.mode == "hang":
+            await asyncio.Event().wait()
+        else:
+            while True:
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    _record(job.key, "ignored", ctx.task_id, "")
+    except asyncio.CancelledError:
+        _record(job.key, "cancelled", ctx.task_id, "")
+        raise
+    _record(job.key, "finish", ctx.task_id, "")
+    return AwaitResult(key=job.key, pid=os.getpid())
