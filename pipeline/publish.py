@@ -38,6 +38,15 @@ from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KE
 Send = Callable[[Producer | None, datetime | None], Any]
 
 
+def due_time(countdown: float | None, eta: datetime | None) -> float | None:
+    """Epoch seconds a job is due, from a countdown or an ETA (naive ETAs are UTC); None: now."""
+    if eta is not None:
+        return (eta if eta.tzinfo else eta.replace(tzinfo=UTC)).timestamp()
+    if countdown is not None and countdown > 0:
+        return time.time() + countdown
+    return None
+
+
 @dataclass(frozen=True)
 class Captured:
     #: The queue's Redis list key and kombu's envelope, as kombu would LPUSH them.

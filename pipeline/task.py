@@ -30,13 +30,14 @@ from celery.exceptions import Retry
 from celery.result import AsyncResult
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from pipeline import aio, publish
+from pipeline import publish
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.constants import DELIVERY_HEADERS, HEADER_FLOW, HEADER_IDEMPOTENCY_KEY, HEADER_RATE_SLOT, TASK_MODULES
 from pipeline.errors import JobCancelled, PayloadInvalid, PermanentError
 from pipeline.fairness import groups
 from pipeline.fairness.rates import ClusterRate
+from pipeline.pools import aio
 from pipeline.producer import write
 from pipeline.producer.priority import check as check_priority
 from pipeline.retry import RetryPolicy
@@ -44,7 +45,7 @@ from pipeline.retry import RetryPolicy
 P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
 
-#: A typed task's function: `fn(payload, ctx) -> result`, or `async def` (`pipeline.aio` runs its coroutine).
+#: A typed task's function: `fn(payload, ctx) -> result`, or `async def` (`pipeline.pools.aio` runs its coroutine).
 JobFunction = Callable[[Any, "JobContext"], BaseModel | Awaitable[BaseModel]]
 
 #: Every typed task of this process by kind; filled as task modules are imported (see `load_task_modules`).
@@ -56,11 +57,8 @@ ADMISSION: list[Callable[[PipelineTask, Any], None]] = []
 
 
 class Guard(Protocol):
-    """Wraps each run of a task's function: `start(task)` before it, `stop()` after it, however it ended.
-
-    One object per process (a job at a time runs where guards are installed: the solo pool), so starting
-    one costs a method call, not a context manager's generator or an ExitStack per job.
-    """
+    """Wraps each run of a task's function: `start(task)` before it, `stop()` after it, however it ended. One object
+    per process (guards are installed where a job at a time runs: the solo pool): a method call per job."""
 
     def start(self, task: PipelineTask) -> None: ...
 
@@ -113,8 +111,7 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
 
     #: Celery options `on_bound` takes from the policy: those `typed_task` was not given explicitly.
     policy_fills: tuple[str, ...] = ()
-    #: The function is `async def`: the asyncio pool awaits it on its event loop among the other jobs in flight.
-    is_async: bool = False
+    is_async: bool = False  #: `async def`: the asyncio pool awaits it on its event loop among the other jobs
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:
@@ -199,15 +196,6 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
         due = time.time() + countdown
         publish.schedule(lambda producer, eta: again.apply_async(producer=producer, eta=eta), str(self.request.id), due)
         return Retry(exc=exc, when=datetime.fromtimestamp(due, UTC))
-
-
-def due_time(countdown: float | None, eta: datetime | None) -> float | None:
-    """Epoch seconds a job is due, from a countdown or an ETA (naive ETAs are UTC); None: now."""
-    if eta is not None:
-        return (eta if eta.tzinfo else eta.replace(tzinfo=UTC)).timestamp()
-    if countdown is not None and countdown > 0:
-        return time.time() + countdown
-    return None
 
 
 def _single_payload(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -314,7 +302,7 @@ class TypedTask(Generic[P, R]):
         send = self._sender(priority)
         _, data, text = self._checked(payload)
         grouped = groups.checked(self.name, group)
-        due = due_time(countdown, eta)
+        due = publish.due_time(countdown, eta)
         return write.enqueue_one(
             self.name,
             self.queue,

@@ -233,17 +233,24 @@ def exporter(
 def worker(
     ctx: typer.Context,
     processes: Annotated[
-        int | None, typer.Option(min=1, help="Single-process (solo) Celery workers to run [default: CPUs + 1].")
+        int | None,
+        typer.Option(min=1, help="Celery worker processes to run [default: CPUs (asyncio), CPUs + 1 (solo)]."),
     ] = None,
     name: Annotated[str, typer.Option(help="Node names are <name><i>@%h.")] = "io",
     celery_app: Annotated[str, typer.Option("--app", help="What `celery -A` loads.")] = "pipeline",
+    pool: Annotated[
+        str, typer.Option(help="asyncio: WORKER_CONCURRENCY jobs in flight per process; solo: one job at a time each.")
+    ] = "asyncio",
 ) -> None:
-    """The I/O profile: N `celery worker -P solo` processes under one supervisor, one /metrics for all.
+    """The I/O profile: N `celery worker` processes under one supervisor, one /metrics for all.
 
     Arguments after the options go to each `celery worker` (e.g. `-Q email,webhooks -l INFO`)."""
     from pipeline.cli.workers import default_processes, run_workers
 
-    raise typer.Exit(run_workers(celery_app, name, processes or default_processes(), list(ctx.args)))
+    if pool not in ("asyncio", "solo"):
+        raise typer.BadParameter(f"{pool!r} is not one of 'asyncio', 'solo'", param_hint="--pool")
+    count = processes or default_processes(pool=pool)
+    raise typer.Exit(run_workers(celery_app, name, count, list(ctx.args), pool))
 
 
 @app.command("worker-health")

@@ -203,11 +203,11 @@ def plan(settings: Settings, with_api: bool) -> list[Child]:
         secret_file = str(settings.data_dir / "webhook-secret")
         hooks = [sys.executable, "-m", "tasks.webhook_sink", str(settings.local_webhook_port), secret_file]
         children.append(Child("hooks", hooks))
-    # The two worker profiles of a deployment (deploy/docker/start-worker-io, -cpu): short jobs on solo workers
-    # under one supervisor, long jobs on prefork (README, "Worker profiles").
+    # The two worker profiles of a deployment (deploy/docker/start-worker-io, -cpu): short jobs on the asyncio pool
+    # (WORKER_CONCURRENCY in flight per process) under one supervisor, long jobs on prefork (README, "Worker profiles").
     shutdown = settings.worker_soft_shutdown_timeout + 20
     io_queues = ",".join(q for q in WORK_QUEUES if q not in LONG_JOB_QUEUES)
-    io = [*pipeline_cli, "worker", "--processes", "2", "--name", "io", "-Q", io_queues, "-l", "INFO"]
+    io = [*pipeline_cli, "worker", "--processes", "1", "--name", "io", "-Q", io_queues, "-l", "INFO"]
     children.append(Child("io", io, grace=shutdown, env=_worker_metrics(settings, "io", WORKER_METRICS_PORT)))
     cpu = [*celery, "worker", "-P", "prefork", "-Q", ",".join(LONG_JOB_QUEUES), "-l", "INFO", "-n", "cpu@%h"]
     children.append(Child("cpu", cpu, grace=shutdown, env=_worker_metrics(settings, "cpu", CPU_METRICS_PORT)))
@@ -264,7 +264,8 @@ def _banner(settings: Settings, children: list[Child], api_token: str | None = N
             if "redis" in names
             else ""
         ),
-        f"  io      {', '.join(q for q in WORK_QUEUES if q not in LONG_JOB_QUEUES)}: 2 solo workers; logs below",
+        f"  io      {', '.join(q for q in WORK_QUEUES if q not in LONG_JOB_QUEUES)}: one asyncio worker, "
+        f"{settings.worker_concurrency} jobs in flight; logs below",
         f"  cpu     {', '.join(LONG_JOB_QUEUES)}: prefork",
         f"  flower  http://127.0.0.1:{FLOWER_PORT}",
         *(

@@ -1,4 +1,8 @@
-"""`pipeline worker --processes N`: the I/O profile, N single-process (`-P solo`) Celery workers under one supervisor.
+"""`pipeline worker --processes N`: the I/O profile, N Celery worker processes under one supervisor.
+
+By default each runs the asyncio pool (`-P custom`, `pipeline.runtime.asyncpool`): WORKER_CONCURRENCY jobs in flight
+per process, `async def` tasks on an event loop, sync ones on a few threads; N defaults to one per CPU. `--pool solo`
+runs the earlier model described below: one job at a time per process, N = CPUs + 1.
 
 Why (README, "Worker profiles", measured with `bench/worker_profiles.py`): a short job is mostly the
 worker's own bookkeeping (fetch, unacked record, result, ack), so what bounds throughput is Python CPU
@@ -35,6 +39,7 @@ from pathlib import Path
 
 from pipeline.config import get_settings
 from pipeline.observability import endpoint
+from pipeline.runtime.asyncpool import POOL
 
 #: Exit status of a Celery worker that refused to start (a bad setting, the DLQ among its queues).
 EX_REFUSED = 2
@@ -73,28 +78,38 @@ def quota_cpus(cgroup: Path = CGROUP) -> int | None:
     return max(1, math.ceil(allowed / per)) if allowed > 0 and per > 0 else None
 
 
-def default_processes(cgroup: Path = CGROUP) -> int:
-    """One solo worker per CPU this process may use, plus one: the CPUs its affinity mask allows (which cpusets
-    narrow), or fewer when a CFS quota gives it fewer."""
+def allowed_cpus(cgroup: Path = CGROUP) -> int:
+    """The CPUs this process may use: those its affinity mask allows (which cpusets narrow), or fewer when a CFS
+    quota gives it fewer."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity call on this platform
         cpus = os.cpu_count() or 1
-    return min(cpus, quota_cpus(cgroup) or cpus) + 1
+    return min(cpus, quota_cpus(cgroup) or cpus)
 
 
-def worker_argv(app: str, name: str, index: int, celery_args: list[str]) -> list[str]:
+def default_processes(cgroup: Path = CGROUP, pool: str = "solo") -> int:
+    """Solo: one worker per CPU, plus one (a solo worker waits for each round trip). Asyncio: one per CPU (each
+    keeps WORKER_CONCURRENCY jobs in flight, and its round trips overlap)."""
+    return allowed_cpus(cgroup) + (1 if pool == "solo" else 0)
+
+
+def worker_argv(app: str, name: str, index: int, celery_args: list[str], pool: str = "asyncio") -> list[str]:
     node = f"{name}{index}@%h"
-    return [sys.executable, "-m", "celery", "-A", app, "worker", "-P", "solo", "-c", "1", "-n", node, *celery_args]
+    # `-P custom` is Celery's out-of-tree pool: the class CELERY_CUSTOM_WORKER_POOL names (set by the Supervisor).
+    pool_args = ["-P", "solo", "-c", "1"] if pool == "solo" else ["-P", "custom"]
+    return [sys.executable, "-m", "celery", "-A", app, "worker", *pool_args, "-n", node, *celery_args]
 
 
 class Supervisor:
-    def __init__(self, app: str, name: str, processes: int, celery_args: list[str]) -> None:
-        self.argvs = [worker_argv(app, name, i + 1, celery_args) for i in range(processes)]
+    def __init__(self, app: str, name: str, processes: int, celery_args: list[str], pool: str = "asyncio") -> None:
+        self.argvs = [worker_argv(app, name, i + 1, celery_args, pool) for i in range(processes)]
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * processes
         self.stopping = threading.Event()
         directory = metrics_directory()
         self.env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory), "REMAP_SIGTERM": "SIGQUIT"}
+        if pool != "solo":
+            self.env["CELERY_CUSTOM_WORKER_POOL"] = POOL
         self.env.pop("METRICS_PORT", None)
         self.directory = directory
 
@@ -140,5 +155,5 @@ class Supervisor:
                 proc.wait(5)
 
 
-def run_workers(app: str, name: str, processes: int, celery_args: list[str]) -> int:
-    return Supervisor(app, name, processes, celery_args).run()
+def run_workers(app: str, name: str, processes: int, celery_args: list[str], pool: str = "asyncio") -> int:
+    return Supervisor(app, name, processes, celery_args, pool).run()

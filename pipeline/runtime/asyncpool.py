@@ -5,7 +5,7 @@ Celery's tracer is synchronous, so each job's trace (signals, the typed task's w
 acknowledgement) runs as it does in any pool; only where the job goes differs:
 
 * an `async def` task (`PipelineTask.is_async`: `webhooks.deliver`, `email.send`) is traced in a greenlet on the
-  process's event loop thread (`pipeline.aio.JobGreenlet`). When the task's function returns its coroutine, the
+  process's event loop thread (`pipeline.pools.aio.JobGreenlet`). When the task's function returns its coroutine, the
   greenlet switches to the loop, which awaits it as a task of its own among every other job's, and switches back
   with its result or exception. The trace's own Redis calls (result, acknowledgement) block the loop for their
   round trip, as a short Python step would. Celery's request context is per greenlet (`celery.utils.threads` uses
@@ -42,10 +42,10 @@ from celery.concurrency.base import BasePool, apply_target
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.worker import state
 
-from pipeline import aio
 from pipeline.config import get_settings
 from pipeline.errors import JobCancelled
 from pipeline.observability import metrics
+from pipeline.pools import aio
 
 log = logging.getLogger(__name__)
 
@@ -147,11 +147,6 @@ class AsyncPool(BasePool):
     @property
     def num_processes(self) -> int:
         return int(self.limit or 0)
-
-    def _get_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = super()._get_info()  # type: ignore[misc]  # Celery's own; not in celery-types
-        info.update({"max-concurrency": self.limit, "in-flight": self._in_flight, "threads": self.threads})
-        return info
 
     # -- applying a job --------------------------------------------------------------------------------------
 

@@ -91,8 +91,9 @@ def test_start_script_is_short_execs_and_remaps_sigterm(script: str) -> None:
 def test_worker_profiles() -> None:
     io = (DOCKER / "start-worker-io").read_text()
     cpu = (DOCKER / "start-worker-cpu").read_text()
-    # solo workers under one supervisor; WORKER_PROCESSES unset or empty: its default (one per CPU plus one)
-    assert 'exec pipeline worker ${WORKER_PROCESSES:+--processes "$WORKER_PROCESSES"}' in io
+    # asyncio-pool workers under one supervisor (WORKER_POOL=solo: the solo ones); WORKER_PROCESSES unset or empty:
+    # its default (one per CPU)
+    assert 'exec pipeline worker --pool "${WORKER_POOL:-asyncio}" ${WORKER_PROCESSES:+--processes' in io
     assert "email,webhooks" in io
     assert "-P prefork" in cpu
     assert "pdf,transcode" in cpu
