@@ -7,12 +7,17 @@ attempt), `X-Pipeline-Event`, `X-Pipeline-Attempt`, `Content-Type: application/j
 Outcomes: 2xx succeeds; 5xx, 408, timeouts and connection errors are transient (retried with backoff);
 429 is transient and the next attempt waits at least its `Retry-After`; other 3xx/4xx are permanent
 (dead-letter queue; redirects are not followed). Deliveries are limited cluster-wide per destination
-host (WEBHOOK_RATE_PER_HOST). `enqueue_many` fans out thousands of deliveries in a few round trips.
+host (WEBHOOK_RATE_PER_HOST). The task is `async def`: a worker process of the asyncio pool keeps WORKER_CONCURRENCY
+deliveries in flight on one pooled HTTP client (`tasks.webhook_http`). `enqueue_many` fans out thousands of
+deliveries in a few round trips.
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
+import functools
+import ipaddress
 import json
 import time
 from collections.abc import Iterable, Mapping
@@ -59,6 +64,14 @@ class WebhookResult(BaseModel):
     duration_ms: float
 
 
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def _host(job: WebhookJob) -> str:
     return (job.url.host or "").lower()
 
@@ -99,13 +112,15 @@ def classify(response: httpx.Response, host: str) -> None:
     cluster_rate=lambda: get_settings().webhook_rate_per_host,
     rate_key=_host,
 )
-def deliver(job: WebhookJob, ctx: JobContext) -> WebhookResult:
+async def deliver(job: WebhookJob, ctx: JobContext) -> WebhookResult:
     """Sign and POST the event to a vetted address of the destination; classify the answer."""
     settings = get_settings()
     if settings.webhook_signing_secret is None:
         raise PermanentError("WEBHOOK_SIGNING_SECRET is not set: refusing to send unsigned webhooks")
     url = httpx.URL(str(job.url))
-    target = netguard.vet(str(url), settings.webhook_allowed_hosts, setting="WEBHOOK_ALLOWED_HOSTS")
+    vet = functools.partial(netguard.vet, str(url), settings.webhook_allowed_hosts, setting="WEBHOOK_ALLOWED_HOSTS")
+    # An address needs no lookup; a name is resolved off the event loop (a slow DNS answer stalls no other job).
+    target = vet() if _is_address(url.host) else await asyncio.to_thread(vet)
     body = json.dumps({"event": job.event, "payload": job.payload}, separators=(",", ":")).encode()
     secret = settings.webhook_signing_secret.get_secret_value().encode()
     headers = {
@@ -116,7 +131,10 @@ def deliver(job: WebhookJob, ctx: JobContext) -> WebhookResult:
         webhook_http.ATTEMPT_HEADER: str(ctx.attempt),
     }
     started = time.monotonic()
-    response = webhook_http.post(url, target, body, headers, settings.webhook_connect_timeout, settings.webhook_timeout)
+    connections = webhook_http.pool(settings.webhook_max_connections, settings.webhook_connections_per_host)
+    response = await webhook_http.post(
+        url, target, body, headers, settings.webhook_connect_timeout, settings.webhook_timeout, connections
+    )
     classify(response, target.host)
     duration_ms = round((time.monotonic() - started) * 1000, 1)
     return WebhookResult(status_code=response.status_code, attempts=ctx.attempt, duration_ms=duration_ms)

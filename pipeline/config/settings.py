@@ -129,6 +129,10 @@ class Settings(BaseSettings):
     webhook_connect_timeout: float = Field(default=5.0, gt=0, le=60)
     #: Seconds to wait for each read/write of a delivery (the whole request is bounded by the task limits).
     webhook_timeout: float = Field(default=15.0, gt=0, le=300)
+    #: Open connections of one worker process's webhook client, all destinations together (kept alive and reused).
+    webhook_max_connections: int = Field(default=500, ge=1, le=100_000)
+    #: Deliveries one worker process sends at once to one destination host; the rest wait their turn.
+    webhook_connections_per_host: int = Field(default=250, ge=1, le=100_000)
     #: Cluster-wide limit per destination host, N/s, N/m or N/h.
     webhook_rate_per_host: str = Field(default="10/s", pattern=RATE_PATTERN)
 
