@@ -1,0 +1,93 @@
+"""The asyncio pool with many jobs in flight in one worker process: concurrency, a hung job among healthy ones, a cancel
+of one running job, and `webhooks.deliver` on one pooled connection set.
+
+Each test starts one `celery worker -P custom` (the pool `pipeline worker` runs) on a queue of its own on the session's
+Redis, and sends `test.await` jobs (`tests.support.worker_app`: they record `start`, then `finish` or `cancelled`).
+"""
+
+from __future__ import annotations
+
+import collections
+import uuid
+from typing import Any
+
+import pytest
+from celery.result import AsyncResult
+
+from pipeline.celery_app import get_app
+from pipeline.control import cancel
+from pipeline.records import record_accepted
+from pipeline.runtime.asyncpool import POOL
+from tests.support.procs import wait_for
+from tests.support.worker_app import run_records
+
+pytestmark = pytest.mark.integration
+
+ASYNC_POOL = {"CELERY_CUSTOM_WORKER_POOL": POOL}
+
+
+def _send(queue: str, key: str, **job: Any) -> str:
+    options = {k: job.pop(k) for k in ("soft_time_limit", "time_limit") if k in job}
+    task_id = str(uuid.uuid4())
+    record_accepted(task_id, "test.await", queue=queue)  # what a typed enqueue records (a cancel looks it up)
+    get_app().send_task("test.await", args=[{"key": key, **job}], queue=queue, task_id=task_id, **options)
+    return task_id
+
+
+def _events(key: str) -> dict[str, collections.Counter[str]]:
+    by_event: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for record in run_records(key):
+        by_event[record["event"]][record["task_id"]] += 1
+    return by_event
+
+
+def _peak(key: str) -> int:
+    """Most jobs of `key` running at once, from their start and finish/cancelled records (the ledger's clock)."""
+    running = peak = 0
+    for record in sorted(run_records(key), key=lambda r: r["t"]):
+        running += 1 if record["event"] == "start" else -1 if record["event"] in ("finish", "cancelled") else 0
+        peak = max(peak, running)
+    return peak
+
+
+def test_one_process_runs_a_hundred_jobs_at_once(make_worker: Any) -> None:
+    key = uuid.uuid4().hex
+    queue = f"aio-{key[:8]}"
+    make_worker(f"aio-many-{key[:6]}", env=ASYNC_POOL, pool="custom", concurrency=100, queues=queue)
+    jobs = [_send(queue, key, sleep_s=1.5) for _ in range(150)]
+    results = [AsyncResult(job, app=get_app()).get(timeout=60) for job in jobs]
+    assert len(results) == 150
+    assert len({r["pid"] for r in results}) == 1  # one worker process ran them all
+    assert _peak(key) == 100  # the limit reached, never passed: never more fetched than it may run
+    assert _events(key)["finish"] == collections.Counter(dict.fromkeys(jobs, 1))
+
+
+def test_a_hung_job_among_99_healthy_ones_is_the_only_one_cancelled(make_worker: Any) -> None:
+    key = uuid.uuid4().hex
+    queue = f"aio-{key[:8]}"
+    make_worker(f"aio-hung-{key[:6]}", env=ASYNC_POOL, pool="custom", concurrency=100, queues=queue)
+    hung = _send(queue, key, mode="hang", soft_time_limit=2, time_limit=5)
+    healthy = [_send(queue, key, sleep_s=1.0, soft_time_limit=2, time_limit=5) for _ in range(99)]
+    for job in healthy:
+        AsyncResult(job, app=get_app()).get(timeout=60)
+    result = AsyncResult(hung, app=get_app())
+    wait_for(lambda: result.state == "FAILURE", 30, 0.1, what="the hung job to fail at its soft limit")
+    assert type(result.result).__name__ == "SoftTimeLimitExceeded"
+    events = _events(key)
+    assert events["cancelled"] == collections.Counter({hung: 1})  # its coroutine was cancelled, no other
+    assert events["finish"] == collections.Counter(dict.fromkeys(healthy, 1))
+
+
+def test_a_cancelled_running_job_stops_and_the_others_finish(make_worker: Any) -> None:
+    key = uuid.uuid4().hex
+    queue = f"aio-{key[:8]}"
+    make_worker(f"aio-cancel-{key[:6]}", env=ASYNC_POOL, pool="custom", concurrency=50, queues=queue)
+    jobs = [_send(queue, key, sleep_s=3.0) for _ in range(20)]
+    wait_for(lambda: len(_events(key)["start"]) == 20, 30, 0.05, what="the jobs to start")
+    assert cancel.cancel(jobs[7]).state.value == "cancelled"
+    for job in jobs[:7] + jobs[8:]:
+        AsyncResult(job, app=get_app()).get(timeout=30)
+    wait_for(lambda: AsyncResult(jobs[7], app=get_app()).state == "REVOKED", 10, 0.1, what="the cancel recorded")
+    events = _events(key)
+    assert events["cancelled"] == collections.Counter({jobs[7]: 1})
+    assert jobs[7] not in events["finish"] and len(events["finish"]) == 19
