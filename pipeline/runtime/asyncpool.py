@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 #: How long a stopped (cancelled) coroutine may take to unwind before it is abandoned and the process recycled.
 CANCEL_GRACE_S = 2.0
+#: Exit status of a worker process that leaves with a sync job stuck past its hard limit (its supervisor restarts it).
+EX_STUCK = 70
 #: What `pipeline worker` passes (`-P custom` with CELERY_CUSTOM_WORKER_POOL naming this class).
 POOL = "pipeline.runtime.asyncpool:AsyncPool"
 
@@ -63,8 +65,8 @@ def _async_raise(thread: int, exc: type[BaseException] | None) -> None:
 class Job:
     """One job in flight: its trace's arguments, its limits, and how to stop it."""
 
-    __slots__ = ("accept", "args", "body", "callback", "done", "give_up_at", "hard", "lock", "name", "reason", "soft",
-                 "started", "task_id", "thread", "timers", "wake")  # fmt: skip
+    __slots__ = ("abandoned", "accept", "args", "body", "callback", "done", "give_up_at", "hard", "lock", "name",
+                 "reason", "soft", "started", "task_id", "thread", "timers", "wake")  # fmt: skip
 
     def __init__(self, args: Any, callback: Any, accept: Any, soft: float | None, hard: float | None) -> None:
         self.args = args
@@ -83,6 +85,8 @@ class Job:
         self.thread = 0
         self.lock = threading.Lock()
         self.done = False
+        #: A sync job stuck past its hard limit: no longer counted in flight (a warm shutdown does not wait for it).
+        self.abandoned = False
         self.timers: list[asyncio.TimerHandle] = []
 
     def deadline(self, limit: float | None) -> float | None:
@@ -128,14 +132,18 @@ class AsyncPool(BasePool):
         with self._idle:
             self._idle.wait_for(lambda: self._in_flight == 0)
         self._close()
+        stuck = [job.task_id for job in list(self.jobs.values()) if job.abandoned and not job.done]
+        if stuck:
+            # Their threads would hold the interpreter's exit (it joins them): leave now. Their deliveries come back
+            # after their lease, counted towards MAX_DELIVERIES.
+            log.critical("exiting with %d job(s) stuck past their hard time limit: %s", len(stuck), ", ".join(stuck))
+            logging.shutdown()
+            os._exit(EX_STUCK)
 
     def on_terminate(self) -> None:
         """Cold shutdown: what still runs is stopped; its messages go back when the connection closes."""
         for job in list(self.jobs.values()):
             self.stop_job(job.task_id, JobCancelled)
-        self._close()
-
-    def on_close(self) -> None:
         self._close()
 
     def _close(self) -> None:
@@ -189,6 +197,11 @@ class AsyncPool(BasePool):
             timer.cancel()
         if self.jobs.get(job.task_id) is job:
             del self.jobs[job.task_id]
+        if not job.abandoned:
+            self._leave(job)
+
+    def _leave(self, job: Job) -> None:
+        """`job` no longer counts in flight."""
         with self._idle:
             self._in_flight -= 1
             self._idle.notify_all()
@@ -230,6 +243,8 @@ class AsyncPool(BasePool):
                 self._stop(job, SoftTimeLimitExceeded(limit) if deadline == soft_at else TimeLimitExceeded(limit))
             elif job.reason is not None and job.give_up_at is not None and now >= job.give_up_at:
                 self._abandon(job, body)
+                if isinstance(job.reason, SoftTimeLimitExceeded) and job.hard is not None:
+                    raise TimeLimitExceeded(job.hard)  # it ran on to its hard limit
                 raise job.reason
         job.body = None
         if body.cancelled() or isinstance(body.exception(), asyncio.CancelledError):
@@ -293,18 +308,20 @@ class AsyncPool(BasePool):
     def _limit_sync(self, job: Job, exc: type[BaseException]) -> None:
         if job.done:
             return
-        if exc is TimeLimitExceeded and job.reason is not None:
-            self._interrupt(job, exc)  # past the hard limit: interrupted again, and recycled if that fails too
-            job.timers.append(self.loop.call_later(CANCEL_GRACE_S, self._check_sync, job))
-            return
         job.reason = exc()
         self._interrupt(job, exc)
+        if exc is TimeLimitExceeded:  # one stuck outside Python (a C call) ignores it: reported and recycled
+            job.timers.append(self.loop.call_later(CANCEL_GRACE_S, self._check_sync, job))
 
     def _check_sync(self, job: Job) -> None:
-        if not job.done:
-            log.error("job %s runs on past its hard time limit (blocked outside Python?): recycling", job.task_id)
-            metrics.child(metrics.jobs_abandoned, job.name).inc()
-            self.recycle()
+        with job.lock:
+            if job.done or job.abandoned:
+                return
+            job.abandoned = True
+        self._leave(job)
+        log.error("job %s runs on past its hard time limit (blocked outside Python?): recycling", job.task_id)
+        metrics.child(metrics.jobs_abandoned, job.name).inc()
+        self.recycle()
 
     def _interrupt(self, job: Job, exc: type[BaseException]) -> None:
         with job.lock:
@@ -316,7 +333,7 @@ class AsyncPool(BasePool):
     def stop_job(self, task_id: str, reason: type[BaseException]) -> bool:
         """Stop the job `task_id` if it runs here (any thread): `reason` is raised in it. True if it was found."""
         job = self.jobs.get(task_id)
-        if job is None:
+        if job is None or self.loop.is_closed():
             return False
         if reason is JobCancelled:
             exc: BaseException = JobCancelled(task_id)

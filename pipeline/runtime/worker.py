@@ -114,7 +114,11 @@ class Worker(CeleryWorker):
 
     def on_start(self) -> None:
         super().on_start()  # logging is set up from here on
-        log.info("worker profile %s: prefetch %d per process, late acks", self.profile, self.prefetch_multiplier)
+        if is_asyncio(getattr(self, "pool_cls", None)):
+            in_flight = self.concurrency
+            log.info("worker profile %s: asyncio pool, %d jobs in flight at most, late acks", self.profile, in_flight)
+        else:
+            log.info("worker profile %s: prefetch %d per process, late acks", self.profile, self.prefetch_multiplier)
         settings = get_settings()
         if settings.visibility_timeout is not None:
             log.warning(

@@ -91,3 +91,18 @@ def test_a_cancelled_running_job_stops_and_the_others_finish(make_worker: Any) -
     events = _events(key)
     assert events["cancelled"] == collections.Counter({jobs[7]: 1})
     assert jobs[7] not in events["finish"] and len(events["finish"]) == 19
+
+
+def test_a_job_that_ignores_its_cancellation_is_ended_reported_and_its_process_recycled(make_worker: Any) -> None:
+    key = uuid.uuid4().hex
+    queue = f"aio-{key[:8]}"
+    worker = make_worker(f"aio-ignore-{key[:6]}", env=ASYNC_POOL, pool="custom", concurrency=20, queues=queue)
+    runaway = _send(queue, key, mode="ignore", soft_time_limit=1, time_limit=2)
+    healthy = [_send(queue, key, sleep_s=2.5) for _ in range(5)]
+    result = AsyncResult(runaway, app=get_app())
+    wait_for(lambda: result.state == "FAILURE", 30, 0.1, what="the runaway job to end at its hard limit")
+    assert type(result.result).__name__ == "TimeLimitExceeded"
+    assert [AsyncResult(job, app=get_app()).get(timeout=30)["key"] for job in healthy] == [key] * 5  # they finished
+    assert worker.wait(30) == 0  # then the process left (a warm shutdown): its supervisor starts a fresh one
+    assert f"job {runaway} ignored its cancellation" in worker.log()
+    assert _events(key)["ignored"] == collections.Counter({runaway: 1})

@@ -1,7 +1,7 @@
 """The lean worker, on real workers: task events only while something asks for them, STARTED stored only by
 tasks that track it (status still says "started" for them), prefetch by profile, and the I/O profile
-(`pipeline worker --processes`: solo workers under a supervisor) dead-lettering, counting, rate-limiting and
-enforcing time limits.
+(`pipeline worker --processes`: asyncio-pool workers under a supervisor) dead-lettering, counting, rate-limiting and
+enforcing time limits; with `--pool solo`, results carried by the acknowledging call and a shutdown that requeues.
 
 Each test uses queues of its own, so the session worker never takes their jobs.
 """
@@ -32,7 +32,7 @@ from tests.support.limited import limited, starts
 from tests.support.procs import RedisServer, Worker, free_port, wait_for, waiting
 from tests.support.scrape import scrape, value
 from tests.support.tracked import tracked, untracked
-from tests.support.worker_app import attempts, ledger, ledger_client
+from tests.support.worker_app import attempts, awaiting, ledger, ledger_client
 
 pytestmark = pytest.mark.integration
 
@@ -157,7 +157,8 @@ def test_only_tracking_tasks_store_started_and_status_follows(make_worker: Any) 
 
 @pytest.fixture(scope="module")
 def io_profile(work_dir: Path, redis_server: RedisServer) -> Iterator[tuple[str, int, Path]]:
-    """`pipeline worker --processes 2` on a queue of its own, with a /metrics port and short time limits."""
+    """`pipeline worker --processes 2` (the asyncio pool) on a queue of its own, with a /metrics port and short time
+    limits."""
     queue = f"io-{uuid.uuid4().hex[:6]}"
     port = free_port()
     multiproc = work_dir / f"multiproc-{queue}"
@@ -177,8 +178,8 @@ def io_profile(work_dir: Path, redis_server: RedisServer) -> Iterator[tuple[str,
     worker.argv += ["-Q", queue, "-l", "INFO", "--without-gossip", "--without-mingle"]
     worker.start()
     try:
-        wait_for(lambda: worker.log().count(" ready.") == 2, 60, 0.2, what="both solo workers ready")
-        assert "worker profile short: prefetch 4 per process" in worker.log()
+        wait_for(lambda: worker.log().count(" ready.") == 2, 60, 0.2, what="both workers ready")
+        assert "worker profile short: asyncio pool, 200 jobs in flight at most" in worker.log()
         yield queue, port, multiproc
     finally:
         worker.stop()
@@ -199,17 +200,17 @@ def test_io_profile_dead_letters_and_counts(io_profile: tuple[str, int, Path]) -
 
 
 @pytest.mark.parametrize(
-    ("payload", "exception"),
+    ("task", "payload", "exception"),
     [
-        ({"sleep_s": 30}, "billiard.exceptions.SoftTimeLimitExceeded"),  # a blocking call, interrupted
-        ({"fail": "hang", "sleep_s": 30}, "billiard.exceptions.TimeLimitExceeded"),  # ignores its soft limit
+        (awaiting, {"mode": "hang"}, "billiard.exceptions.SoftTimeLimitExceeded"),  # a coroutine, cancelled
+        (ledger, {"sleep_s": 30, "fail": "hang"}, "billiard.exceptions.TimeLimitExceeded"),  # a sync job on a thread
     ],
 )
 def test_io_profile_enforces_time_limits(
-    io_profile: tuple[str, int, Path], payload: dict[str, Any], exception: str
+    io_profile: tuple[str, int, Path], task: Any, payload: dict[str, Any], exception: str
 ) -> None:
     queue, _, _ = io_profile
-    job = ledger.task.apply_async(({"key": uuid.uuid4().hex, **payload},), queue=queue, soft_time_limit=1, time_limit=2)
+    job = task.task.apply_async(({"key": uuid.uuid4().hex, **payload},), queue=queue, soft_time_limit=1, time_limit=2)
     entry = dead_letter(str(job.id), timeout=30)
     assert entry.exception_type == exception
     assert entry.attempts == 1
@@ -265,12 +266,28 @@ def test_results_are_stored_in_one_round_trip_and_a_success_is_never_overwritten
     assert 0 < client.ttl(backend.get_key_for_task(task_id)) <= get_app().conf.result_expires
 
 
+@pytest.fixture(scope="module")
+def solo_profile(work_dir: Path) -> Iterator[str]:
+    """`pipeline worker --pool solo --processes 1` on a queue of its own."""
+    queue = f"solo-{uuid.uuid4().hex[:6]}"
+    worker = Worker(queue, work_dir / "logs", {})
+    worker.argv = [sys.executable, "-m", "pipeline", "worker", "--pool", "solo", "--processes", "1"]
+    worker.argv += ["--app", "tests.support.worker_app", "-Q", queue, "-l", "INFO"]
+    worker.argv += ["--without-gossip", "--without-mingle"]
+    worker.start()
+    try:
+        assert "worker profile short: prefetch 4 per process" in worker.log()
+        yield queue
+    finally:
+        worker.stop()
+
+
 def test_io_profile_stores_each_result_in_the_call_that_acknowledges_its_job(
-    io_profile: tuple[str, int, Path], redis_server: RedisServer
+    solo_profile: str, redis_server: RedisServer
 ) -> None:
     """A solo worker stores each job's SUCCESS in a script that also acknowledges (one round trip for both), and a
     lone job's result is not held back: the tick writes it once the worker is idle."""
-    queue, _, _ = io_profile
+    queue = solo_profile
     lone = ledger.task.apply_async(({"key": uuid.uuid4().hex},), queue=queue)
     assert lone.get(timeout=10)["attempt"] == 1  # the worker went idle after it: the tick wrote it
     client = redis_server.client()
@@ -304,7 +321,8 @@ def test_io_profile_sigterm_during_a_job_requeues_it_at_once(work_dir: Path, red
     so the job goes back to its queue at once (run again: jobs are idempotent) and the worker exits."""
     queue = f"io-stop-{uuid.uuid4().hex[:6]}"
     worker = Worker(queue, work_dir / "logs", {"WORKER_SOFT_SHUTDOWN_TIMEOUT": "20"})
-    worker.argv = [sys.executable, "-m", "pipeline", "worker", "--processes", "1", "--app", "tests.support.worker_app"]
+    worker.argv = [sys.executable, "-m", "pipeline", "worker", "--pool", "solo", "--processes", "1"]
+    worker.argv += ["--app", "tests.support.worker_app"]
     worker.argv += ["-Q", queue, "-l", "INFO", "--without-gossip", "--without-mingle"]
     worker.start()
     try:
