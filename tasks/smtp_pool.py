@@ -1,9 +1,9 @@
 """Pooled SMTP sessions (aiosmtplib): per server and per event loop, at most SMTP_POOL_SIZE open at once.
 
 A session is opened (connect, implicit TLS or STARTTLS, EHLO, AUTH) when a message finds no idle one, used by one
-message at a time, and given back still open for the next. Each server's pool is a `pipeline.aio.per_loop` resource:
-the asyncio pool's event loop shares it among every job in flight, a solo or prefork worker's thread loop keeps it
-from job to job, and `close_loop_resources` ends each idle session with QUIT when the loop's owner stops.
+message at a time, and given back still open for the next. Each server's pool is a `pipeline.pools.aio.per_loop`
+resource: the asyncio pool's event loop shares it among every job in flight, a solo or prefork worker's thread loop
+keeps it from job to job, and `close_loop_resources` ends each idle session with QUIT when the loop's owner stops.
 
 What a message does with a session (RSET first, when to give it back or close it) is `tasks.mailer`'s business.
 """
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import aiosmtplib
 
-from pipeline import aio
 from pipeline.config import Settings
+from pipeline.pools import aio
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
-from pipeline import aio
 from pipeline.config import load_settings
+from pipeline.pools import aio
 from tasks import mailer
 from tests.support.procs import free_port
 from tests.support.smtp import Recorder
