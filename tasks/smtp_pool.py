@@ -22,6 +22,9 @@ import aiosmtplib
 from pipeline.config import Settings
 from pipeline.pools import aio
 
+#: How long a worker that stops waits for the server's answer to QUIT (a stop is not held for SMTP_TIMEOUT).
+QUIT_TIMEOUT_S = 2.0
+
 
 @dataclass(frozen=True)
 class Server:
@@ -126,13 +129,16 @@ class Pool:
         session.close()
 
     async def close(self) -> None:
-        """QUIT every idle session; those in use close when given back."""
+        """QUIT every idle session, all at once and for QUIT_TIMEOUT_S at most; those in use close when given back."""
         self._closed = True
         idle, self._idle = self._idle, []
-        for session in idle:
-            with contextlib.suppress(aiosmtplib.SMTPException, OSError):
-                await session.quit()
-            session.close()
+        await asyncio.gather(*(_quit(session) for session in idle))
+
+
+async def _quit(session: aiosmtplib.SMTP) -> None:
+    with contextlib.suppress(aiosmtplib.SMTPException, OSError):  # a server that does not answer is left all the same
+        await session.quit(timeout=QUIT_TIMEOUT_S)
+    session.close()
 
 
 def pool(settings: Settings) -> Pool:
