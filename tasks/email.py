@@ -150,9 +150,9 @@ def _step(once: Once, step: Callable[[], None]) -> None:
     A job never holds one of the app's pooled broker connections across an await: with hundreds of jobs in flight on
     one event loop, each holding one while it waits on SMTP, the pool would run dry and the next job's acquire would
     block the loop. The steps run inline on the loop, not through `asyncio.to_thread`: each is one or two quick
-    commands (SET NX, a compare-and-set script), a round trip well under a millisecond on the broker, less than the
-    hop to a thread and back would add to every job. They wait long only while Redis is unreachable, and then the
-    worker's fetch, acknowledgements and results are stalled too.
+    commands (SET NX, a compare-and-set script), one round trip to the broker (a fraction of a millisecond; about a
+    hop to a thread and back), as the job's own result and acknowledgement are on the asyncio pool. They wait long
+    only while Redis is unreachable, and then the worker's fetch, acknowledgements and results are stalled too.
     """
     with broker_redis() as client:
         once.client = client
