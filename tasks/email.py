@@ -5,12 +5,16 @@ or variable is refused at enqueue. Delivery is guarded by `pipeline.once`: a ret
 a job that already sent returns the stored result instead of sending again (see README, "The tasks" for the
 one window where the outcome cannot be known, and what happens then). Attachments are objects of the
 pipeline's storage backend, named by their URI (`tasks.email_attachments`), read once the send is claimed.
+
+The task is `async def`: on the asyncio pool many sends share one event loop and the SMTP sessions of
+`tasks.smtp_pool` (`tasks.mailer` holds the conversation); what blocks (attachment reads) runs in a thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.utils import format_datetime, parseaddr
@@ -111,7 +115,7 @@ def build_message(job: EmailJob, key: str, attachments: Sequence[email_attachmen
     return message
 
 
-def deliver(job: EmailJob, ctx: JobContext) -> EmailResult:
+async def deliver(job: EmailJob, ctx: JobContext) -> EmailResult:
     """Send `job` unless a job with its idempotency key already did; return what was (or had been) sent."""
     settings = get_settings()
     key = job.idempotency_key or ctx.idempotency_key
@@ -119,28 +123,46 @@ def deliver(job: EmailJob, ctx: JobContext) -> EmailResult:
     with broker_redis() as client:
         once = Once(client, "email.send", key, ctx.task_id, settings.email_idempotency_ttl)
         stored = once.claim()
-        if stored is not None:
-            return EmailResult.model_validate(stored)
-        try:  # read only by the job that sends: a job that already sent never touches the attachments
-            email_attachments.attach(
-                message, email_attachments.load(job.attachments, settings.email_attachments_max_bytes)
-            )
-            accepted = mailer.send(settings, message, job.recipients, before_data=once.committing)
-        except (email_attachments.NotAttached, mailer.NotDelivered):
-            once.release()
-            raise
-        if not accepted:
-            once.release()
-            raise PermanentError("the server accepted none of the recipients")
-        result = EmailResult(message_id=str(message["Message-ID"]), sent_at=datetime.now(UTC), recipients=accepted)
-        once.done(result.model_dump(mode="json"))
-        return result
+    if stored is not None:
+        return EmailResult.model_validate(stored)
+    try:  # read only by the job that sends: a job that already sent never touches the attachments
+        loaded = await asyncio.to_thread(
+            email_attachments.load, job.attachments, settings.email_attachments_max_bytes
+        )  # file or S3 reads: off the event loop
+        email_attachments.attach(message, loaded)
+        accepted = await mailer.send(
+            settings, message, job.recipients, before_data=lambda: _step(once, once.committing)
+        )
+    except (email_attachments.NotAttached, mailer.NotDelivered):
+        _step(once, once.release)
+        raise
+    if not accepted:
+        _step(once, once.release)
+        raise PermanentError("the server accepted none of the recipients")
+    result = EmailResult(message_id=str(message["Message-ID"]), sent_at=datetime.now(UTC), recipients=accepted)
+    _step(once, lambda: once.done(result.model_dump(mode="json")))
+    return result
+
+
+def _step(once: Once, step: Callable[[], None]) -> None:
+    """One step of the once-guard, on a broker connection taken for it alone.
+
+    A job never holds one of the app's pooled broker connections across an await: with hundreds of jobs in flight on
+    one event loop, each holding one while it waits on SMTP, the pool would run dry and the next job's acquire would
+    block the loop. The steps run inline on the loop, not through `asyncio.to_thread`: each is one or two quick
+    commands (SET NX, a compare-and-set script), one round trip to the broker (a fraction of a millisecond; about a
+    hop to a thread and back), as the job's own result and acknowledgement are on the asyncio pool. They wait long
+    only while Redis is unreachable, and then the worker's fetch, acknowledgements and results are stalled too.
+    """
+    with broker_redis() as client:
+        once.client = client
+        step()
 
 
 @typed_task("email.send", kind="email", payload=EmailJob, result=EmailResult)
-def send(job: EmailJob, ctx: JobContext) -> EmailResult:
+async def send(job: EmailJob, ctx: JobContext) -> EmailResult:
     """Render and deliver one email (at most once per idempotency key)."""
-    return deliver(job, ctx)
+    return await deliver(job, ctx)
 
 
 enqueue = send.enqueue

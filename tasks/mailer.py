@@ -1,26 +1,32 @@
-"""SMTP delivery: one connection per worker process, reused across jobs and reopened when it breaks.
+"""SMTP delivery (aiosmtplib): one message at a time per pooled session (`tasks.smtp_pool`), never sent twice here.
 
 What a failure means is decided here: connection errors and SMTP 4xx replies are `TransientError`
 (the job retries with backoff), 5xx replies are `PermanentError` (the job goes to the dead-letter
-queue). `before_data` runs once the connection is up and just before the message is handed over, so
-the caller can mark the point after which a send may have happened.
+queue). `before_data` runs once the server took the envelope (MAIL FROM, at least one RCPT TO) and just
+before DATA, so the caller can mark the point after which a send may have happened.
+
+A session reused from an earlier message starts with RSET: a clean envelope, and proof that it is still up. When
+the server dropped it while it was idle (the RSET fails, or MAIL or RCPT meet `SMTPServerDisconnected`), nothing of
+this message has reached DATA: the session is closed and the message goes on once over a new one. From DATA on,
+a failure is never retried here: it is the job's (a `NotDelivered`; see `tasks.email`).
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import os
-import smtplib
-import ssl
+import copy
+import io
 from collections.abc import Callable
+from dataclasses import dataclass
+from email import policy
+from email.generator import BytesGenerator
 from email.message import EmailMessage
+from email.utils import getaddresses
+
+import aiosmtplib
 
 from pipeline.config import Settings
 from pipeline.errors import PermanentError, TransientError
-
-_connection: smtplib.SMTP | None = None
-_owner_pid: int | None = None
+from tasks import smtp_pool
 
 
 class NotDelivered(Exception):
@@ -35,82 +41,126 @@ class SmtpPermanent(PermanentError, NotDelivered):
     pass
 
 
-def _open(settings: Settings) -> smtplib.SMTP:
-    host, port, timeout = settings.smtp_host, settings.smtp_port_or_default, settings.smtp_timeout
-    ca_file = settings.smtp_tls_ca_file
-    context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
-    conn: smtplib.SMTP
-    if settings.smtp_security == "tls":
-        conn = smtplib.SMTP_SSL(host, port, timeout=timeout, context=context)
-    else:
-        conn = smtplib.SMTP(host, port, timeout=timeout)
-        if settings.smtp_security == "starttls":
-            conn.starttls(context=context)
-    if settings.smtp_username and settings.smtp_password is not None:
-        conn.login(settings.smtp_username, settings.smtp_password.get_secret_value())
-    return conn
+class _Stale(Exception):
+    """A reused session turned out closed before anything of the message reached DATA."""
 
 
-def _alive(conn: smtplib.SMTP) -> bool:
-    try:
-        return conn.noop()[0] == 250
-    except (smtplib.SMTPException, OSError):
-        return False
+@dataclass(frozen=True)
+class Envelope:
+    sender: str
+    recipients: list[str]
+    #: The message as sent: no Bcc header, CRLF line ends.
+    data: bytes
+    #: An address is not ASCII: the server must offer SMTPUTF8.
+    international: bool
 
-
-def close() -> None:
-    """Close this process's connection, if any."""
-    global _connection
-    if _connection is not None:
-        with contextlib.suppress(smtplib.SMTPException, OSError):
-            _connection.quit()
-        _connection = None
-
-
-def connection(settings: Settings) -> smtplib.SMTP:
-    """This process's SMTP connection: the open one if it still answers NOOP, else a new one."""
-    global _connection, _owner_pid
-    if _connection is not None and (_owner_pid != os.getpid() or not _alive(_connection)):
-        _connection = None  # inherited across fork, or dropped by the server
-    if _connection is None:
-        _connection, _owner_pid = _open(settings), os.getpid()
-    return _connection
+    @classmethod
+    def of(cls, message: EmailMessage, recipients: list[str]) -> Envelope:
+        """What smtplib's `send_message` sent: the sender from the Sender or From header, Bcc never shown."""
+        sender = getaddresses([str(message["Sender"] or message["From"])])[0][1]
+        international = not all(address.isascii() for address in (sender, *recipients))
+        shown = copy.copy(message)
+        del shown["Bcc"]
+        del shown["Resent-Bcc"]
+        with io.BytesIO() as out:
+            BytesGenerator(out, policy=policy.SMTPUTF8 if international else None).flatten(shown, linesep="\r\n")
+            return cls(sender, recipients, out.getvalue(), international)
 
 
 def classify(exc: BaseException) -> Exception:
-    """The pipeline error for an smtplib/socket error."""
-    if isinstance(exc, smtplib.SMTPRecipientsRefused):
-        codes = [code for code, _ in exc.recipients.values()]
-        detail = "; ".join(f"{rcpt}: {code} {msg!r}" for rcpt, (code, msg) in exc.recipients.items())
+    """The pipeline error for an aiosmtplib/socket error."""
+    if isinstance(exc, aiosmtplib.SMTPRecipientsRefused):
+        codes = [refused.code for refused in exc.recipients]
+        detail = "; ".join(f"{refused.recipient}: {refused.code} {refused.message!r}" for refused in exc.recipients)
         if any(400 <= code < 500 for code in codes):
             return SmtpTransient(f"recipients refused for now: {detail}")
         return SmtpPermanent(f"recipients refused: {detail}")
-    if isinstance(exc, smtplib.SMTPResponseException):
-        message = f"SMTP {exc.smtp_code}: {exc.smtp_error!r}"
-        return SmtpTransient(message) if 400 <= exc.smtp_code < 500 else SmtpPermanent(message)
-    if isinstance(exc, smtplib.SMTPNotSupportedError):
-        return SmtpPermanent(f"SMTP server lacks an extension the settings need (STARTTLS, AUTH): {exc}")
-    if isinstance(exc, smtplib.SMTPServerDisconnected | OSError):
+    if isinstance(exc, aiosmtplib.SMTPResponseException):
+        message = f"SMTP {exc.code}: {exc.message!r}"
+        return SmtpTransient(message) if 400 <= exc.code < 500 else SmtpPermanent(message)
+    if isinstance(exc, aiosmtplib.SMTPNotSupported):
+        return SmtpPermanent(f"SMTP server lacks an extension the settings or the message need: {exc}")
+    if isinstance(exc, OSError):  # aiosmtplib's disconnects and timeouts are ConnectionError and TimeoutError
         return SmtpTransient(f"SMTP connection failed: {exc}")
     return SmtpTransient(f"SMTP error: {exc}")
 
 
-def send(
+async def send(
     settings: Settings, message: EmailMessage, recipients: list[str], before_data: Callable[[], None] = lambda: None
 ) -> list[str]:
-    """Deliver `message` to `recipients`; return the accepted ones. Raises SmtpTransient / SmtpPermanent."""
-    try:
-        conn = connection(settings)
-    except (smtplib.SMTPException, OSError) as exc:
-        raise classify(exc) from exc
-    before_data()
-    try:
-        refused = conn.send_message(message, to_addrs=recipients)
-    except (smtplib.SMTPException, OSError) as exc:
-        if isinstance(exc, smtplib.SMTPServerDisconnected | OSError):
-            close()
-        raise classify(exc) from exc
-    return [r for r in recipients if r not in refused]
+    """Deliver `message` to `recipients`; return the accepted ones. Raises SmtpTransient / SmtpPermanent.
+
+    `before_data` is called on the event loop (it must be quick); what it raises goes to the caller as it is.
+    """
+    envelope = Envelope.of(message, recipients)
+    pool = smtp_pool.pool(settings)
+    async with pool.slot():
+        session = pool.idle()
+        if session is not None:
+            try:
+                return await _transaction(pool, session, envelope, before_data, reused=True)
+            except _Stale:
+                pass  # nothing of this message reached DATA: once more, over a new session
+        try:
+            session = await pool.connect()
+        except (aiosmtplib.SMTPException, OSError) as exc:
+            raise classify(exc) from exc
+        return await _transaction(pool, session, envelope, before_data, reused=False)
 
 
-atexit.register(close)
+async def _transaction(
+    pool: smtp_pool.Pool,
+    session: aiosmtplib.SMTP,
+    envelope: Envelope,
+    before_data: Callable[[], None],
+    *,
+    reused: bool,
+) -> list[str]:
+    """One mail transaction on `session`, which goes back to `pool` after it (closed if its state is unknown)."""
+    stage = "rset" if reused else "envelope"
+    try:
+        if reused:
+            await session.rset()
+            stage = "envelope"
+        refused = await _mail_and_rcpt(session, envelope)
+        stage = "data"
+        before_data()
+        await session.data(envelope.data)
+    except BaseException as exc:
+        answered = stage != "rset" and isinstance(
+            exc, aiosmtplib.SMTPResponseException | aiosmtplib.SMTPRecipientsRefused
+        )
+        if answered:  # the server refused in words: the session is sound (the next message's RSET clears it)
+            pool.give_back(session)
+        else:
+            pool.discard(session)
+        smtp_error = isinstance(exc, aiosmtplib.SMTPException | OSError)
+        dropped = stage == "rset" or isinstance(exc, aiosmtplib.SMTPServerDisconnected)
+        if reused and stage != "data" and smtp_error and dropped:
+            raise _Stale from exc
+        if smtp_error:
+            raise classify(exc) from exc
+        raise
+    pool.give_back(session)
+    return [r for r in envelope.recipients if r not in refused]
+
+
+async def _mail_and_rcpt(session: aiosmtplib.SMTP, envelope: Envelope) -> set[str]:
+    """MAIL FROM and RCPT TO as smtplib's `sendmail`: the refused recipients; SMTPRecipientsRefused if all are."""
+    options = [f"size={len(envelope.data)}"] if session.supports_extension("size") else []
+    encoding = "ascii"
+    if envelope.international:
+        if not session.supports_extension("smtputf8"):
+            raise aiosmtplib.SMTPNotSupported("an address is not ASCII and the server does not offer SMTPUTF8")
+        options += ["SMTPUTF8", "BODY=8BITMIME"]
+        encoding = "utf-8"
+    await session.mail(envelope.sender, options=options, encoding=encoding)
+    refused: list[aiosmtplib.SMTPRecipientRefused] = []
+    for recipient in envelope.recipients:
+        try:
+            await session.rcpt(recipient, encoding=encoding)
+        except aiosmtplib.SMTPRecipientRefused as exc:
+            refused.append(exc)
+    if len(refused) == len(envelope.recipients):
+        raise aiosmtplib.SMTPRecipientsRefused(refused)
+    return {exc.recipient for exc in refused}

@@ -178,6 +178,7 @@ class Settings(BaseSettings):
     smtp_from: HeaderText = "pipeline@localhost"
     smtp_security: Literal["none", "starttls", "tls"] = "starttls"
     smtp_timeout: float = Field(default=30.0, gt=0, le=600)
+    smtp_pool_size: int = Field(default=10, ge=1, le=1000)  #: open SMTP sessions per worker process, at most
     #: CA bundle to verify the SMTP server's certificate (unset: the system's trust store).
     smtp_tls_ca_file: Path | None = None
     email_idempotency_ttl: int = Field(default=7 * 86400, ge=60)

@@ -14,6 +14,7 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from pipeline.config import load_settings
+from pipeline.pools import aio
 from tasks import mailer
 from tests.support.procs import free_port
 from tests.support.smtp import Recorder
@@ -51,9 +52,8 @@ def tls_server(request: pytest.FixtureRequest, certificate: tuple[Path, Path]) -
         options.update(ssl_context=context, auth_require_tls=False)
     controller = Controller(recorder, hostname="127.0.0.1", port=port, **options)
     controller.start()
-    mailer.close()
     yield request.param, port, recorder
-    mailer.close()
+    aio.resolve(aio.close_loop_resources())  # this thread's loop: the sessions the test opened, QUIT
     controller.stop()
 
 
@@ -70,7 +70,7 @@ def test_tls_and_login(tls_server: tuple[str, int, Recorder], certificate: tuple
         smtp_host="127.0.0.1", smtp_port=port, smtp_security=security, smtp_username="mailer",
         smtp_password="s3cret", smtp_tls_ca_file=certificate[0],  # noqa: S106 - the test server's password
     )  # fmt: skip
-    assert mailer.send(settings, message(), ["ada@example.com"]) == ["ada@example.com"]
+    assert aio.resolve(mailer.send(settings, message(), ["ada@example.com"])) == ["ada@example.com"]
     (received,) = recorder.received
     assert received.tls
     assert received.message["Subject"] == "over TLS"
@@ -83,7 +83,7 @@ def test_wrong_password_is_permanent(tls_server: tuple[str, int, Recorder], cert
         smtp_password="wrong", smtp_tls_ca_file=certificate[0],  # noqa: S106 - a wrong password on purpose
     )  # fmt: skip
     with pytest.raises(mailer.SmtpPermanent, match="535"):
-        mailer.send(settings, message(), ["ada@example.com"])
+        aio.resolve(mailer.send(settings, message(), ["ada@example.com"]))
     assert recorder.received == []
 
 
@@ -91,5 +91,5 @@ def test_untrusted_certificate_is_refused(tls_server: tuple[str, int, Recorder])
     security, port, recorder = tls_server
     settings = load_settings(smtp_host="127.0.0.1", smtp_port=port, smtp_security=security)
     with pytest.raises(mailer.SmtpTransient, match="CERTIFICATE_VERIFY_FAILED"):
-        mailer.send(settings, message(), ["ada@example.com"])
+        aio.resolve(mailer.send(settings, message(), ["ada@example.com"]))
     assert recorder.received == []
