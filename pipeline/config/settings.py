@@ -129,9 +129,8 @@ class Settings(BaseSettings):
     webhook_connect_timeout: float = Field(default=5.0, gt=0, le=60)
     #: Seconds to wait for each read/write of a delivery (the whole request is bounded by the task limits).
     webhook_timeout: float = Field(default=15.0, gt=0, le=300)
-    #: Open connections of one worker process's webhook client, all destinations together (kept alive and reused).
+    #: One worker process's webhook client: open connections (kept alive), and requests at once to one host.
     webhook_max_connections: int = Field(default=500, ge=1, le=100_000)
-    #: Deliveries one worker process sends at once to one destination host; the rest wait their turn.
     webhook_connections_per_host: int = Field(default=250, ge=1, le=100_000)
     #: Cluster-wide limit per destination host, N/s, N/m or N/h.
     webhook_rate_per_host: str = Field(default="10/s", pattern=RATE_PATTERN)
@@ -147,14 +146,11 @@ class Settings(BaseSettings):
     task_events: bool = False
     events_idle_timeout: float = Field(default=60.0, ge=10, le=86400)
     worker_soft_shutdown_timeout: float = Field(default=25.0, ge=0)
-    #: Jobs one process of the asyncio pool (`pipeline worker`: email, webhooks) keeps in flight at once. 200 keeps
-    #: an endpoint answering in 100 ms busy at about 2,000 deliveries/s per process; `-c` overrides it.
+    #: Jobs in flight per process of the asyncio pool (`pipeline worker`: email, webhooks); `-c` overrides it.
     worker_concurrency: int = Field(default=200, ge=1, le=10_000)
-    #: Threads of the asyncio pool that run plain (sync) tasks, so a blocking job never stalls the event loop.
-    worker_threads: int = Field(default=8, ge=1, le=1000)
+    worker_threads: int = Field(default=8, ge=1, le=1000)  #: the asyncio pool's threads for sync tasks
     worker_max_memory_per_child: int | None = Field(default=None, ge=1024)
-    #: Deliveries of one message before it is dead-lettered (reason `delivery_limit`) instead of run again: a job
-    #: whose run takes its whole worker down comes back once per lease, and would otherwise do so forever.
+    #: Deliveries of a message before it is dead-lettered (`delivery_limit`): one that kills its worker comes back.
     max_deliveries: int = Field(default=5, ge=1, le=1000)
     #: Read by Celery itself before any app code runs; recorded here so the worker can warn when it is missing.
     remap_sigterm: str | None = None
