@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+import redis.asyncio
 from kombu.utils.encoding import bytes_to_str
 
 from pipeline.celery_app import get_app
@@ -68,6 +69,23 @@ def broker_redis() -> Iterator[redis.Redis]:
             yield client
 
 
+def _direct_options(timeout: float) -> dict[str, Any]:
+    settings = get_settings()
+    options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    if settings.broker_url.startswith("rediss://"):
+        options["ssl_cert_reqs"] = settings.redis_tls_cert_reqs
+        if settings.redis_tls_ca_file is not None:
+            options["ssl_ca_certs"] = str(settings.redis_tls_ca_file)
+    return options
+
+
+def async_redis(timeout: float) -> redis.asyncio.Redis | None:
+    """An asyncio client of its own on the broker (for the asyncio pool's event loop), with `timeout` for connect and
+    answer; None for Sentinel URLs (their callers use `broker_redis`, which follows failovers)."""
+    url = get_settings().broker_url
+    return None if is_sentinel(url) else redis.asyncio.Redis.from_url(url, **_direct_options(timeout))
+
+
 def direct_redis(timeout: float) -> redis.Redis | None:
     """A client of its own on the broker with short timeouts (`timeout`: connect and answer), so a call fails fast
     while Redis is down.
@@ -76,16 +94,8 @@ def direct_redis(timeout: float) -> redis.Redis | None:
     `broker_connection_max_retries` allows (forever); a watchdog or a lease renewal must not wait that long. None
     for Sentinel URLs, which go through the pool (it follows failovers).
     """
-    settings = get_settings()
-    url = settings.broker_url
-    if is_sentinel(url):
-        return None
-    options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
-    if url.startswith("rediss://"):
-        options["ssl_cert_reqs"] = settings.redis_tls_cert_reqs
-        if settings.redis_tls_ca_file is not None:
-            options["ssl_ca_certs"] = str(settings.redis_tls_ca_file)
-    return redis.Redis.from_url(url, **options)
+    url = get_settings().broker_url
+    return None if is_sentinel(url) else redis.Redis.from_url(url, **_direct_options(timeout))
 
 
 def replicas_wanted() -> int:

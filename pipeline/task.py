@@ -170,8 +170,9 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
             raise self.retry_transient(exc) from exc
 
     def _guarded(self, fn: JobFunction, job: Any, index: int) -> dict[str, Any]:
-        """`fn(job, ctx)` as JSON, inside GUARDS[index:], nested: each stops even when an inner one raised."""
-        if index == len(GUARDS):
+        """`fn(job, ctx)` as JSON, inside GUARDS[index:], nested: each stops even when an inner one raised. The guards
+        watch the one job of the main thread: an async job of the asyncio pool, interleaved with others, has none."""
+        if index == len(GUARDS) or aio.in_job():
             result: BaseModel = aio.resolve(fn(job, self.job_context()))  # an `async def` task's coroutine, awaited
             return result.model_dump(mode="json")
         guard = GUARDS[index]

@@ -10,19 +10,22 @@ WEBHOOK_ALLOWED_HOSTS. `post` then connects to the vetted address itself (the Ho
 name stay the original host), so a second DNS answer cannot point it elsewhere (DNS rebinding);
 redirects are never followed.
 
-Connections: one `httpx.AsyncClient` per event loop (a worker process of the asyncio pool has one), kept alive per
+Connections: one aiohttp session per event loop (a worker process of the asyncio pool has one), kept alive per
 vetted address and reused by every delivery to it; at most WEBHOOK_MAX_CONNECTIONS open, and at most
-WEBHOOK_CONNECTIONS_PER_HOST requests at once to one host (the rest wait their turn in the process).
+WEBHOOK_CONNECTIONS_PER_HOST to one address (the rest wait their turn in the process). Not httpx's AsyncClient: its
+connection pool walks every connection for each request (https://github.com/encode/httpcore/pull/1035, open), which
+at a few hundred deliveries in flight cost most of a worker's CPU (docs/benchmarks.md, "I/O concurrency").
 """
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import hashlib
 import hmac
 import time
 
-import httpx
+import aiohttp
+import yarl
 
 from pipeline.errors import TransientError
 from pipeline.pools import aio
@@ -52,27 +55,31 @@ def verify(secret: bytes, header: str, body: bytes, tolerance_s: float = 300, no
     return hmac.compare_digest(sign(secret, timestamp, body), f"t={timestamp},v1={parts.get('v1', '')}")
 
 
-def _client(max_connections: int) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    return httpx.AsyncClient(follow_redirects=False, trust_env=False, limits=limits, headers={"User-Agent": USER_AGENT})
+#: A response body larger than this is not read: its connection is closed instead of kept for the next delivery.
+MAX_BODY_READ = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """What a delivery's classification needs of the subscriber's response."""
+
+    status_code: int
+    reason: str
+    retry_after: str | None
 
 
 class Pool:
-    """This event loop's HTTP client (keep-alive per destination address) and its per-host connection bounds."""
+    """This event loop's HTTP connections: one aiohttp session, kept alive per destination address, at most
+    `max_connections` open and `per_host` to one address (aiohttp's connector limits)."""
 
     def __init__(self, max_connections: int, per_host: int) -> None:
-        self.client = _client(max_connections)
-        self.per_host = per_host
-        self.hosts: dict[str, asyncio.Semaphore] = {}
-
-    def bound(self, host: str) -> asyncio.Semaphore:
-        found = self.hosts.get(host)
-        if found is None:
-            found = self.hosts[host] = asyncio.Semaphore(self.per_host)
-        return found
+        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=per_host, use_dns_cache=False)
+        self.session = aiohttp.ClientSession(
+            connector=connector, trust_env=False, auto_decompress=False, headers={"User-Agent": USER_AGENT}
+        )
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await self.session.close()
 
 
 def pool(max_connections: int, per_host: int) -> Pool:
@@ -81,24 +88,25 @@ def pool(max_connections: int, per_host: int) -> Pool:
 
 
 async def post(
-    url: httpx.URL,
-    target: Target,
-    body: bytes,
-    headers: dict[str, str],
-    connect_s: float,
-    timeout_s: float,
-    connections: Pool,
-) -> httpx.Response:
-    """POST `body` to `target.address`, presenting `url`'s host, on a pooled connection to that address (at most
-    `connections.per_host` at once per host); transport failures are `TransientError`."""
-    direct = url.copy_with(host=target.address)
-    timeout = httpx.Timeout(timeout_s, connect=connect_s)
-    extensions = {"sni_hostname": target.host} if url.scheme == "https" else {}
-    request_headers = {"Host": url.netloc.decode("ascii"), **headers}
+    url: yarl.URL, target: Target, body: bytes, headers: dict[str, str], connect_s: float, timeout_s: float, via: Pool
+) -> Answer:
+    """POST `body` to `target.address`, presenting `url`'s host (Host header, TLS server name and certificate check),
+    on a pooled connection to that address; redirects are not followed; transport failures are `TransientError`."""
+    direct = url.with_host(target.address)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_s, connect=connect_s, sock_read=timeout_s)
+    request_headers = {"Host": url.raw_authority, **headers}
+    tls_name = target.host if url.scheme == "https" else None
     try:
-        async with connections.bound(target.host):
-            return await connections.client.post(
-                direct, content=body, headers=request_headers, extensions=extensions, timeout=timeout
-            )
-    except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+        async with via.session.post(
+            direct,
+            data=body,
+            headers=request_headers,
+            allow_redirects=False,
+            timeout=timeout,
+            server_hostname=tls_name,
+        ) as response:
+            if (response.content_length or 0) <= MAX_BODY_READ:
+                await response.read()  # the whole answer read: its connection goes back to the pool
+            return Answer(response.status, response.reason or "", response.headers.get("Retry-After"))
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
         raise TransientError(f"{type(exc).__name__} posting to {target.host}: {exc}") from exc

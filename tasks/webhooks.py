@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
+import yarl
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
 from pipeline.config import get_settings
@@ -91,14 +91,14 @@ def retry_after_s(value: str | None, now: float | None = None) -> float | None:
     return min(max(0.0, seconds), MAX_RETRY_AFTER_S)
 
 
-def classify(response: httpx.Response, host: str) -> None:
+def classify(response: webhook_http.Answer, host: str) -> None:
     """Raise for a response that is not a success, transient or permanent as the module docstring says."""
     code = response.status_code
     if 200 <= code < 300:
         return
-    message = f"{host} answered {code} {response.reason_phrase}"
+    message = f"{host} answered {code} {response.reason}"
     if code == 429:
-        raise TransientError(message, retry_after=retry_after_s(response.headers.get("Retry-After")))
+        raise TransientError(message, retry_after=retry_after_s(response.retry_after))
     if code >= 500 or code == 408:
         raise TransientError(message)
     raise PermanentError(message + (" (redirects are not followed)" if 300 <= code < 400 else ""))
@@ -117,10 +117,10 @@ async def deliver(job: WebhookJob, ctx: JobContext) -> WebhookResult:
     settings = get_settings()
     if settings.webhook_signing_secret is None:
         raise PermanentError("WEBHOOK_SIGNING_SECRET is not set: refusing to send unsigned webhooks")
-    url = httpx.URL(str(job.url))
+    url = yarl.URL(str(job.url))
     vet = functools.partial(netguard.vet, str(url), settings.webhook_allowed_hosts, setting="WEBHOOK_ALLOWED_HOSTS")
     # An address needs no lookup; a name is resolved off the event loop (a slow DNS answer stalls no other job).
-    target = vet() if _is_address(url.host) else await asyncio.to_thread(vet)
+    target = vet() if _is_address(url.host or "") else await asyncio.to_thread(vet)
     body = json.dumps({"event": job.event, "payload": job.payload}, separators=(",", ":")).encode()
     secret = settings.webhook_signing_secret.get_secret_value().encode()
     headers = {

@@ -127,6 +127,11 @@ def delivering(qos: DeferredAcks) -> Iterator[None]:
         _current.qos = outer
 
 
+def current_qos() -> DeferredAcks | None:
+    """The QoS whose delivery runs on this thread now (`delivering`), if any."""
+    return getattr(_current, "qos", None)
+
+
 def carry(stored: Stored, request: Any) -> bool:
     """The result backend's carrier: True when a delivery on this thread took the result (see the module doc)."""
     qos: DeferredAcks | None = getattr(_current, "qos", None)
@@ -136,5 +141,6 @@ def carry(stored: Stored, request: Any) -> bool:
 
 
 def enable_carried_results() -> None:
-    """In a solo worker: its jobs' results are stored with their acknowledgements."""
+    """In a solo worker (or the asyncio pool's, whose async jobs go on `delivering` their QoS again): its jobs'
+    results are stored with their acknowledgements."""
     OneTripStore.carrier = staticmethod(carry)  # a plain function, not a method of the backend

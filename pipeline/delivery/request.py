@@ -53,7 +53,7 @@ from pipeline.constants import DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT
 from pipeline.delivery.lease import Leases
 from pipeline.dlq import capture
 from pipeline.errors import DeliveryLimitExceeded, JobCancelled
-from pipeline.pools import is_solo
+from pipeline.pools import traces_in_main_thread
 
 log = logging.getLogger(__name__)
 
@@ -211,27 +211,25 @@ class Request(CeleryRequest):
 
     def terminate(self, pool: Any, signal: Any = None) -> None:
         stop_job = getattr(pool, "stop_job", None)
-        if stop_job is not None and self.time_start:
-            # The asyncio pool: `JobCancelled` raised in the job (its coroutine cancelled); `on_failure` records
-            # it as cancelled (or, for a lease lost, records nothing), as a solo worker's job.
-            stop_job(self.id, JobCancelled)
+        if stop_job is not None and self.time_start and stop_job(self.id, JobCancelled):
+            # An async job of the asyncio pool: `JobCancelled` raised in it (its coroutine cancelled); `on_failure`
+            # records it as cancelled (or, for a lease lost, records nothing), as a solo worker's job.
             return
         super().terminate(pool, signal)
 
     def cancel(self, pool: Any, signal: Any = None, emit_retry: bool = True) -> None:
         if self.task.acks_late:
             emit_retry = False  # no backend write while the broker is away; its message comes back instead
-        stop_job = getattr(pool, "stop_job", None)
-        if stop_job is not None and self.time_start:
-            # The asyncio pool (a cold shutdown, or a lease lost): the job is stopped; nothing stored, and its
+        if self.time_start and self.id in getattr(pool, "jobs", ()):
+            # An async job of the asyncio pool (a cold shutdown, or a lease lost): stopped; nothing stored, and its
             # message goes back (or is a peer's).
             if not self._lease_lost:
                 self._announce_cancelled(emit_retry=False)  # type: ignore[attr-defined]  # Celery's own; not in celery-types
-            stop_job(self.id, JobCancelled)
+            pool.stop_job(self.id, JobCancelled)
             return
         if (
             self.time_start
-            and is_solo(pool)  # the job runs in the main thread, where a cold shutdown's signal handler runs
+            and traces_in_main_thread(pool)  # the job runs in the main thread, where a cold shutdown's handler runs
             and threading.current_thread() is threading.main_thread()
         ):
             # Celery would ask the pool to kill the job, which the solo pool cannot (NotImplementedError, raised

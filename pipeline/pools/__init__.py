@@ -35,8 +35,14 @@ def pool_kind(pool: Any) -> str:
 
 
 def is_asyncio(pool: Any) -> bool:
-    """Many jobs in flight in one process: async tasks on an event loop, sync ones on threads (`-P custom`)."""
+    """Many jobs in flight in one process: async tasks' coroutines on an event loop (`-P custom`)."""
     return pool_kind(pool) == "asyncio"
+
+
+def traces_in_main_thread(pool: Any) -> bool:
+    """Jobs are traced in the worker's main thread, one plain job at a time (solo; the asyncio pool's plain jobs, and
+    its async jobs' traces between their waits)."""
+    return pool_kind(pool) in ("solo", "asyncio")
 
 
 def is_solo(pool: Any) -> bool:

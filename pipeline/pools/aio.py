@@ -3,9 +3,9 @@
 A typed task's function may be `async def` (`webhooks.deliver`, `email.send`). Celery's tracer, which calls it, is
 synchronous, so the coroutine the function returns is handed on by `resolve`:
 
-* in the I/O worker's asyncio pool (`pipeline.runtime.asyncpool`) each job's trace runs in a `JobGreenlet` on the
-  process's event loop thread: `resolve` switches to the loop, which awaits the coroutine among every other job's
-  (time limits and cancels apply there) and switches back with its result or its exception;
+* in the I/O worker's asyncio pool (`pipeline.runtime.asyncpool`) each async job's trace runs in a `JobGreenlet`:
+  `resolve` switches back to the worker, which has the process's asyncio loop await the coroutine among every other
+  job's (time limits and cancels apply there) and switches into the greenlet again with its result or exception;
 * anywhere else (a solo or prefork worker, a script calling the task), on an event loop of the calling thread's own,
   kept for that thread's next job, so the pooled clients of `per_loop` stay open between jobs: one job at a time.
 
@@ -38,7 +38,12 @@ _runners_lock = threading.Lock()
 
 
 class JobGreenlet(greenlet):  # type: ignore[misc]  # greenlet's class is untyped for subclassing
-    """A job of the asyncio pool: its trace runs here; its coroutine is awaited by the greenlet's parent (the loop)."""
+    """An async job of the asyncio pool: its trace runs here; its coroutine is awaited on the pool's loop."""
+
+
+def in_job() -> bool:
+    """Whether this is an async job's greenlet of the asyncio pool (other jobs interleave with it)."""
+    return isinstance(getcurrent(), JobGreenlet)
 
 
 def resolve(value: Any) -> Any:

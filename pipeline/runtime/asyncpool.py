@@ -1,48 +1,55 @@
 """The asyncio pool: one worker process keeps WORKER_CONCURRENCY jobs in flight (`-P custom`, what `pipeline worker`
 runs for the I/O queues).
 
-Celery's tracer is synchronous, so each job's trace (signals, the typed task's wrapper, the result, the
-acknowledgement) runs as it does in any pool; only where the job goes differs:
+Celery's tracer is synchronous. Every job's trace (signals, the typed task's wrapper, the result, the
+acknowledgement) runs in the worker's main thread, as in the solo pool, so the solo profile's economies hold: the
+result carried by the acknowledging call, acknowledgements written together on the event loop's tick, one decode.
+Where a job waits differs:
 
-* an `async def` task (`PipelineTask.is_async`: `webhooks.deliver`, `email.send`) is traced in a greenlet on the
-  process's event loop thread (`pipeline.pools.aio.JobGreenlet`). When the task's function returns its coroutine, the
-  greenlet switches to the loop, which awaits it as a task of its own among every other job's, and switches back
-  with its result or exception. The trace's own Redis calls (result, acknowledgement) block the loop for their
-  round trip, as a short Python step would. Celery's request context is per greenlet (`celery.utils.threads` uses
-  greenlet's identity when greenlet is installed), so each job sees its own `task.request`;
-* a plain (sync) task runs on one of WORKER_THREADS threads, so a blocking job never stalls the loop.
+* an `async def` task (`PipelineTask.is_async`: `webhooks.deliver`, `email.send`) is traced in a greenlet
+  (`pipeline.pools.aio.JobGreenlet`). When its function returns its coroutine, the greenlet switches back to the
+  worker, which hands the coroutine to the process's asyncio loop (a thread of its own) and goes on fetching and
+  tracing other jobs. The loop awaits every job's coroutine at once; each outcome is handed back to the worker's
+  event loop (kombu's hub, `call_soon`: thread-safe, it wakes the poll), which switches into the greenlet with the
+  result or the exception, and the trace goes on from there. Celery's request context is per greenlet
+  (`celery.utils.threads` keys it by greenlet when greenlet is installed), so each job sees its own `task.request`;
+* a plain (sync) task runs at once, in the main thread, exactly as in the solo pool (its time limits from the
+  SIGALRM timer, a cancel raised in it): keep those short; long sync work belongs on the CPU profile.
 
 Backpressure: Celery's prefetch is the pool's limit times the multiplier, and the worker sets the multiplier to 1
 for this pool (`pipeline.runtime.worker`), so it never holds more unacknowledged jobs than it may run at once.
 
-Per job, on the loop: the soft time limit cancels the coroutine and raises `SoftTimeLimitExceeded` in the job (it
-fails, retried or dead-lettered as any error); a job whose coroutine ignores its cancellation until the hard limit
-(or CANCEL_GRACE_S after a cancel) ends there with `TimeLimitExceeded` (or its cancel), is reported, and the
-process is recycled: a warm shutdown, after which `pipeline worker` starts it again. A sync job gets the same
-exceptions raised in its thread (`PyThreadState_SetAsyncExc`: at its next Python instruction). A cancel of a running
-job (`pipeline.runtime.cancels`) or a lease lost to a peer (`pipeline.delivery.fencing`) reaches the job through
-`stop_job` (`pipeline.delivery.request.Request.terminate`/`cancel`): `JobCancelled` is raised in it.
+Per async job, on the loop: the soft time limit cancels the coroutine and `SoftTimeLimitExceeded` is raised in the
+job (it fails, retried or dead-lettered as any error); a coroutine that ignores its cancellation until the hard limit
+(or CANCEL_GRACE_S after a cancel) is abandoned there, the job ends with `TimeLimitExceeded` (or its cancel), is
+reported (`pipeline_jobs_abandoned_total`) and the process is recycled: a warm shutdown, after which `pipeline worker`
+starts it again. A cancel of a running job (`pipeline.runtime.cancels`) or a lease lost to a peer
+(`pipeline.delivery.fencing`) reaches it through `stop_job` (`pipeline.delivery.request.Request.terminate`/`cancel`):
+`JobCancelled` is raised in it.
 
-A warm shutdown waits for the jobs in flight (Celery's soft shutdown bounds it with WORKER_SOFT_SHUTDOWN_TIMEOUT);
-a cold one stops them and their messages go back to their queues when the worker closes its connection.
+Shutdown: a soft shutdown (`pipeline.runtime.worker.Worker.wait_for_soft_shutdown`) and a warm one let the jobs in
+flight finish (`drain`, WORKER_SOFT_SHUTDOWN_TIMEOUT at most); a cold one stops them, and their messages go back to
+their queues when the worker closes its connection.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
+import collections
+import contextlib
 import logging
 import os
-import threading
+import select
+import selectors
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from celery.concurrency.base import BasePool, apply_target
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.worker import state
+from greenlet import getcurrent  # type: ignore[import-untyped]  # no stubs are published
 
-from pipeline.config import get_settings
+from pipeline.delivery import acks
 from pipeline.errors import JobCancelled
 from pipeline.observability import metrics
 from pipeline.pools import aio
@@ -51,43 +58,56 @@ log = logging.getLogger(__name__)
 
 #: How long a stopped (cancelled) coroutine may take to unwind before it is abandoned and the process recycled.
 CANCEL_GRACE_S = 2.0
-#: Exit status of a worker process that leaves with a sync job stuck past its hard limit (its supervisor restarts it).
-EX_STUCK = 70
+#: Rounds of the asyncio loop one wake-up runs at most before the worker's own events get their turn.
+MAX_ROUNDS = 64
 #: What `pipeline worker` passes (`-P custom` with CELERY_CUSTOM_WORKER_POOL naming this class).
 POOL = "pipeline.runtime.asyncpool:AsyncPool"
 
 
-def _async_raise(thread: int, exc: type[BaseException] | None) -> None:
-    """Raise `exc` in `thread` at its next Python instruction (None: forget one not raised yet)."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(exc) if exc else None)
+class _Loop(asyncio.SelectorEventLoop):
+    """asyncio's selector loop, stepped by the worker's own event loop (`AsyncPool.run_once`)."""
+
+    def has_ready(self) -> bool:
+        """Callbacks are ready to run now (asyncio's own queue, `BaseEventLoop._ready`, 3.11 to 3.14)."""
+        return bool(self._ready)  # type: ignore[attr-defined]
+
+    def next_timer(self) -> float | None:
+        """When the soonest timer is due, on the loop's clock (`BaseEventLoop._scheduled`, a heap); None: none."""
+        scheduled = self._scheduled  # type: ignore[attr-defined]
+        return float(scheduled[0].when()) if scheduled else None
 
 
 class Job:
-    """One job in flight: its trace's arguments, its limits, and how to stop it."""
+    """One async job in flight: its greenlet, its limits, and how to stop it."""
 
-    __slots__ = ("abandoned", "accept", "args", "body", "callback", "done", "give_up_at", "hard", "lock", "name",
-                 "reason", "soft", "started", "task_id", "thread", "timers", "wake")  # fmt: skip
+    __slots__ = (
+        "body",
+        "give_up_at",
+        "greenlet",
+        "hard",
+        "name",
+        "qos",
+        "reason",
+        "soft",
+        "started",
+        "task_id",
+        "wake",
+    )
 
-    def __init__(self, args: Any, callback: Any, accept: Any, soft: float | None, hard: float | None) -> None:
-        self.args = args
-        self.callback = callback
-        self.accept = accept
-        self.name = str(args[1])  # args: the tracer, then (task name, task id, request, body, ...)
-        self.task_id = str(args[2])
+    def __init__(self, name: str, task_id: str, soft: float | None, hard: float | None) -> None:
+        self.name = name
+        self.task_id = task_id
         self.soft = soft
         self.hard = hard
         self.started = time.monotonic()
+        self.greenlet: Any = None
         self.body: asyncio.Task[Any] | None = None
         self.wake: asyncio.Future[None] | None = None
         #: The exception the job is being stopped with (a limit or a cancel), once stopped.
         self.reason: BaseException | None = None
         self.give_up_at: float | None = None
-        self.thread = 0
-        self.lock = threading.Lock()
-        self.done = False
-        #: A sync job stuck past its hard limit: no longer counted in flight (a warm shutdown does not wait for it).
-        self.abandoned = False
-        self.timers: list[asyncio.TimerHandle] = []
+        #: The QoS of the delivery the job came in: its result is carried by the call that acknowledges it.
+        self.qos: Any = acks.current_qos()
 
     def deadline(self, limit: float | None) -> float | None:
         return None if limit is None else self.started + limit
@@ -98,18 +118,17 @@ class AsyncPool(BasePool):
 
     body_can_be_buffer = True
     signal_safe = False
-    #: `pipeline.pools.pool_kind` names it by its module.
-    is_green = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.threads = get_settings().worker_threads
-        self.executor = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="pipeline-sync")
-        self.loop = asyncio.new_event_loop()
+        self.selector = selectors.DefaultSelector()
+        self.loop = _Loop(self.selector)
         self.jobs: dict[str, Job] = {}
-        self._idle = threading.Condition()
-        self._in_flight = 0
-        self._thread = threading.Thread(target=self._run_loop, name="pipeline-jobs", daemon=True)
+        #: Coroutines that ended, (job, task), for their greenlets to go on outside the loop's iteration.
+        self._ended: collections.deque[tuple[Job, asyncio.Task[Any]]] = collections.deque()
+        self._hub: Any = None
+        self._timer: Any = None
+        self._timer_at = 0.0
         self._pid = os.getpid()
         self.recycling = False
 
@@ -117,44 +136,105 @@ class AsyncPool(BasePool):
 
     def on_start(self) -> None:
         self._pid = os.getpid()
-        self._thread.start()
 
-    def _run_loop(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_forever()
-            self.loop.run_until_complete(aio.close_loop_resources())
-        finally:
-            self.loop.close()
+    def register_with_event_loop(self, loop: Any) -> None:
+        """The worker's event loop (kombu's hub) runs the asyncio loop: whenever the asyncio loop's selector has
+        events (its own file descriptor is readable), at its next timer, and after a job hands it a coroutine."""
+        self._hub = loop
+        loop.add_reader(self.selector.fileno(), self.run_once)
 
     def on_stop(self) -> None:
-        """Warm shutdown: the jobs in flight finish (Celery's soft shutdown bounds how long), then the loop stops."""
-        with self._idle:
-            self._idle.wait_for(lambda: self._in_flight == 0)
+        """Warm shutdown: the jobs in flight finish (Celery's soft shutdown already bounded how long), then the loop
+        closes its pooled clients."""
+        self.drain(None)
         self._close()
-        stuck = [job.task_id for job in list(self.jobs.values()) if job.abandoned and not job.done]
-        if stuck:
-            # Their threads would hold the interpreter's exit (it joins them): leave now. Their deliveries come back
-            # after their lease, counted towards MAX_DELIVERIES.
-            log.critical("exiting with %d job(s) stuck past their hard time limit: %s", len(stuck), ", ".join(stuck))
-            logging.shutdown()
-            os._exit(EX_STUCK)
 
     def on_terminate(self) -> None:
         """Cold shutdown: what still runs is stopped; its messages go back when the connection closes."""
         for job in list(self.jobs.values()):
             self.stop_job(job.task_id, JobCancelled)
+        self.drain(CANCEL_GRACE_S)
         self._close()
 
     def _close(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(10)
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.loop.is_closed() or self.loop.is_running():
+            return
+        if self._hub is not None:
+            with contextlib.suppress(Exception):  # the hub may be closed already
+                self._hub.remove_reader(self.selector.fileno())
+        try:
+            self.loop.run_until_complete(aio.close_loop_resources())
+        finally:
+            self.loop.close()
 
     @property
     def num_processes(self) -> int:
         return int(self.limit or 0)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.jobs)
+
+    # -- running the asyncio loop from the worker's -----------------------------------------------------------
+
+    def run_once(self) -> None:
+        """Run what the asyncio loop has to do now (its ready callbacks, its I/O, timers due), then the traces of the
+        jobs whose coroutine ended, until nothing is left to do now; arm the hub for the loop's next timer."""
+        loop = self.loop
+        if loop.is_running() or loop.is_closed():
+            return
+        for _ in range(MAX_ROUNDS):
+            loop.call_soon(loop.stop)
+            loop.run_forever()  # one iteration: stop() was called first (asyncio's documented behaviour)
+            self._resume_ended()
+            if not loop.has_ready():
+                break
+        else:
+            self._wake()  # more to do: after the worker's other events
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        when = self.loop.next_timer()
+        hub = self._hub
+        if when is None or hub is None:
+            return
+        if self._timer is not None and self._timer_at <= when:
+            return  # an earlier (or the same) wake-up is armed
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = hub.call_later(max(0.0, when - self.loop.time()), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.run_once()
+
+    def _wake(self) -> None:
+        if self._hub is not None:
+            self._hub.call_soon(self.run_once)
+
+    def drain(self, timeout: float | None) -> bool:
+        """From the main thread, outside any job and outside the loop (a shutdown): go on with the jobs in flight
+        until none is left (or `timeout` seconds). True when none is left."""
+        if getcurrent().parent is not None or self.loop.is_running() or self.loop.is_closed():
+            return not self.jobs  # a signal arrived inside a job or an iteration: not from here
+        deadline = None if timeout is None else time.monotonic() + timeout
+        qoses = {job.qos for job in self.jobs.values() if job.qos is not None}
+        while self.jobs:
+            self.run_once()
+            for qos in qoses:  # the event loop's tick no longer writes what the jobs that ended here deferred
+                qos.flush_acks(carry=False)
+            if not self.jobs:
+                break
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            pause = 0.05 if left is None else min(0.05, left)
+            when = self.loop.next_timer()
+            if when is not None:
+                pause = min(pause, max(0.0, when - self.loop.time()))
+            select.select([self.selector.fileno()], [], [], pause)
+        return True
 
     # -- applying a job --------------------------------------------------------------------------------------
 
@@ -169,63 +249,49 @@ class AsyncPool(BasePool):
         soft_timeout: float | None = None,
         **_: Any,
     ) -> None:
+        task = self.app.tasks.get(args[0]) if self.app is not None else None
+        if not getattr(task, "is_async", False):  # a plain job runs here and now, as in the solo pool
+            apply_target(target, args, kwargs, callback, accept_callback, pid=self._pid)
+            return
         hard = timeout or self.options.get("timeout") or None
         soft = soft_timeout or self.options.get("soft_timeout") or None
-        job = Job((target, *args), callback, accept_callback, soft, hard)
-        with self._idle:
-            self._in_flight += 1
+        job = Job(str(args[0]), str(args[1]), soft, hard)
         self.jobs[job.task_id] = job
-        task = self.app.tasks.get(args[0]) if self.app is not None else None
-        if getattr(task, "is_async", False):
-            self.loop.call_soon_threadsafe(self._spawn, job)
-        else:
-            self.executor.submit(self._run_sync, job)
+        job.greenlet = aio.JobGreenlet(self._trace)
+        self._after(job, job.greenlet.switch(job, target, args, kwargs, callback, accept_callback))
 
-    def _trace(self, job: Job) -> None:
-        target, *args = job.args
+    def _trace(self, job: Job, target: Any, args: Any, kwargs: Any, callback: Any, accept: Any) -> None:
         try:
-            apply_target(target, tuple(args), None, job.callback, job.accept, pid=self._pid)
+            apply_target(target, args, kwargs, callback, accept, pid=self._pid)
         except BaseException:  # the tracer handled the job's own errors; this is the pool's bookkeeping failing
             log.exception("job %s: its trace raised", job.task_id)
 
-    def _finished(self, job: Job) -> None:
-        with job.lock:
-            job.done = True
-            if job.thread and job.reason is not None:
-                _async_raise(job.thread, None)  # one not raised yet must not hit the thread's next job
-        for timer in job.timers:
-            timer.cancel()
-        if self.jobs.get(job.task_id) is job:
-            del self.jobs[job.task_id]
-        if not job.abandoned:
-            self._leave(job)
+    def _after(self, job: Job, awaited: Any) -> None:
+        """`job`'s trace switched back: it ended, or it waits for `awaited`, its coroutine (handed to the loop)."""
+        if job.greenlet.dead:
+            if self.jobs.get(job.task_id) is job:
+                del self.jobs[job.task_id]
+            return
+        body = self.loop.create_task(self._await_body(job, awaited))
+        body.add_done_callback(lambda ended: self._ended.append((job, ended)))
+        if not self.loop.is_running():
+            self._wake()
 
-    def _leave(self, job: Job) -> None:
-        """`job` no longer counts in flight."""
-        with self._idle:
-            self._in_flight -= 1
-            self._idle.notify_all()
+    def _resume_ended(self) -> None:
+        """Outside the loop's iteration: switch into the greenlet of each job whose coroutine has ended."""
+        while self._ended:
+            job, ended = self._ended.popleft()
+            exc = ended.exception()
+            with acks.delivering(job.qos) if job.qos is not None else contextlib.nullcontext():
+                awaited = job.greenlet.switch(ended.result()) if exc is None else job.greenlet.throw(exc)
+            self._after(job, awaited)
 
-    # -- async jobs: a greenlet on the loop ------------------------------------------------------------------
-
-    def _spawn(self, job: Job) -> None:
-        self.loop.create_task(self._drive(job))
-
-    async def _drive(self, job: Job) -> None:
-        runner = aio.JobGreenlet(self._trace)
-        try:
-            value = runner.switch(job)
-            while not runner.dead:
-                try:
-                    result = await self._await_body(job, value)
-                except BaseException as exc:  # noqa: BLE001  # the job's exception goes back into its trace
-                    value = runner.throw(exc)
-                else:
-                    value = runner.switch(result)
-        finally:
-            self._finished(job)
+    # -- a job's coroutine, on the loop ----------------------------------------------------------------------
 
     async def _await_body(self, job: Job, coro: Any) -> Any:
+        if job.reason is not None:  # stopped (a limit, a cancel) while outside its coroutine
+            coro.close()
+            raise job.reason
         body = job.body = self.loop.create_task(coro)
         job.wake = self.loop.create_future()
         soft_at, hard_at = job.deadline(job.soft), job.deadline(job.hard)
@@ -242,7 +308,7 @@ class AsyncPool(BasePool):
                 limit = job.soft if deadline == soft_at else job.hard
                 self._stop(job, SoftTimeLimitExceeded(limit) if deadline == soft_at else TimeLimitExceeded(limit))
             elif job.reason is not None and job.give_up_at is not None and now >= job.give_up_at:
-                self._abandon(job, body)
+                self._abandon(job)
                 if isinstance(job.reason, SoftTimeLimitExceeded) and job.hard is not None:
                     raise TimeLimitExceeded(job.hard)  # it ran on to its hard limit
                 raise job.reason
@@ -252,8 +318,8 @@ class AsyncPool(BasePool):
         return body.result()
 
     def _stop(self, job: Job, reason: BaseException) -> None:
-        """On the loop: stop `job` with `reason` (its coroutine cancelled, or its thread interrupted)."""
-        if job.done or job.reason is not None:
+        """On the loop: stop `job` with `reason` (its coroutine cancelled; raised at once if it has none yet)."""
+        if job.reason is not None:
             return
         job.reason = reason
         grace = CANCEL_GRACE_S
@@ -264,10 +330,8 @@ class AsyncPool(BasePool):
             job.body.cancel()
             if job.wake is not None and not job.wake.done():
                 job.wake.set_result(None)
-        elif job.thread:
-            self._interrupt(job, type(reason))
 
-    def _abandon(self, job: Job, body: asyncio.Task[Any]) -> None:
+    def _abandon(self, job: Job) -> None:
         """The job's coroutine ignored its cancellation: the job ends now; the process is recycled."""
         log.error(
             "job %s ignored its cancellation (%r) for %.1f s: ended here; this worker process is recycled",
@@ -284,60 +348,14 @@ class AsyncPool(BasePool):
             self.recycling = True
             state.should_stop = 0  # type: ignore[assignment]  # typed None in celery-types; Celery's event loop raises WorkerShutdown(0) at its next iteration
 
-    # -- sync jobs: a thread each ----------------------------------------------------------------------------
-
-    def _run_sync(self, job: Job) -> None:
-        job.thread = threading.get_ident()
-        if job.soft or job.hard or job.reason is not None:
-            self.loop.call_soon_threadsafe(self._arm, job)
-        try:
-            self._trace(job)
-        finally:
-            self._finished(job)
-
-    def _arm(self, job: Job) -> None:
-        if job.done:
-            return
-        if job.reason is not None:  # stopped before its thread started
-            self._interrupt(job, type(job.reason))
-        for limit, exc in ((job.soft, SoftTimeLimitExceeded), (job.hard, TimeLimitExceeded)):
-            if limit:
-                at = max(0.0, job.started + limit - time.monotonic())
-                job.timers.append(self.loop.call_later(at, self._limit_sync, job, exc))
-
-    def _limit_sync(self, job: Job, exc: type[BaseException]) -> None:
-        if job.done:
-            return
-        job.reason = exc()
-        self._interrupt(job, exc)
-        if exc is TimeLimitExceeded:  # one stuck outside Python (a C call) ignores it: reported and recycled
-            job.timers.append(self.loop.call_later(CANCEL_GRACE_S, self._check_sync, job))
-
-    def _check_sync(self, job: Job) -> None:
-        with job.lock:
-            if job.done or job.abandoned:
-                return
-            job.abandoned = True
-        self._leave(job)
-        log.error("job %s runs on past its hard time limit (blocked outside Python?): recycling", job.task_id)
-        metrics.child(metrics.jobs_abandoned, job.name).inc()
-        self.recycle()
-
-    def _interrupt(self, job: Job, exc: type[BaseException]) -> None:
-        with job.lock:
-            if not job.done and job.thread:
-                _async_raise(job.thread, exc)
-
     # -- stopping a job from another thread ------------------------------------------------------------------
 
     def stop_job(self, task_id: str, reason: type[BaseException]) -> bool:
-        """Stop the job `task_id` if it runs here (any thread): `reason` is raised in it. True if it was found."""
+        """Stop the async job `task_id` if it runs here (from any thread): `reason` is raised in it. True if it was
+        found; False for a plain job (it runs in the main thread: `pipeline.runtime.cancels` interrupts it there)."""
         job = self.jobs.get(task_id)
         if job is None or self.loop.is_closed():
             return False
-        if reason is JobCancelled:
-            exc: BaseException = JobCancelled(task_id)
-        else:
-            exc = reason()
-        self.loop.call_soon_threadsafe(self._stop, job, exc)
+        exc: BaseException = JobCancelled(task_id) if reason is JobCancelled else reason()
+        self.loop.call_soon_threadsafe(self._stop, job, exc)  # wakes the loop's selector: the hub runs it
         return True

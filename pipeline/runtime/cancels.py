@@ -13,6 +13,8 @@ beside the delivery step, runs `Listener`: a daemon thread with its own Redis co
   processes under REMAP_SIGTERM=SIGQUIT (what the start scripts set). REVOKED is stored, the message acknowledged
   and its lease released; the pool process is replaced and the worker takes its next job. What the job started
   in a session of its own (ffmpeg) is not killed with it;
+* asyncio pool: an async job is stopped through the pool (`stop_job`: its coroutine cancelled, `JobCancelled` raised in
+  it); a plain job runs in the main thread, as in solo:
 * solo: the job runs in the worker's thread, which no pool can kill: `Interrupter` (a guard around each job,
   `pipeline.task.GUARDS`) raises `JobCancelled` in it: on the main thread through the time limits' SIGALRM handler
   (`pipeline.runtime.timelimits`: a blocking call is interrupted too), on another thread (an embedded worker) as an
@@ -43,7 +45,7 @@ from pipeline.broker import broker_redis, direct_redis
 from pipeline.constants import CANCEL_CHANNEL, CANCEL_KEY, UNACKED_KEY
 from pipeline.delivery.lease import Leases
 from pipeline.errors import JobCancelled
-from pipeline.pools import is_solo
+from pipeline.pools import traces_in_main_thread
 from pipeline.runtime.timelimits import alarm_limits
 from pipeline.task import GUARDS, PipelineTask
 
@@ -190,7 +192,7 @@ class CancelStep(bootsteps.StartStopStep):
 
     def start(self, parent: Any) -> None:
         self.pool = parent.pool
-        if is_solo(parent.pool):
+        if traces_in_main_thread(parent.pool):
             self.interrupter = Interrupter()
             GUARDS.append(self.interrupter)  # innermost: stopped first, so nothing is left to raise after a job
         else:
@@ -210,6 +212,10 @@ class CancelStep(bootsteps.StartStopStep):
     def on_cancel(self, task_id: str) -> None:
         """The listener heard `task_id` cancelled (its thread)."""
         state.revoked.add(task_id)  # held and not started: discarded when it would run (Request.revoked)
+        stop_job = getattr(self.pool, "stop_job", None)
+        if stop_job is not None and stop_job(task_id, JobCancelled):  # an async job of the asyncio pool
+            log.warning("job %s was cancelled while it ran: stopping it", task_id)
+            return
         if self.interrupter is not None:
             self.interrupter.interrupt(task_id)
             return

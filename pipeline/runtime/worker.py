@@ -22,7 +22,9 @@
   elements that are not messages are dead-lettered instead of stopping it, each delivery is fetched and leased in
   one step, and jobs running when the connection drops go on and are acknowledged once it is back.
 * An asyncio-pool worker (`-P custom`, `pipeline.runtime.asyncpool`; what `pipeline worker` runs) keeps
-  WORKER_CONCURRENCY jobs in flight (unless `-c` says otherwise) and prefetches no more than that (multiplier 1).
+  WORKER_CONCURRENCY jobs in flight (unless `-c` says otherwise) and prefetches no more than that (multiplier 1). It
+  traces jobs in its main thread as a solo worker does (the same time limits, carried results and decoded bodies for
+  its plain jobs); its soft shutdown lets the async jobs in flight finish, and requeues a plain one at once.
 * The tracer writes a plain result's text with Python's `repr` (`pipeline.compat.resultrepr`, installed in
   `on_before_init`), not with Celery's much slower walker.
 """
@@ -42,7 +44,7 @@ from pipeline.config import get_settings
 from pipeline.config.celery import WORKER_RESULT_RETRIES, prefetch_multiplier, worker_profile
 from pipeline.constants import DEAD_LETTER_QUEUE
 from pipeline.delivery import acks, request
-from pipeline.pools import is_asyncio, is_solo
+from pipeline.pools import is_asyncio, is_solo, traces_in_main_thread
 from pipeline.runtime import timelimits
 from pipeline.runtime.stall import mark_stopping, running_job
 from pipeline.task import GUARDS
@@ -92,7 +94,7 @@ class Worker(CeleryWorker):
         queues = set(self.app.amqp.queues.consume_from)
         refuse_dead_letter_queue(queues)
         self.apply_profile(queues)
-        if is_solo(getattr(self, "pool_cls", None)):
+        if traces_in_main_thread(getattr(self, "pool_cls", None)):
             timelimits.enable()  # Celery enforces no time limit in the solo pool: a timer in the main thread does
             acks.enable_carried_results()  # a job's result is stored by the call that acknowledges it
             request.enable_decoded_bodies()  # the job runs here: its body is decoded once, not twice
@@ -131,13 +133,22 @@ class Worker(CeleryWorker):
     def wait_for_soft_shutdown(self) -> Any:
         if not (state.active_requests or state.reserved_requests):
             return None
+        timeout = float(self.app.conf.worker_soft_shutdown_timeout or 0)
+        if is_asyncio(getattr(self, "pool_cls", None)):
+            # The jobs in flight go on here (their traces run in this thread), up to the timeout; the rest go back.
+            mark_stopping(timeout)
+            pool: Any = self.pool
+            if not pool.drain(timeout):
+                log.warning("%d job(s) still in flight after the soft shutdown: they go back to their queues",
+                            pool.in_flight)  # fmt: skip
+            return None
         if is_solo(getattr(self, "pool_cls", None)):
             # The job runs in this thread, under this signal handler: sleeping would pause it, not let it
             # finish. Cold shutdown at once: the running job goes back to its queue now, not in N seconds.
             log.warning("solo worker: the running job is requeued now (it cannot finish during a soft shutdown)")
             return None
         # The soft shutdown sleeps in the signal handler, so the event loop (and the heartbeat) stops meanwhile.
-        mark_stopping(float(self.app.conf.worker_soft_shutdown_timeout or 0))
+        mark_stopping(timeout)
         return super().wait_for_soft_shutdown()
 
 

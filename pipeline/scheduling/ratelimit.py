@@ -11,23 +11,27 @@ part) that lets it start without taking another slot (unless it arrives later th
 jobs ask again, so busy workers cannot bunch deferred jobs into a burst), and a `pipeline_throttled` count. The
 new message's ETA is the wait from this worker's clock; a worker holding it whose clock is off starts it early or
 late by as much, and the script then tells it to wait again for the same slot (early) or asks again (late).
-Its state meanwhile is THROTTLED ("scheduled").
+Its state meanwhile is THROTTLED ("scheduled"). An async job of the asyncio pool awaits a slot up to AWAIT_IN_PLACE_S
+ahead where it is, on the pool's event loop (and asks for it there, with the loop's own client), so neither costs the
+worker's thread a wait.
 Each deferral counts in `pipeline_rate_limit_throttled_total{task}`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 from celery.exceptions import Ignore
 
 from pipeline import publish
-from pipeline.broker import broker_redis
+from pipeline.broker import async_redis, broker_redis
 from pipeline.constants import HEADER_RATE_SLOT, HEADER_THROTTLED, RATE_LIMIT_KEY
 from pipeline.fairness.rates import ClusterRate
-from pipeline.lua import script
+from pipeline.lua import script, source
 from pipeline.observability import metrics
+from pipeline.pools import aio
 from pipeline.task import PipelineTask, request_header
 
 
@@ -47,6 +51,50 @@ def acquire(limit: ClusterRate, task_name: str, job: Any, carried: float | None 
     return max(0.0, float(wait) / 1000), float(slot) / 1000
 
 
+#: An async job given a slot at most this far ahead awaits it in place (the worker goes on with its other jobs) instead
+#: of being published again for it.
+AWAIT_IN_PLACE_S = 1.0
+#: Longest wait for the asyncio pool's own client (connect or answer), seconds.
+ASYNC_CLIENT_TIMEOUT_S = 10.0
+
+
+def _script_client() -> tuple[Any, Any] | None:
+    """This event loop's asyncio client and its `rate_acquire` script, or None (a Sentinel broker)."""
+    client = aio.per_loop("broker.redis", lambda: async_redis(ASYNC_CLIENT_TIMEOUT_S), _aclose)
+    if client is None:
+        return None
+    return client, aio.per_loop("rate_acquire", lambda: client.register_script(source("rate_acquire")), _noop)
+
+
+async def _aclose(client: Any) -> None:
+    if client is not None:
+        await client.aclose()
+
+
+async def _noop(_: Any) -> None:
+    return None
+
+
+async def acquire_async(limit: ClusterRate, task_name: str, job: Any, carried: float | None) -> tuple[float, float]:
+    """`acquire`, awaited on the asyncio pool's loop with its own client: the worker's thread goes on with other jobs
+    meanwhile (with Sentinel, `acquire` itself, through the pool that follows failovers)."""
+    on = _script_client()
+    if on is None:
+        return acquire(limit, task_name, job, carried)
+    client, rate_acquire = on
+    interval_ms = limit.interval() * 1000
+    args = [interval_ms, (limit.burst - 1) * interval_ms, "" if carried is None else carried * 1000]
+    wait, slot = await rate_acquire(keys=[_redis_key(limit, task_name, job)], args=args, client=client)
+    return max(0.0, float(wait) / 1000), float(slot) / 1000
+
+
+def _acquire(limit: ClusterRate, task_name: str, job: Any, carried: float | None) -> tuple[float, float]:
+    """`acquire`; in an async job of the asyncio pool, on its event loop (see `acquire_async`)."""
+    if aio.in_job():
+        return aio.resolve(acquire_async(limit, task_name, job, carried))  # type: ignore[no-any-return]
+    return acquire(limit, task_name, job, carried)
+
+
 def admit(task: PipelineTask, job: Any) -> None:
     """Return when `job` may run now (or its task has no cluster limit); otherwise publish it again for its
     slot and raise `Ignore`. Installed in `pipeline.task.ADMISSION` by the worker's runtime."""
@@ -57,8 +105,11 @@ def admit(task: PipelineTask, job: Any) -> None:
     carried = request_header(request, HEADER_RATE_SLOT)
     # A deferred job on (about) its slot starts; without one, or late for it, it asks again. Judged in the
     # script, on Redis's clock: the slot was given by one host and is checked by another.
-    wait, slot = acquire(limit, task.name, job, None if carried is None else float(carried))
+    wait, slot = _acquire(limit, task.name, job, None if carried is None else float(carried))
     if wait <= 0:
+        return
+    if wait <= AWAIT_IN_PLACE_S and aio.in_job():
+        aio.resolve(asyncio.sleep(wait))  # its slot is reserved: an async job waits for it without holding a thread
         return
     throttled = int(request_header(request, HEADER_THROTTLED) or 0) + 1
     headers = {**(request.headers or {}), HEADER_RATE_SLOT: slot, HEADER_THROTTLED: throttled}

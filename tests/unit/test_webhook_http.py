@@ -6,7 +6,6 @@ import email.utils
 import hashlib
 import hmac
 
-import httpx
 import pytest
 
 from pipeline.errors import PermanentError, TransientError
@@ -48,7 +47,7 @@ def test_retry_after_seconds_and_http_date() -> None:
     ],
 )
 def test_response_classes(status: int, kind: type[Exception] | None) -> None:
-    response = httpx.Response(status, headers={"Retry-After": "3"})
+    response = webhook_http.Answer(status, "Reason", "3")
     if kind is None:
         classify(response, "h")
         return
