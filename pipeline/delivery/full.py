@@ -11,9 +11,11 @@ workers drain the backlog that filled Redis. What else a worker sends is handled
 - kombu's queue size (`Channel._size`, asked as Celery declares each queue) is read without MULTI;
 - kombu's binding write (`Channel._queue_bind`: SADD in a MULTI, or kombu's binding script for a queue that
   expires) is refused even when the binding is there: a binding in place is kept as it is; one that is not
-  there (the worker's remote-control mailbox, mingle's reply queue, a queue never declared before) is skipped
-  and bound again once Redis has room (`Channel.maybe_refresh_binding_expiry`, every second);
-- kombu's refresh of expiring bindings and its delete of a reply queue (MULTIs) wait for room.
+  there (the worker's remote-control mailbox, its gossip queue, a queue never declared before) is skipped and
+  bound again once Redis has room (`Channel.maybe_refresh_binding_expiry`, every second); a reply queue's
+  (mingle's broadcast) is skipped: the next broadcast declares its own;
+- kombu's refresh of expiring bindings (scripts that grow memory) waits for room; its delete of a reply or
+  auto-delete queue (a MULTI) is skipped.
 
 Each write skipped is said once, with a WARNING naming maxmemory; the process says once that Redis is full
 (`FullState.refused`) and once that it has room again (`FullState.room`: INFO memory read every ROOM_CHECK_S while
@@ -21,7 +23,7 @@ full, room meaning ROOM_MARGIN below maxmemory). `pipeline exporter` serves the 
 (`pipeline.broker.MemoryStats.full`).
 
 Not handled: kombu's sweep of expired leases and a holder's requeue are MULTIs, refused until Redis has room again
-(`pipeline.delivery.transport.QoS.restore_visible` tries again at its next sweep).
+(`pipeline.delivery.transport.QoS.restore_visible` says so once and tries again at its next sweep).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ class FullState:
         if first:
             log.warning(
                 "Redis is at maxmemory (%s): writes that need memory are refused; this worker drains the backlog "
-                "(its fetch, acknowledgements and results free memory)",
+                "(its fetch and acknowledgements free memory, results are stored all the same)",
                 exc,
             )
         if new:
@@ -143,7 +145,7 @@ class FullRedis:
         except redis.exceptions.ResponseError as exc:
             if not is_oom(exc):
                 raise
-            STATE.refused("deleting a reply queue (it holds nothing: kombu's binding only)", exc)
+            STATE.refused("kombu's delete of a reply or auto-delete queue (a MULTI)", exc)
             return None
 
     def maybe_refresh_binding_expiry(self: Any) -> Any:
