@@ -61,14 +61,20 @@ def pings(node: Node) -> list[object]:
         app.close()
 
 
+def said_room(log: str) -> bool:
+    """Every worker that said Redis is full has said since that it has room again."""
+    return log.count("Redis has room again") == log.count("Redis is at maxmemory (") >= 1
+
+
 def assert_said_once_per_change(log: str, workers: int) -> None:
-    """No reconnect loop; each worker said at most once that Redis is full, then once that it has room again; each
-    write it skipped is said once (per worker)."""
+    """No reconnect loop; each worker says once that Redis is full and once that it has room again, per change
+    (Redis may dip below maxmemory while the first jobs are settled and fill again with their results: a change
+    too, hence the bound); each write it skipped is said once per time Redis was full."""
     assert "Connection to broker lost" not in log and "Frequent restarts" not in log, log[-3000:]
     full, room = log.count("Redis is at maxmemory ("), log.count("Redis has room again")
-    assert 1 <= full <= workers and room == full, (full, room)
+    assert 1 <= full <= 3 * workers and room == full, (full, room)
     skipped = collections.Counter(line.split("] ", 1)[-1] for line in log.splitlines() if "skipped until" in line)
-    assert skipped and max(skipped.values()) <= workers, skipped
+    assert skipped and max(skipped.values()) <= full, skipped
     assert any("maxmemory" in line and "remote-control" in line for line in skipped)
 
 
@@ -99,7 +105,7 @@ def test_a_worker_command_started_on_a_full_redis_runs_every_accepted_job(
         assert waiting(broker, "default") == 0 and broker.hlen("unacked") == 0
         # Results are stored past maxmemory (`store.lua`): room comes back as results expire, or as memory is added.
         broker.config_set("maxmemory", int(broker.info("memory")["used_memory"]) + 4 * 1024 * 1024)
-        wait_for(lambda: worker.log().count("Redis has room again") >= 1, 10, 0.2, what="room again, said")
+        wait_for(lambda: said_room(worker.log()), 10, 0.2, what="every worker to say it has room again")
         assert value(wait_for(lambda: try_scrape(port), 10, 0.2), "pipeline_redis_full") == 0  # type: ignore[arg-type]
         wait_for(lambda: len(pings(full_redis)) == workers, 20, 0.5, what="remote control to reach every worker")
         assert worker.running()
