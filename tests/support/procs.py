@@ -1,4 +1,4 @@
-"""Real processes for tests: a throwaway redis-server and Celery workers, each stopped by PID.
+"""Real processes for tests: a throwaway redis-server, Celery workers and any other command, each stopped by PID.
 
 Nothing here touches the developer's Redis on 6379 or any process it did not start itself.
 """
@@ -217,7 +217,10 @@ class Worker:
 
 
 class Command:
-    """A worker command in its own session, its output in `log_path`; `stop` ends it and what it started, by PID."""
+    """A command (a worker command, beat, the exporter, `pipeline run`) in its own session, its output in `log_path`.
+
+    `stop` sends SIGTERM, waits, then SIGKILLs its process group by PID (what it started there and left); a command
+    that starts children in sessions of their own (`pipeline run`) stops them itself on SIGTERM."""
 
     def __init__(self, argv: Sequence[str], log_path: Path, env: Mapping[str, str]) -> None:
         self.argv, self.log_path = list(argv), log_path
