@@ -221,6 +221,23 @@ class MemoryStats:
     used_bytes: int
     max_bytes: int
     policy: str
+    #: Buffers Redis leaves out when it compares its memory with maxmemory (replication, AOF).
+    uncounted_bytes: int = 0
+
+    @property
+    def full(self) -> bool:
+        """At maxmemory as Redis counts it for a refusal: with noeviction, writes that need memory are refused."""
+        return self.max_bytes > 0 and self.used_bytes - self.uncounted_bytes > self.max_bytes
+
+    @classmethod
+    def from_info(cls, info: dict[str, Any]) -> MemoryStats:
+        """From the reply of `INFO memory`."""
+        return cls(
+            int(info.get("used_memory", 0)),
+            int(info.get("maxmemory", 0)),
+            str(info.get("maxmemory_policy", "")),
+            int(info.get("mem_not_counted_for_evict", 0)),
+        )
 
     @property
     def used_ratio(self) -> float | None:
@@ -238,10 +255,7 @@ class MemoryStats:
 def memory_stats() -> MemoryStats:
     """The broker's memory use, limit and eviction policy (one `INFO memory`: allowed on managed Redis too)."""
     with broker_redis() as client:
-        info = client.info("memory")
-    return MemoryStats(
-        int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)), str(info.get("maxmemory_policy", ""))
-    )
+        return MemoryStats.from_info(client.info("memory"))
 
 
 def queue_keys(queue: str) -> list[str]:

@@ -123,9 +123,10 @@ class ParkedStats:
 
 
 def parked_stats(now: float | None = None) -> ParkedStats:
-    """Count the parked jobs and measure the most overdue one, in one round trip."""
+    """Count the parked jobs and measure the most overdue one, in one round trip (no MULTI: Redis at maxmemory
+    refuses one, reads included, and the exporter must read a full broker)."""
     with broker_redis() as client:
-        pipe = client.pipeline(transaction=True)
+        pipe = client.pipeline(transaction=False)
         pipe.zcard(DELAYED_KEY)
         pipe.zrange(DELAYED_KEY, 0, 0, withscores=True)
         count, earliest = pipe.execute()

@@ -12,7 +12,8 @@ swallows it, leaving `scheduler.lock` None, and the next `tick` fails on `None.e
 
 - a beat started while Redis is away waits for it (`setup_schedule` retried) instead of exiting;
 - a Redis error in a tick is logged and the tick is tried again `OUTAGE_RETRY_S` later: the process
-  never exits because of the broker;
+  never exits because of the broker; Redis at maxmemory refusing beat's writes is not an outage: said once
+  ("Redis is at maxmemory"), and once when a tick goes through again ("Redis has room again");
 - after an error the lease counts as lost; the next tick renews it if this beat still holds the lock,
   or takes it if it is free (the lease expired during the outage), or stands by if another beat took
   it: a standby sends nothing and polls the lock every `max_interval`;
@@ -58,7 +59,7 @@ from redbeat.decoder import RedBeatJSONEncoder
 from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, get_redis
 from redis.exceptions import LockError, LockNotOwnedError
 
-from pipeline.broker import add_wait, check_replicas, replicas_wanted
+from pipeline.broker import MemoryStats, add_wait, check_replicas, is_oom, replicas_wanted
 from pipeline.compat import BEAT_LIBRARIES, marking, versions
 from pipeline.config import get_settings
 from pipeline.config.celery import is_sentinel
@@ -79,6 +80,8 @@ class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no typ
 
     lock: Any = None
     _lease_until = 0.0
+    #: Redis refused a write for memory (maxmemory, noeviction) and has not taken one since: said once.
+    _at_maxmemory = False
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         versions.require("beat", BEAT_LIBRARIES, get_settings().allow_unverified_versions)
@@ -97,23 +100,45 @@ class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no typ
             try:
                 super().setup_schedule()
             except _REDIS_DOWN as exc:
-                log.warning("beat: Redis unreachable at start, retrying in %.0fs: %r", OUTAGE_RETRY_S, exc)
+                if not self._full(exc, "the start"):
+                    log.warning("beat: Redis unreachable at start, retrying in %.0fs: %r", OUTAGE_RETRY_S, exc)
                 time.sleep(OUTAGE_RETRY_S)
             else:
+                self._room()
                 return
 
     def tick(self, min: Any = min, **kwargs: Any) -> float:
         try:
             if self.lock_key and not self._hold_lock():
                 return float(self.max_interval)
-            return float(self._send_due(min))
+            due = float(self._send_due(min))
+            self._room()
+            return due
         except NotReplicated as exc:
             log.warning("beat: %s; nothing sent, retrying in %.0fs", exc, OUTAGE_RETRY_S)
             return float(min(OUTAGE_RETRY_S, self.max_interval))
         except _REDIS_DOWN as exc:
             self._lease_until = 0.0  # unknown whether the renewal reached Redis: assume the lease is gone
-            log.warning("beat: Redis error in a tick, retrying in %.0fs: %r", OUTAGE_RETRY_S, exc)
+            if not self._full(exc, "each tick"):
+                log.warning("beat: Redis error in a tick, retrying in %.0fs: %r", OUTAGE_RETRY_S, exc)
             return float(min(OUTAGE_RETRY_S, self.max_interval))
+
+    def _full(self, exc: BaseException, what: str) -> bool:
+        """True if `exc` is Redis's refusal at maxmemory (not an outage): said once until Redis has room again."""
+        if not is_oom(exc):
+            return False
+        if not self._at_maxmemory:
+            log.warning(
+                "beat: Redis is at maxmemory (%s): %s wait for room, tried every %.0fs", exc, what, OUTAGE_RETRY_S
+            )
+        self._at_maxmemory = True
+        return True
+
+    def _room(self) -> None:
+        """After a call that went through: said once Redis is below maxmemory again (a tick may write nothing)."""
+        if self._at_maxmemory and not MemoryStats.from_info(get_redis(self.app).info("memory")).full:
+            self._at_maxmemory = False
+            log.warning("beat: Redis has room again (below maxmemory)")
 
     def _send_due(self, min: Any) -> Any:
         """redbeat's `tick` after the lock renewal (unchanged)."""

@@ -46,7 +46,8 @@ ENTRIES: tuple[Entry, ...] = (
         critical=True,
     ),
     Entry(
-        "kombu.transport.redis.Channel._queue_bind, _size, keyprefix_queue, sep (a worker starts on a full Redis)",
+        "kombu.transport.redis.Channel._queue_bind, _delete, _size, maybe_refresh_binding_expiry, keyprefix_queue, "
+        "sep (a worker starts on a full Redis, and binds what it skipped once Redis has room)",
         "pipeline.delivery.full",
         _KOMBU,
         "tests/ha/test_full_redis.py::test_a_binding_in_place_is_kept_on_a_full_redis_as_kombu_writes_it",

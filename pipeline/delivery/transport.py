@@ -156,7 +156,7 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
             except redis.exceptions.ResponseError as exc:  # the mutex and the restores are MULTIs: refused when full
                 if not is_oom(exc):
                     raise
-                log.warning("Redis is at maxmemory: expired leases are restored once it has room (%s)", exc)
+                full.STATE.refused("the sweep of expired leases (a MULTI)", exc)
                 return None
         if restored:
             metrics.leases.labels(outcome="restored").inc(restored)

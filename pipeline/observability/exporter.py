@@ -4,9 +4,10 @@ Serves `QUEUE_FAMILIES` of `pipeline.observability.metrics`: depth per queue (al
 is paused (`pipeline.scheduling.pause`), jobs in flight (kombu's `unacked` hash), age of the oldest waiting job per
 queue, the dead-letter queue's size, the jobs parked until they are due (`pipeline:delayed`) with how overdue the
 earliest one is, the broker's memory used against its `maxmemory` (0 when unlimited: the project's own figures, so
-an alert on a full broker needs no redis_exporter), and whether the broker could be read. Run exactly one per
-deployment (any number is harmless, but every one reads Redis on every scrape). It is a custom collector on a
-registry of its own, so it never mixes with the multiprocess files a worker writes.
+an alert on a full broker needs no redis_exporter) and whether it is at maxmemory now (`pipeline_redis_full`: Redis
+refuses new jobs while the workers drain the backlog, `pipeline.delivery.full`), and whether the broker could be
+read. Run exactly one per deployment (any number is harmless, but every one reads Redis on every scrape). It is a
+custom collector on a registry of its own, so it never mixes with the multiprocess files a worker writes.
 """
 
 from __future__ import annotations
@@ -69,8 +70,10 @@ class QueueCollector(Collector):
         used, limit = _family("pipeline_redis_memory_used_bytes"), _family("pipeline_redis_memory_max_bytes")
         used.add_metric([], memory.used_bytes)
         limit.add_metric([], memory.max_bytes)
+        full = _family("pipeline_redis_full")
+        full.add_metric([], 1 if memory.full else 0)
         up.add_metric([], 1)
-        yield from (depth, age, paused, dlq, flight, delayed, overdue, used, limit, up)
+        yield from (depth, age, paused, dlq, flight, delayed, overdue, used, limit, full, up)
 
 
 def registry_for(queues: Sequence[str]) -> CollectorRegistry:

@@ -119,5 +119,10 @@ QUEUE_FAMILIES: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
         "The broker's maxmemory (0: no limit). At it, with noeviction, Redis refuses new jobs.",
         (),
     ),
+    "pipeline_redis_full": (
+        "1 while the broker's Redis is at maxmemory (used memory above it as Redis counts it), else 0: with noeviction "
+        "it refuses new jobs while workers drain the backlog.",
+        (),
+    ),
     "pipeline_broker_up": ("1 when the exporter could read the broker on this scrape, else 0.", ()),
 }

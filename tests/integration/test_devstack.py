@@ -14,7 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.procs import free_port, wait_for
+from tests.support.full import fill, full_node, pipeline_command, states
+from tests.support.procs import Command, free_port, wait_for
+from tests.support.replicas import ProducerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -133,3 +135,31 @@ def test_local_stack_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         for proc_ in [psutil.Process(stack.pid), *children] if stack.poll() is None else children:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc_.kill()
+
+
+def test_local_stack_started_on_a_full_redis_runs_every_accepted_job(tmp_path: Path, work_dir: Path) -> None:
+    """`pipeline run` on a Redis at maxmemory (noeviction) that the typed producer filled until it refused a job:
+    its workers start, run every accepted job (each result stored), and none of them loops on reconnects; the stack
+    stays up (beat and Flower wait for room too). In this file: it uses the stack's fixed ports, as the test above."""
+    node = full_node(tmp_path / "redis")
+    producer = ProducerProcess(tmp_path / "producer.log", {"REDIS_URL": node.url}).start()
+    stack = Command(
+        pipeline_command("run", "--no-api"),
+        tmp_path / "stack.log",
+        {"REDIS_URL": node.url, "DATA_DIR": str(tmp_path / "data"), "LOCAL_WEBHOOK_PORT": str(free_port())},
+    )
+    try:
+        accepted = fill(producer)
+        assert len(accepted) > 300
+        stack.start()
+        client = node.client()
+        wait_for(lambda: states(client, accepted)["SUCCESS"] == len(accepted), 90, 0.5, what="every accepted job")
+        assert states(client, accepted) == {"SUCCESS": len(accepted)}
+        assert stack.running()
+        log = stack.log()
+    finally:
+        stack.stop()
+        producer.stop()
+        node.stop()
+    assert "Connection to broker lost" not in log and "Frequent restarts" not in log, log[-3000:]
+    assert "Redis is at maxmemory (" in log and "exited" not in log

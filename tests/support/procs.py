@@ -1,4 +1,4 @@
-"""Real processes for tests: a throwaway redis-server and Celery workers, each stopped by PID.
+"""Real processes for tests: a throwaway redis-server, Celery workers and any other command, each stopped by PID.
 
 Nothing here touches the developer's Redis on 6379 or any process it did not start itself.
 """
@@ -12,8 +12,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Self
 
 import redis
 
@@ -210,6 +211,45 @@ class Worker:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
         self.kill_group(signal.SIGKILL)  # pool children left behind, if any
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        self.proc = None
+
+
+class Command:
+    """A command (a worker command, beat, the exporter, `pipeline run`) in its own session, its output in `log_path`.
+
+    `stop` sends SIGTERM, waits, then SIGKILLs its process group by PID (what it started there and left); a command
+    that starts children in sessions of their own (`pipeline run`) stops them itself on SIGTERM."""
+
+    def __init__(self, argv: Sequence[str], log_path: Path, env: Mapping[str, str]) -> None:
+        self.argv, self.log_path = list(argv), log_path
+        self.env = {**os.environ, **env}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Self:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 40) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # what it started and left, if anything
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
         self.proc = None
