@@ -85,6 +85,8 @@ class Advanced:
     #: The node's step has all its nodes recorded.
     complete: bool
     queued: list[str]
+    #: Creating with an idempotency key an earlier start claimed: that flow's id (nothing was written).
+    first: str | None = None
 
 
 def advance(client: redis.Redis, flow_id: str, keys: Sequence[str], args: Sequence[Any]) -> Advanced:
@@ -94,6 +96,8 @@ def advance(client: redis.Redis, flow_id: str, keys: Sequence[str], args: Sequen
     if reached is not None:
         check_replicas(reached)
     recorded, state, complete, *queued = reply
+    if not recorded and not state and queued:  # an idempotency key's holder
+        return Advanced(False, "", False, [], first=text(queued[0]))
     return Advanced(bool(recorded), text(state), bool(complete), [text(q) for q in queued])
 
 

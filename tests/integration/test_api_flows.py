@@ -92,12 +92,18 @@ def test_a_chain_started_over_http_is_seen_step_by_step_until_it_succeeds(api: A
 def test_a_fan_out_and_its_join_over_http(api: ApiServer) -> None:
     key = uuid.uuid4().hex
     with api.client() as client:
-        accepted = client.post("/flows/test_fan", json={"key": key, "n": 3}).json()
+        keyed = {"Idempotency-Key": f"fan-{key}"}
+        accepted = client.post("/flows/test_fan", json={"key": key, "n": 3}, headers=keyed).json()
+        again = client.post("/flows/test_fan", json={"key": key, "n": 3}, headers=keyed)
+        assert (again.status_code, again.json(), again.headers["location"]) == (202, accepted, accepted["status_url"])
+        other = client.post("/flows/test_fan", json={"key": key, "n": 3}, headers={"Idempotency-Key": "bad key"})
+        assert other.status_code == 422 and other.json()["detail"][0]["loc"] == ["header", "Idempotency-Key"]
         done = until(client, accepted["id"], "succeeded")
     split, join = done["steps"]
     assert (split["fan_out"], split["jobs"], split["counts"]) == (True, 3, {"succeeded": 3})
     assert [item["node"] for item in split["items"]] == ["split[0]", "split[1]", "split[2]"]
     assert (join["after"], join["state"], join["jobs"]) == (["split"], "succeeded", 1)
+    assert sum(r["event"] == "start" for r in run_records(key)) == 3  # one flow ran: its three items
 
 
 def test_invalid_input_is_a_422_naming_the_field_and_unknown_names_and_ids_are_404(api: ApiServer) -> None:

@@ -46,6 +46,19 @@ def test_a_chain_hands_the_first_steps_result_to_the_second() -> None:
     assert flow_id in [f.id for f in list_flows(name="test_chain")]
 
 
+def test_a_start_with_an_idempotency_key_used_before_returns_the_first_flow(redis_server: RedisServer) -> None:
+    key = uuid.uuid4().hex
+    first = start("test_chain", {"key": key}, idempotency_key=key)
+    assert start("test_chain", {"key": key, "second": "transient"}, idempotency_key=key) == first
+    other = start("test_diamond", {"key": key}, idempotency_key=key)  # a key is per flow name
+    assert other != first
+    held = f"pipeline:flow-start:test_chain:{key}"
+    assert redis_server.client().get(held) == first.encode() and redis_server.client().ttl(held) > 0
+    _until(first, FlowState.SUCCEEDED)
+    _until(other, FlowState.SUCCEEDED)
+    assert len(attempts(f"{key}:second")) == 1  # one flow of test_chain ran
+
+
 def test_a_step_that_retries_keeps_its_place_in_the_flow() -> None:
     key = uuid.uuid4().hex
     flow_id = start("test_chain", {"key": key, "second": "transient"})
