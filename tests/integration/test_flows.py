@@ -14,6 +14,7 @@ from pipeline.errors import PayloadInvalid
 from pipeline.flows import FlowNotFound, start
 from pipeline.flows.view import FlowFinished, FlowState, FlowStatus, cancel_flow, flow_status, list_flows
 from pipeline.status import JobState
+from tests.support.flow_client import FlowClient
 from tests.support.procs import RedisServer, wait_for
 from tests.support.worker_app import attempts, run_records
 
@@ -75,6 +76,37 @@ def test_a_fan_out_runs_every_item_and_its_join_once_with_all_results() -> None:
     assert len({job.id for job in split.items}) == 25
     assert sum(r["event"] == "finish" for r in run_records(key)) == 25
     assert len(attempts(f"{key}:join:25")) == 1  # the join ran once, with the 25 results
+
+
+def _commands(server: RedisServer) -> int:
+    """Commands the server has run (INFO commandstats), not counting INFO itself."""
+    stats: dict[str, Any] = server.client().info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+
+def test_the_status_of_a_thousand_way_fan_out_takes_a_bounded_number_of_commands(own_redis: RedisServer) -> None:
+    """On a Redis of its own that no worker reads, the commands one status costs, whatever the fan-out's size: a round
+    trip carries at least one, so they bound the round trips too (5 here: the flow's hash, then one pipeline of its
+    sets, then every job's result, record and due time, each in one command)."""
+    with FlowClient(own_redis.url) as flows:
+        flow_id = flows.start("test_fan", {"key": uuid.uuid4().hex, "n": 1000})
+        flows.status(flow_id)  # connections made: what follows is the steady state
+        before = _commands(own_redis)
+        queued = flows.status(flow_id)
+        spent = _commands(own_redis) - before
+        split = queued["steps"][0]
+        assert (split["jobs"], split["counts"], len(split["items"])) == (1000, {"queued": 1000}, 50)
+        assert spent <= 12, spent  # 9, and a connection's handshake at times (up to 3,000 when read job by job)
+
+        flows.race(flow_id, copies=1, threads=4)  # every item recorded as if it ran: the join is queued
+        before = _commands(own_redis)
+        joining = flows.status(flow_id)
+        spent = _commands(own_redis) - before
+    assert [(s["counts"], s["state"]) for s in joining["steps"]] == [
+        ({"succeeded": 1000}, "succeeded"),
+        ({"queued": 1}, "queued"),
+    ]
+    assert spent <= 12, spent
 
 
 def test_a_diamond_joins_two_parallel_steps_once() -> None:
