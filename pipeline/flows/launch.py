@@ -191,7 +191,7 @@ def advance(flow: Flow[Any], ref: Ref, task_id: str, result: dict[str, Any], flo
         if not (first.complete and first.state == "running" and step.children):
             return first
         then = _call(client, ref.id, head, [], _offers(flow, ref, step, result, flow_input))
-        return Advanced(first.recorded, then.state, then.complete, then.queued)
+        return Advanced(first.recorded, then.state, then.complete, then.queued, since=first.since)
     return _call(client, ref.id, head, [], _offers(flow, ref, step, result, flow_input))
 
 
