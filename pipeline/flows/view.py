@@ -5,7 +5,8 @@ replayed): `failed_step` names the step. A step's state comes from the one job-s
 a step not queued yet has none (`waiting_for` names the steps it waits on); a step of several jobs (a fan-out) shows
 the state of its least advanced job, with a count per state. Nodes whose result the flow recorded are `succeeded`
 without asking the result backend; the others are read as any job is, all in one batch (`pipeline.status.job_statuses`):
-a flow's status costs a bounded number of Redis round trips (about eight) however many jobs its steps have.
+a flow's status costs a bounded number of Redis round trips (five, seven with dead-lettered jobs) however many jobs
+its steps have.
 
 The CLI (`pipeline flow status`), the API (`GET /flows/{id}`) and the page read `FlowStatus` from here.
 """

@@ -191,11 +191,16 @@ def test_a_full_or_unreachable_broker_is_a_503_and_no_flow_is_started(work_dir: 
         with server.client() as client:
             client.get("/readyz").raise_for_status()
             redis.client().config_set("maxmemory", "1")  # below what it uses: every write is refused
-            full = client.post("/flows/invoice", json=INVOICE_EXAMPLE)
+            keyed = {"Idempotency-Key": "invoice-full"}
+            full = client.post("/flows/invoice", json=INVOICE_EXAMPLE, headers=keyed)
             assert full.status_code == 503 and int(full.headers["retry-after"]) > 0, full.text
             assert "maxmemory" in full.json()["detail"]
             redis.client().config_set("maxmemory", "0")
-            assert client.get("/flows").json() == []  # nothing of it was stored
+            assert client.get("/flows").json() == []  # nothing of it was stored, and its key is free:
+            retried = client.post("/flows/invoice", json=INVOICE_EXAMPLE, headers=keyed)
+            assert retried.status_code == 202 and [f["id"] for f in client.get("/flows").json()] == [
+                retried.json()["id"]
+            ]
 
             redis.stop()
             down = client.post("/flows/invoice", json=INVOICE_EXAMPLE)
