@@ -94,6 +94,8 @@ HEADER_FLOW: Final = "pipeline_flow"
 FLOW_KEY: Final = KEY_PREFIX + "flow:{{{id}}}"
 #: ZSET flow id -> start time (epoch s) of the recent flows, trimmed to RECENT_JOBS_MAX.
 FLOWS_INDEX_KEY: Final = KEY_PREFIX + "flows"
+#: STRING: the id of the flow whose start claimed idempotency key `key` (expires after ENQUEUE_IDEMPOTENCY_TTL).
+FLOW_IDEMPOTENCY_KEY: Final = KEY_PREFIX + "flow-start:{flow}:{key}"
 #: Prefix of the groups' keys (their layout is written at the top of `pipeline/lua/fetch.lua`).
 GROUP_KEY_PREFIX: Final = KEY_PREFIX + "group:"
 #: Grouped jobs waiting, per queue list key (kept by `enqueue.lua` and `fetch.lua`).

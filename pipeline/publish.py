@@ -107,6 +107,15 @@ def parked_due(task_id: str) -> float | None:
     return None if score is None else float(score)
 
 
+def parked_dues(task_ids: list[str]) -> dict[str, float]:
+    """When each parked job of `task_ids` is due (epoch seconds; those not parked are left out), in one ZMSCORE."""
+    if not task_ids:
+        return {}
+    with broker_redis() as client:
+        scores = client.zmscore(DELAYED_KEY, task_ids)
+    return {task_id: float(score) for task_id, score in zip(task_ids, scores, strict=True) if score is not None}
+
+
 def is_parked(task_id: str) -> bool:
     return parked_due(task_id) is not None
 

@@ -67,6 +67,19 @@ def forget_accepted(task_id: str, queue: str | None = None) -> None:
 def accepted_record(task_id: str) -> dict[str, Any] | None:
     with broker_redis() as client:
         raw = client.get(JOB_RECORD_KEY.format(id=task_id))
+    return _parse_record(raw)
+
+
+def accepted_records(task_ids: list[str]) -> list[dict[str, Any] | None]:
+    """`accepted_record` of each of `task_ids`, in order, in one MGET."""
+    if not task_ids:
+        return []
+    with broker_redis() as client:
+        raws = client.mget([JOB_RECORD_KEY.format(id=task_id) for task_id in task_ids])
+    return [_parse_record(raw) for raw in raws]
+
+
+def _parse_record(raw: Any) -> dict[str, Any] | None:
     if raw is None:
         return None
     try:

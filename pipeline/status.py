@@ -22,18 +22,17 @@ own, neither failed nor dead-lettered. The result backend's store keeps a REVOKE
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from celery.result import AsyncResult
 from pydantic import BaseModel, Field, ValidationError
 
 from pipeline.celery_app import get_app
 from pipeline.dlq import admin as dlq_admin
-from pipeline.publish import parked_due
-from pipeline.records import accepted_record
+from pipeline.publish import parked_due, parked_dues
+from pipeline.records import accepted_record, accepted_records
 
 
 class JobState(StrEnum):
@@ -147,9 +146,43 @@ def is_final(state: JobState, finished_at: str | None, now: datetime | None = No
 
 def job_status(task_id: str) -> JobStatus:
     """State, progress, result or error, attempts and timestamps of one job (O(1) Redis work)."""
-    result: AsyncResult[Any] = AsyncResult(task_id, app=get_app())
-    meta = result.backend.get_task_meta(task_id)
-    record = accepted_record(task_id) or {}
+    meta = get_app().backend.get_task_meta(task_id)
+    celery_state = str(meta.get("status", "PENDING"))
+    due = parked_due(task_id) if celery_state == "PENDING" else None
+    entry = dlq_admin.find(task_id) if celery_state == "FAILURE" else None
+    return _status(task_id, meta, accepted_record(task_id), due, entry)
+
+
+def job_statuses(task_ids: Sequence[str]) -> list[JobStatus]:
+    """`job_status` of each of `task_ids`, in order, in a bounded number of Redis round trips however many they are:
+    the result backend's entries in one MGET, the accepted-job records in one, the parked jobs' due times in one
+    ZMSCORE, the dead-letter entries of the failed ones in two (`pipeline.dlq.store.lookup_tasks`)."""
+    ids = list(task_ids)
+    if not ids:
+        return []
+    backend: Any = get_app().backend  # RESULT_BACKEND_URL may name another Redis than the broker
+    raws = backend.mget([backend.get_key_for_task(task_id) for task_id in ids])
+    metas = [backend.decode_result(raw) if raw else {"status": "PENDING", "result": None} for raw in raws]
+    records = accepted_records(ids)
+    pending = [task_id for task_id, meta in zip(ids, metas, strict=True) if meta.get("status", "PENDING") == "PENDING"]
+    dues = parked_dues(pending)
+    entries = dlq_admin.find_tasks([t for t, m in zip(ids, metas, strict=True) if m.get("status") == "FAILURE"])
+    return [
+        _status(task_id, meta, record, dues.get(task_id), entries.get(task_id))
+        for task_id, meta, record in zip(ids, metas, records, strict=True)
+    ]
+
+
+def _status(
+    task_id: str,
+    meta: Mapping[str, Any],
+    record: dict[str, Any] | None,
+    due: float | None,
+    entry: dlq_admin.DeadLetter | None,
+) -> JobStatus:
+    """The status of job `task_id` from what Redis holds of it: its result backend entry (`meta`), its accepted-job
+    record, when it is due if it is parked, its dead-letter entry if it has one."""
+    record = record or {}
     celery_state = str(meta.get("status", "PENDING"))
     if celery_state == "PENDING":
         state = _pending_state(record or None)
@@ -170,20 +203,15 @@ def job_status(task_id: str) -> JobStatus:
         finished_at=str(meta["date_done"]) if meta.get("date_done") else None,
     )
     if celery_state in ("FAILURE", "RETRY", "REJECTED"):
-        error = result.result
         status.error = JobError(
-            type=type(error).__name__ if isinstance(error, BaseException) else celery_state, message=str(error)
+            type=type(info).__name__ if isinstance(info, BaseException) else celery_state, message=str(info)
         )
-    if celery_state == "PENDING":
-        due = parked_due(task_id)
-        if due is not None:
-            status.state = JobState.SCHEDULED
-            status.due_at = datetime.fromtimestamp(due, UTC).isoformat()
+    if celery_state == "PENDING" and due is not None:
+        status.state = JobState.SCHEDULED
+        status.due_at = datetime.fromtimestamp(due, UTC).isoformat()
     if celery_state == "SUCCESS":
         status.progress = Progress(percent=100.0, eta_s=0)
-    if celery_state == "FAILURE":
-        entry = dlq_admin.find(task_id)
-        if entry is not None:
-            status.state, status.dlq_id, status.attempts = JobState.DEAD_LETTERED, entry.id, entry.attempts
+    if celery_state == "FAILURE" and entry is not None:
+        status.state, status.dlq_id, status.attempts = JobState.DEAD_LETTERED, entry.id, entry.attempts
     status.final = is_final(status.state, status.finished_at)
     return status

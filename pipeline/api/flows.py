@@ -4,7 +4,8 @@
 The start routes are generated from `pipeline.flows.FLOWS` (every module in TASK_MODULES is imported first), so
 OpenAPI documents each flow's input model and only declared flows can be started. A start answers `202` only after
 the flow and its first steps' jobs are stored (one script call, `pipeline.flows.launch`); broker errors, refused
-writes and invalid input reach the handlers of `pipeline.api.errors` as a job's enqueue does (503, 422).
+writes and invalid input reach the handlers of `pipeline.api.errors` as a job's enqueue does (503, 422). A start with
+an `Idempotency-Key` header that an earlier start of the same flow used answers with that flow (`202`, nothing stored).
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from __future__ import annotations
 import inspect
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Header, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from pipeline.api.auth import require_token
-from pipeline.api.enqueue import require_json
+from pipeline.api.enqueue import IDEMPOTENCY_KEY_PATTERN, require_json
 from pipeline.api.jobs import BODY_ERRORS
 from pipeline.api.jobs import ERRORS as JOB_ERRORS
 from pipeline.api.models import FlowAccepted, FlowKind, FlowStep, Problem
@@ -28,14 +29,23 @@ from pipeline.flows import FLOWS, Flow, FlowNotFound, start
 from pipeline.flows.definition import NAME
 from pipeline.flows.view import FlowFinished, FlowStatus, FlowSummary, cancel_flow, flow_status, list_flows
 
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        pattern=IDEMPOTENCY_KEY_PATTERN,
+        description="The same key (per flow name, within ENQUEUE_IDEMPOTENCY_TTL) returns the first flow's id and "
+        "stores nothing.",
+    ),
+]
 FlowId = Annotated[str, Path(min_length=1, max_length=255, description="The flow's id (`POST /flows/{name}` gave it).")]
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: JOB_ERRORS[401],
     503: {
         "model": Problem,
         "description": "The broker is unreachable or out of memory (nothing was stored), or its replicas did not "
-        "confirm the write (REDIS_WAIT_REPLICAS: a flow may have started on the primary, see `GET /flows?flow=` "
-        "before starting it again); retry after Retry-After.",
+        "confirm the write (REDIS_WAIT_REPLICAS: a flow may have started on the primary; a retry with the same "
+        "Idempotency-Key answers with it); retry after Retry-After.",
     },
 }
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
@@ -76,22 +86,29 @@ def start_endpoint(flow: Flow[Any]) -> Any:
     must match the schema: `0` is not a date, `"5"` is not an integer), so what OpenAPI refuses is refused."""
     model = flow.input_model
 
-    async def endpoint(request: Request, response: Response, payload: Any) -> FlowAccepted:
+    async def endpoint(
+        request: Request, response: Response, payload: Any, idempotency_key: str | None = None
+    ) -> FlowAccepted:
         try:
             data = model.model_validate_json(await request.body(), strict=True)
         except ValidationError as exc:
             errors = exc.errors(include_url=False, include_input=False)
             raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from None
-        flow_id = await run_in_threadpool(start, flow, data)
+        flow_id = await run_in_threadpool(lambda: start(flow, data, idempotency_key=idempotency_key))
         response.headers["Location"] = status_path(flow_id)
         return FlowAccepted(id=flow_id, flow=flow.name, status_url=status_path(flow_id))
 
-    def parameter(name: str, annotation: Any) -> inspect.Parameter:
-        return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotation)
+    def parameter(name: str, annotation: Any, default: Any = inspect.Parameter.empty) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotation, default=default)
 
     body = Annotated[model, Body()]  # type: ignore[valid-type]  # a runtime model
     endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # FastAPI reads it
-        [parameter("request", Request), parameter("response", Response), parameter("payload", body)],
+        [
+            parameter("request", Request),
+            parameter("response", Response),
+            parameter("payload", body),
+            parameter("idempotency_key", IdempotencyKey, None),
+        ],
         return_annotation=FlowAccepted,
     )
     endpoint.__name__ = f"start_{flow.name}"

@@ -125,6 +125,9 @@ def start(
     input_json: Annotated[str | None, typer.Argument(metavar="[INPUT]", help="JSON object, @file, or -.")] = None,
     input_file: Annotated[str | None, typer.Option(help="Read the input from this JSON file.")] = None,
     example: Annotated[bool, typer.Option("--example", help="Start it with the flow's example input.")] = False,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="Same key → the first flow's id, not a second flow (ENQUEUE_IDEMPOTENCY_TTL).")
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Follow it to its end, step by step.")] = False,
     timeout: Annotated[float, typer.Option(help="With --wait: give up after this many seconds.")] = 3600,
     as_json: JsonOpt = False,
@@ -143,7 +146,7 @@ def start(
         raise fail(f"flow {name} has no example input", 2, as_json)
     given = flow.example if example else read_payload(f"@{input_file}" if input_file else input_json, [])
     try:
-        flow_id = start_flow(flow, given or {})
+        flow_id = start_flow(flow, given or {}, idempotency_key=idempotency_key)
     except PayloadInvalid as exc:
         raise invalid(exc, as_json) from None
     except BrokerWriteRefused as exc:

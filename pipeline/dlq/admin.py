@@ -44,6 +44,7 @@ __all__ = [
     "apply_retention",
     "delete",
     "find",
+    "find_tasks",
     "get",
     "list_entries",
     "purge",
@@ -88,6 +89,12 @@ def find(ident: str) -> DeadLetter | None:
         return _lookup(ident)[1]
     except DeadLetterNotFound:
         return None
+
+
+def find_tasks(task_ids: list[str]) -> dict[str, DeadLetter]:
+    """The entry of each of these original task ids that has one (two round trips however many they are)."""
+    parsed = {task_id: _parse(raw) for task_id, raw in store.lookup_tasks(task_ids).items()}
+    return {task_id: entry for task_id, entry in parsed.items() if entry is not None}
 
 
 def get(ident: str) -> DeadLetter:

@@ -11,8 +11,9 @@ from pipeline.config import get_settings
 from pipeline.constants import HEADER_FLOW, HEADER_IDEMPOTENCY_KEY
 from pipeline.dlq import poison
 from pipeline.dlq.envelope import DELIVERIES_LIMIT, DeadLetter, Reason, exception_name, flush_spool, publish
+from pipeline.flows.definition import FLOWS
 from pipeline.flows.record import Ref, failed
-from pipeline.observability import payloads
+from pipeline.observability import flow_metrics, payloads
 from pipeline.task import request_header
 
 log = logging.getLogger(__name__)
@@ -54,10 +55,14 @@ def from_failure(task: Any, task_id: str | None, exc: BaseException | None, args
         )
     )
     if step is not None:
+        turned = False
         try:
-            failed(step)  # the flow is failed at this step until the entry is replayed
+            turned = failed(step)  # the flow is failed at this step until the entry is replayed
         except Exception:  # the entry is kept (or spooled): its flow shows failed once it is replayed or read again
             log.exception("flow %s %s: could not mark %s failed", step.flow, step.id, step.node)
+        declared = FLOWS.get(step.flow)
+        if declared is not None and step.step in declared.steps:  # declared names only: the labels stay bounded
+            flow_metrics.step_dead_lettered(step.flow, step.step, turned)
 
 
 def _args_kwargs(args: Any, kwargs: Any) -> bool:

@@ -121,6 +121,32 @@ def lookup(ident: str) -> bytes | None:
     return None
 
 
+def lookup_tasks(task_ids: Sequence[str]) -> dict[str, bytes]:
+    """The list element of the newest entry of each of these original task ids that has one, in two round trips
+    (the index checked as `lookup` checks it)."""
+    ids = list(task_ids)
+    if not ids:
+        return {}
+    with broker_redis() as client:
+        for attempt in range(2):
+            pipe = client.pipeline(transaction=True)
+            pipe.hmget(DLQ_TASKS_KEY, ids)
+            pipe.llen(DEAD_LETTER_QUEUE)
+            pipe.hlen(DLQ_INDEX_KEY)
+            entry_ids, length, indexed = pipe.execute()
+            if length != indexed and attempt == 0:
+                reindex(client)
+                continue
+            found = {task_id: str(_text(e)) for task_id, e in zip(ids, entry_ids, strict=True) if e is not None}
+            raws = client.hmget(DLQ_INDEX_KEY, list(found.values())) if found else []
+            return {
+                task_id: raw if isinstance(raw, bytes) else str(raw).encode()
+                for task_id, raw in zip(found, raws, strict=True)
+                if raw is not None
+            }
+    return {}
+
+
 def reindex(client: redis.Redis) -> int:
     """Rebuild both hashes from one scan of the list; return how many elements it holds."""
 

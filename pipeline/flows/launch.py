@@ -27,7 +27,7 @@ import redis
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from pipeline.config import get_settings
-from pipeline.constants import FLOWS_INDEX_KEY, JOB_RECORD_KEY, RECENT_JOBS_KEY
+from pipeline.constants import FLOW_IDEMPOTENCY_KEY, FLOWS_INDEX_KEY, JOB_RECORD_KEY, RECENT_JOBS_KEY
 from pipeline.errors import PayloadInvalid
 from pipeline.flows import record
 from pipeline.flows.definition import FLOWS, Flow, Step
@@ -127,9 +127,17 @@ def queued(flow: Flow[Any], flow_id: str, step: Step, given: list[Any] | None, n
     )
 
 
-def _call(client: redis.Redis, flow_id: str, head: list[Any], pairs: list[str], offers: list[Queued]) -> Advanced:
+def _call(
+    client: redis.Redis,
+    flow_id: str,
+    head: list[Any],
+    pairs: list[str],
+    offers: list[Queued],
+    holder: str | None = None,
+) -> Advanced:
+    """One `flow_advance.lua` call; `holder`: creating, the Redis key of the start's idempotency key."""
     settings = get_settings()
-    keys = [key for q in offers for key in q.redis_keys()]
+    keys = [key for q in offers for key in q.redis_keys()] + ([holder] if holder else [])
     args = [
         *head[:3],
         repr(time.time()),
@@ -140,15 +148,20 @@ def _call(client: redis.Redis, flow_id: str, head: list[Any], pairs: list[str], 
         len(pairs) // 2,
         len(offers),
         settings.recent_jobs_max,
+        settings.enqueue_idempotency_ttl if holder else "",
         *pairs,
         *[a for q in offers for a in q.args()],
     ]
     return record.advance(client, flow_id, [FLOWS_INDEX_KEY, *keys], args)
 
 
-def start(flow: Flow[Any] | str, input: BaseModel | Mapping[str, Any]) -> str:
+def start(flow: Flow[Any] | str, input: BaseModel | Mapping[str, Any], *, idempotency_key: str | None = None) -> str:
     """Validate `input` as the flow's input model (`PayloadInvalid`: nothing is written), queue the flow's first steps
-    and return the new flow's id (`FlowNotFound` for an undeclared name)."""
+    and return the new flow's id (`FlowNotFound` for an undeclared name).
+
+    With an `idempotency_key` that an earlier start of this flow claimed (within ENQUEUE_IDEMPOTENCY_TTL), nothing is
+    written and that flow's id is returned; the claim is made by the same script call that creates the flow, so a
+    start that stored nothing claims nothing."""
     definition = get_flow(flow) if isinstance(flow, str) else flow
     data = validate_payload(f"flow {definition.name}", definition.input_model, input)
     flow_id = str(uuid.uuid4())
@@ -158,8 +171,9 @@ def start(flow: Flow[Any] | str, input: BaseModel | Mapping[str, Any]) -> str:
     pairs = [name for s in definition.steps.values() for p in s.after for name in (s.name, p)]
     text = data.model_dump_json()
     head = ["", text, "", "", "", flow_id, definition.name, len(definition.steps)]
-    _call(producer_redis(), flow_id, head, pairs, offers)
-    return flow_id
+    holder = FLOW_IDEMPOTENCY_KEY.format(flow=definition.name, key=idempotency_key) if idempotency_key else None
+    created = _call(producer_redis(), flow_id, head, pairs, offers, holder)
+    return created.first or flow_id
 
 
 def advance(flow: Flow[Any], ref: Ref, task_id: str, result: dict[str, Any], flow_input: str | None) -> Advanced:
@@ -177,7 +191,7 @@ def advance(flow: Flow[Any], ref: Ref, task_id: str, result: dict[str, Any], flo
         if not (first.complete and first.state == "running" and step.children):
             return first
         then = _call(client, ref.id, head, [], _offers(flow, ref, step, result, flow_input))
-        return Advanced(first.recorded, then.state, then.complete, then.queued)
+        return Advanced(first.recorded, then.state, then.complete, then.queued, since=first.since)
     return _call(client, ref.id, head, [], _offers(flow, ref, step, result, flow_input))
 
 

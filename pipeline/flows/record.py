@@ -85,6 +85,16 @@ class Advanced:
     #: The node's step has all its nodes recorded.
     complete: bool
     queued: list[str]
+    #: When the node's step was queued (epoch s), if this call recorded its last node (the step is done here).
+    since: float | None = None
+    #: Creating with an idempotency key an earlier start claimed: that flow's id (nothing was written).
+    first: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        """This call recorded the flow's last node: the flow succeeded here (a flow succeeds in the call that records
+        the last of its nodes, and a node is recorded once)."""
+        return self.recorded and self.state == "succeeded"
 
 
 def advance(client: redis.Redis, flow_id: str, keys: Sequence[str], args: Sequence[Any]) -> Advanced:
@@ -93,8 +103,15 @@ def advance(client: redis.Redis, flow_id: str, keys: Sequence[str], args: Sequen
     reply, reached = run_script_waited(client, "flow_advance", [key(flow_id), *keys], list(args))
     if reached is not None:
         check_replicas(reached)
-    recorded, state, complete, *queued = reply
-    return Advanced(bool(recorded), text(state), bool(complete), [text(q) for q in queued])
+    recorded, state, complete, since, first, *queued = reply
+    return Advanced(
+        bool(recorded),
+        text(state),
+        bool(complete),
+        [text(q) for q in queued],
+        since=float(since) if since else None,
+        first=text(first) if first else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -130,13 +147,16 @@ def begin(client: redis.Redis, ref: Ref, task_id: str, want_input: bool, parents
     return Begun(text(state), _maybe(reply[1]), _maybe(reply[2]), out)
 
 
-def failed(ref: Ref) -> None:
-    """Node `ref`'s job was dead-lettered: the flow is failed at its step until the node's job is replayed."""
+def failed(ref: Ref) -> bool:
+    """Node `ref`'s job was dead-lettered: the flow is failed at its step until the node's job is replayed. True when
+    the flow turned failed with it (no other node of it was failed)."""
     with broker_redis() as client:
         pipe = client.pipeline(transaction=True)
         pipe.sadd(key(ref.id, ":failed"), ref.node)
+        pipe.scard(key(ref.id, ":failed"))
         pipe.expire(key(ref.id, ":failed"), ttl())
-        pipe.execute()
+        added, count, _ = pipe.execute()
+    return bool(added) and count == 1
 
 
 def replaced(ref: Ref, task_id: str) -> None:

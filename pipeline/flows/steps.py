@@ -15,6 +15,9 @@ A step is an ordinary typed job whose message carries HEADER_FLOW. Around its ru
    job's own result is stored and its message acknowledged. A job redelivered after this call finds its node
    recorded (1.) and changes nothing, so each step is queued once.
 
+The flow metrics (`pipeline.observability.flow_metrics`) are counted here: a job's first run as it starts, its
+success when 3. recorded it (and the step's duration, the flow's success, when it was the last).
+
 A Redis error in 1. or 3. is retried for up to ADVANCE_PATIENCE_S (each call is safe to repeat), then the job
 retries as after a transient error. That includes kombu's `OperationalError`: the process's first call connects
 through kombu (`producer_redis`), and 3. builds the next step's message template by one publish through Celery
@@ -39,6 +42,7 @@ from pipeline.errors import BrokerWriteRefused, JobCancelled, PayloadInvalid, Pe
 from pipeline.flows import launch, record
 from pipeline.flows.definition import FLOWS, Flow, Step
 from pipeline.flows.record import Begun, Ref
+from pipeline.observability import flow_metrics
 from pipeline.producer.client import producer_redis
 from pipeline.task import PipelineTask, request_header
 
@@ -62,7 +66,11 @@ def run(task: PipelineTask, header: Any, raw: Any, run_job: Callable[[Any], dict
     joins = flow.joins(step)
     builds_next = any(not flow.joins(flow.steps[child]) for child in step.children)
     parents = step.after if joins else ()
-    if joins or builds_next or not _first_run(task, header):
+    first_run = _first_run(task, header)
+    if first_run:
+        first_of_flow = ref.step == next(iter(flow.steps)) and not ref.item
+        flow_metrics.step_started(ref.flow, ref.step, first_of_flow)
+    if joins or builds_next or not first_run:
         try:
             began = _patiently(lambda: record.begin(producer_redis(), ref, task_id, joins or builds_next, parents))
         except (redis.RedisError, OperationalError) as exc:
@@ -85,6 +93,8 @@ def run(task: PipelineTask, header: Any, raw: Any, run_job: Callable[[Any], dict
         raise task.retry_transient(exc) from exc
     if done.recorded:
         log.info("flow %s %s: %s succeeded (flow %s)%s", ref.flow, ref.id, ref.node, done.state, _queued(done.queued))
+        took = time.time() - done.since if done.since is not None else None
+        flow_metrics.step_succeeded(ref.flow, ref.step, took, done.finished)
     return result
 
 

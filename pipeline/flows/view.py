@@ -4,7 +4,9 @@ A flow's state is `running`, `succeeded`, `cancelled`, or `failed` while one of 
 replayed): `failed_step` names the step. A step's state comes from the one job-state vocabulary (`pipeline.status`):
 a step not queued yet has none (`waiting_for` names the steps it waits on); a step of several jobs (a fan-out) shows
 the state of its least advanced job, with a count per state. Nodes whose result the flow recorded are `succeeded`
-without asking the result backend; the others are read as any job is (`pipeline.status.job_status`).
+without asking the result backend; the others are read as any job is, all in one batch (`pipeline.status.job_statuses`):
+a flow's status costs a bounded number of Redis round trips (five, seven with dead-lettered jobs) however many jobs
+its steps have.
 
 The CLI (`pipeline flow status`), the API (`GET /flows/{id}`) and the page read `FlowStatus` from here.
 """
@@ -25,7 +27,7 @@ from pipeline.control.cancel import JobFinished, JobNotFound, cancel
 from pipeline.flows import record
 from pipeline.flows.definition import FLOWS, Step
 from pipeline.flows.launch import FlowNotFound
-from pipeline.status import JobState, job_status
+from pipeline.status import JobState, job_statuses
 
 #: Jobs of a step listed one by one (a fan-out's first ones; `counts` has them all).
 JOBS_SHOWN = 50
@@ -141,31 +143,48 @@ def flow_status(flow_id: str) -> FlowStatus:
             pipe.smembers(record.key(flow_id, f":wait:{name}"))
         failed, tasks, done, *waits = pipe.execute()
     summary = _summary(flow_id, meta, _texts(failed))
-    steps = [
-        _step(definition.steps[name], meta, _pairs(tasks), _texts(done), sorted(_texts(wait)))
+    steps = definition.steps if definition is not None else {}
+    jobs = _jobs(meta, [steps[name] for name in names], _pairs(tasks), _texts(done))
+    shown = [
+        _step(steps[name], meta, jobs.get(name, []), sorted(_texts(wait)))
         for name, wait in zip(names, waits, strict=True)
-        if definition is not None
     ]
-    return FlowStatus(**summary.model_dump(), input=json.loads(meta.get("input") or "null"), steps=steps)
+    return FlowStatus(**summary.model_dump(), input=json.loads(meta.get("input") or "null"), steps=shown)
 
 
-def _step(step: Step, meta: dict[str, str], tasks: dict[str, str], done: set[str], waiting: list[str]) -> StepStatus:
+def _jobs(meta: dict[str, str], steps: list[Step], tasks: dict[str, str], done: set[str]) -> dict[str, list[StepJob]]:
+    """The jobs of each queued step: a node whose result the flow recorded is `succeeded`; the others are read in one
+    batch (`job_statuses`), so a flow of any size is read in a bounded number of round trips."""
+    nodes = {
+        step.name: [f"{step.name}[{i}]" for i in range(int(meta.get(f"n:{step.name}", 0)))]
+        if step.each
+        else [step.name]
+        for step in steps
+        if f"on:{step.name}" in meta
+    }
+    unknown = [node for listed in nodes.values() for node in listed if node not in done]
+    statuses = dict(zip(unknown, job_statuses([tasks.get(node, "") for node in unknown]), strict=True))
+    jobs: dict[str, list[StepJob]] = {}
+    for name, listed in nodes.items():
+        jobs[name] = []
+        for node in listed:
+            task_id = tasks.get(node, "")
+            status = statuses.get(node)
+            if status is None:
+                jobs[name].append(StepJob(node=node, id=task_id, state=JobState.SUCCEEDED, progress=100.0))
+                continue
+            percent = status.progress.percent if status.progress is not None else 0.0
+            jobs[name].append(StepJob(node=node, id=task_id, state=status.state, progress=percent))
+    return jobs
+
+
+def _step(step: Step, meta: dict[str, str], jobs: list[StepJob], waiting: list[str]) -> StepStatus:
     name, task, after, each = step.name, step.task.name, list(step.after), step.each
     if f"on:{name}" not in meta:
         return StepStatus(
             name=name, task=task, after=after, fan_out=each, state=None, waiting_for=waiting or after, jobs=0,
             counts={}, progress=0.0, items=[],
         )  # fmt: skip
-    nodes = [f"{name}[{i}]" for i in range(int(meta.get(f"n:{name}", 0)))] if each else [name]
-    jobs = []
-    for node in nodes:
-        task_id = tasks.get(node, "")
-        if node in done:
-            jobs.append(StepJob(node=node, id=task_id, state=JobState.SUCCEEDED, progress=100.0))
-            continue
-        status = job_status(task_id)
-        percent = status.progress.percent if status.progress is not None else 0.0
-        jobs.append(StepJob(node=node, id=task_id, state=status.state, progress=percent))
     counts: dict[str, int] = {}
     for job in jobs:
         counts[job.state.value] = counts.get(job.state.value, 0) + 1

@@ -17,27 +17,37 @@
 --   M:wait:<s> SET   the steps step s still waits on; the call that removes the last one queues s
 -- Every key of the flow gets ARGV[5] seconds more to live on each call.
 -- KEYS[1] M, KEYS[2] the flows index (ZSET id -> created), then 3 per candidate step (below): its queue list, that
--- queue's wake-up marker list (`pipeline.producer.wake`), its recent-jobs index.
+-- queue's wake-up marker list (`pipeline.producer.wake`), its recent-jobs index; last, when creating with an
+-- idempotency key, the key's holder (`pipeline:flow-start:<name>:<key>`, STRING: the id of the flow that claimed it).
 -- ARGV[1] node ('' to create), ARGV[2] its result (creating: the input), ARGV[3] the node's job id, ARGV[4] now,
 -- ARGV[5] ttl (s) of the flow's keys and of the queued jobs' records, ARGV[6] the job record key prefix, ARGV[7] the
 -- recent-jobs index size, ARGV[8] the node's step, ARGV[9] '1' when the node is a fan-out item, ARGV[10] the flow id,
--- ARGV[11] its name, ARGV[12] its number of steps, ARGV[13] w, ARGV[14] m, ARGV[15] the flows index size, then w
+-- ARGV[11] its name, ARGV[12] its number of steps, ARGV[13] w, ARGV[14] m, ARGV[15] the flows index size, ARGV[16]
+-- the idempotency key holder's ttl (s) when creating with a key (else ''), then w
 -- pairs (step, a step it waits on) (creating), then m candidates: steps that may be queued now (creating: the first
 -- steps; else the node's step's children), each as: its step, its node count k, '1' if a fan-out step, its jobs'
 -- record, an event channel ('' for none), then k nodes, k job ids, k messages, and k events when there is a channel.
 -- Returns {1 when this call recorded the node or created the flow (else 0: recorded before, or no such flow), the
--- flow's state ('' for no such flow), 1 when the node's step is complete (all its nodes recorded), then the steps it
--- queued}.
+-- flow's state ('' for no such flow), 1 when the node's step is complete (all its nodes recorded), when the node's
+-- step was queued (its `on:` field) if this call recorded its last node (else ''), '' (creating with an idempotency
+-- key an earlier start holds: that flow's id, and nothing is written), then the steps it queued}.
 local M = KEYS[1]
 local node, value, job, now, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local prefix, keep, step, item = ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9] == '1'
 local w, m = tonumber(ARGV[13]), tonumber(ARGV[14])
-local at = 16
+local at = 17
+local keyed = ARGV[16] ~= ''
 local complete = true
+local since = ''
 local recorded = 1
 local state
 if node == '' then
-  if redis.call('EXISTS', M) == 1 then return {0, redis.call('HGET', M, 'state'), 0} end
+  if keyed then
+    local first = redis.call('GET', KEYS[#KEYS])
+    if first then return {0, '', 0, '', first} end
+  end
+  if redis.call('EXISTS', M) == 1 then return {0, redis.call('HGET', M, 'state'), 0, '', ''} end
+  if keyed then redis.call('SET', KEYS[#KEYS], ARGV[10], 'EX', ARGV[16]) end
   state = 'running'
   redis.call('HSET', M, 'name', ARGV[11], 'input', value, 'created', now, 'state', state, 'left', ARGV[12],
     'total', 0, 'done', 0)
@@ -49,13 +59,14 @@ if node == '' then
   redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[15]) - 1)
 else
   state = redis.call('HGET', M, 'state')
-  if not state then return {0, '', 0} end
+  if not state then return {0, '', 0, '', ''} end
   recorded = redis.call('HSETNX', M .. ':results', node, value)
   if recorded == 1 then
     redis.call('HSET', M .. ':tasks', node, job)
     redis.call('SREM', M .. ':failed', node)
     redis.call('HINCRBY', M, 'done', 1)
     if item then complete = redis.call('HINCRBY', M, 'more:' .. step, -1) == 0 end
+    if complete then since = redis.call('HGET', M, 'on:' .. step) or '' end
   elseif item then
     complete = redis.call('HGET', M, 'more:' .. step) == '0'
   end
@@ -98,6 +109,6 @@ if state == 'running' and tonumber(redis.call('HGET', M, 'left')) == 0
   redis.call('HSET', M, 'state', state, 'finished', now)
 end
 for _, suffix in ipairs({'', ':results', ':tasks', ':failed'}) do redis.call('EXPIRE', M .. suffix, ttl) end
-local reply = {recorded, state, complete and 1 or 0}
+local reply = {recorded, state, complete and 1 or 0, since, ''}
 for _, name in ipairs(queued) do reply[#reply + 1] = name end
 return reply

@@ -1,7 +1,8 @@
 """Metric definitions (names, labels, buckets). No business logic lives here.
 
 Names use base units and `_total` for counters; labels are `task`, `queue`, `outcome`, `exception`
-(and `handler` for the signal-handler error counter) — never ids, addresses or host names.
+(and `handler` for the signal-handler error counter; `flow` and `step` for flows, only declared names) — never ids,
+addresses or host names.
 
 Two kinds of figures:
 
@@ -66,13 +67,31 @@ leases = Counter(
     " job whose lease expired back on its queue), released (a prefetched job dropped with a lost connection).",
     ["outcome"],
 )
-
 jobs_abandoned = Counter(
     "pipeline_jobs_abandoned",
     "Jobs of the asyncio pool that ignored their cancellation (a time limit or a cancel) and were left running; the"
     " worker process is recycled after each.",
     ["task"],
 )
+flows = Counter(
+    "pipeline_flows",
+    "Flows by outcome: started (the first job of its first step began its first run), succeeded (its last job was"
+    " recorded), failed (a step's job was dead-lettered while no other was: replaying it lets the flow go on).",
+    ["flow", "outcome"],
+)
+flow_steps = Counter(
+    "pipeline_flow_steps",
+    "Jobs of flow steps (a fan-out's items) by outcome: started (first run), succeeded (its result recorded in the"
+    " flow, once per job), dead_lettered.",
+    ["flow", "step", "outcome"],
+)
+flow_step_duration = Histogram(
+    "pipeline_flow_step_duration_seconds",
+    "Wall time of a flow step, from when it was queued to when its last job (a fan-out's last item) was recorded.",
+    ["flow", "step"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200),
+)
+
 #: Every per-process family above (each has labels, so none holds a value before `.labels()`).
 FAMILIES: Final = (
     tasks,
@@ -83,6 +102,9 @@ FAMILIES: Final = (
     rate_limit_throttled,
     leases,
     jobs_abandoned,
+    flows,
+    flow_steps,
+    flow_step_duration,
 )
 
 _children: dict[tuple[Any, ...], Any] = {}

@@ -92,12 +92,18 @@ def test_a_chain_started_over_http_is_seen_step_by_step_until_it_succeeds(api: A
 def test_a_fan_out_and_its_join_over_http(api: ApiServer) -> None:
     key = uuid.uuid4().hex
     with api.client() as client:
-        accepted = client.post("/flows/test_fan", json={"key": key, "n": 3}).json()
+        keyed = {"Idempotency-Key": f"fan-{key}"}
+        accepted = client.post("/flows/test_fan", json={"key": key, "n": 3}, headers=keyed).json()
+        again = client.post("/flows/test_fan", json={"key": key, "n": 3}, headers=keyed)
+        assert (again.status_code, again.json(), again.headers["location"]) == (202, accepted, accepted["status_url"])
+        other = client.post("/flows/test_fan", json={"key": key, "n": 3}, headers={"Idempotency-Key": "bad key"})
+        assert other.status_code == 422 and other.json()["detail"][0]["loc"] == ["header", "Idempotency-Key"]
         done = until(client, accepted["id"], "succeeded")
     split, join = done["steps"]
     assert (split["fan_out"], split["jobs"], split["counts"]) == (True, 3, {"succeeded": 3})
     assert [item["node"] for item in split["items"]] == ["split[0]", "split[1]", "split[2]"]
     assert (join["after"], join["state"], join["jobs"]) == (["split"], "succeeded", 1)
+    assert sum(r["event"] == "start" for r in run_records(key)) == 3  # one flow ran: its three items
 
 
 def test_invalid_input_is_a_422_naming_the_field_and_unknown_names_and_ids_are_404(api: ApiServer) -> None:
@@ -185,11 +191,16 @@ def test_a_full_or_unreachable_broker_is_a_503_and_no_flow_is_started(work_dir: 
         with server.client() as client:
             client.get("/readyz").raise_for_status()
             redis.client().config_set("maxmemory", "1")  # below what it uses: every write is refused
-            full = client.post("/flows/invoice", json=INVOICE_EXAMPLE)
+            keyed = {"Idempotency-Key": "invoice-full"}
+            full = client.post("/flows/invoice", json=INVOICE_EXAMPLE, headers=keyed)
             assert full.status_code == 503 and int(full.headers["retry-after"]) > 0, full.text
             assert "maxmemory" in full.json()["detail"]
             redis.client().config_set("maxmemory", "0")
-            assert client.get("/flows").json() == []  # nothing of it was stored
+            assert client.get("/flows").json() == []  # nothing of it was stored, and its key is free:
+            retried = client.post("/flows/invoice", json=INVOICE_EXAMPLE, headers=keyed)
+            assert retried.status_code == 202 and [f["id"] for f in client.get("/flows").json()] == [
+                retried.json()["id"]
+            ]
 
             redis.stop()
             down = client.post("/flows/invoice", json=INVOICE_EXAMPLE)

@@ -59,8 +59,10 @@ def test_start_without_wait_prints_the_id_and_a_chain_succeeds() -> None:
     watched = run_cli("flow", "status", accepted["id"], "--watch", "--json")
     assert watched.returncode == 0, watched
     assert [s["state"] for s in json.loads(watched.stdout)["steps"]] == ["succeeded", "succeeded"]
-    plain = run_cli("flow", "start", "test_chain", json.dumps({"key": key}))
+    plain = run_cli("flow", "start", "test_chain", json.dumps({"key": key}), "--idempotency-key", key)
     assert plain.returncode == 0 and str(uuid.UUID(plain.stdout.strip())) == plain.stdout.strip()
+    again = run_cli("flow", "start", "test_chain", json.dumps({"key": key}), "--idempotency-key", key, "--json")
+    assert json.loads(again.stdout) == {"id": plain.stdout.strip(), "flow": "test_chain"}  # the first flow, once
 
 
 def test_the_invoice_flow_runs_with_its_example_input() -> None:

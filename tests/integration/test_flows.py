@@ -14,6 +14,7 @@ from pipeline.errors import PayloadInvalid
 from pipeline.flows import FlowNotFound, start
 from pipeline.flows.view import FlowFinished, FlowState, FlowStatus, cancel_flow, flow_status, list_flows
 from pipeline.status import JobState
+from tests.support.flow_client import FlowClient
 from tests.support.procs import RedisServer, wait_for
 from tests.support.worker_app import attempts, run_records
 
@@ -46,6 +47,19 @@ def test_a_chain_hands_the_first_steps_result_to_the_second() -> None:
     assert flow_id in [f.id for f in list_flows(name="test_chain")]
 
 
+def test_a_start_with_an_idempotency_key_used_before_returns_the_first_flow(redis_server: RedisServer) -> None:
+    key = uuid.uuid4().hex
+    first = start("test_chain", {"key": key}, idempotency_key=key)
+    assert start("test_chain", {"key": key, "second": "transient"}, idempotency_key=key) == first
+    other = start("test_diamond", {"key": key}, idempotency_key=key)  # a key is per flow name
+    assert other != first
+    held = f"pipeline:flow-start:test_chain:{key}"
+    assert redis_server.client().get(held) == first.encode() and redis_server.client().ttl(held) > 0
+    _until(first, FlowState.SUCCEEDED)
+    _until(other, FlowState.SUCCEEDED)
+    assert len(attempts(f"{key}:second")) == 1  # one flow of test_chain ran
+
+
 def test_a_step_that_retries_keeps_its_place_in_the_flow() -> None:
     key = uuid.uuid4().hex
     flow_id = start("test_chain", {"key": key, "second": "transient"})
@@ -62,6 +76,37 @@ def test_a_fan_out_runs_every_item_and_its_join_once_with_all_results() -> None:
     assert len({job.id for job in split.items}) == 25
     assert sum(r["event"] == "finish" for r in run_records(key)) == 25
     assert len(attempts(f"{key}:join:25")) == 1  # the join ran once, with the 25 results
+
+
+def _commands(server: RedisServer) -> int:
+    """Commands the server has run (INFO commandstats), not counting INFO itself."""
+    stats: dict[str, Any] = server.client().info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+
+def test_the_status_of_a_thousand_way_fan_out_takes_a_bounded_number_of_commands(own_redis: RedisServer) -> None:
+    """On a Redis of its own that no worker reads, the commands one status costs, whatever the fan-out's size: a round
+    trip carries at least one, so they bound the round trips too (5 here: the flow's hash, then one pipeline of its
+    sets, then every job's result, record and due time, each in one command)."""
+    with FlowClient(own_redis.url) as flows:
+        flow_id = flows.start("test_fan", {"key": uuid.uuid4().hex, "n": 1000})
+        flows.status(flow_id)  # connections made: what follows is the steady state
+        before = _commands(own_redis)
+        queued = flows.status(flow_id)
+        spent = _commands(own_redis) - before
+        split = queued["steps"][0]
+        assert (split["jobs"], split["counts"], len(split["items"])) == (1000, {"queued": 1000}, 50)
+        assert spent <= 12, spent  # 9, and a connection's handshake at times (up to 3,000 when read job by job)
+
+        flows.race(flow_id, copies=1, threads=4)  # every item recorded as if it ran: the join is queued
+        before = _commands(own_redis)
+        joining = flows.status(flow_id)
+        spent = _commands(own_redis) - before
+    assert [(s["counts"], s["state"]) for s in joining["steps"]] == [
+        ({"succeeded": 1000}, "succeeded"),
+        ({"queued": 1}, "queued"),
+    ]
+    assert spent <= 12, spent
 
 
 def test_a_diamond_joins_two_parallel_steps_once() -> None:

@@ -11,12 +11,13 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tasks.probe import probe
+from tests.support.flow_client import FlowClient
 from tests.support.procs import ROOT, RedisServer, Worker, free_port, wait_for
 from tests.support.scrape import Samples, scrape, try_scrape, value
 from tests.support.worker_app import attempts, ledger
@@ -192,3 +193,57 @@ def test_revoked_counts_as_cancelled_and_rejected_is_counted(metrics_worker: Met
     app.send_task("test.ledger", args=({"key": "pickled"},), queue=QUEUE, serializer="pickle")
     _wait_value(metrics_worker.port, "pipeline_tasks_total", rejected0 + 1, outcome="rejected", **labels)
     _wait_value(metrics_worker.port, "pipeline_tasks_total", dead0 + 1, outcome="dead_lettered", **labels)
+
+
+def test_flows_started_succeeded_failed_and_step_durations_on_the_workers_endpoint(
+    make_worker: Callable[..., Worker], own_redis: RedisServer, work_dir: Path
+) -> None:
+    """A prefork worker on a Redis of its own runs a fan-out flow to success and a chain whose second step
+    dead-letters; its /metrics counts each flow and step job once, and each step's duration."""
+    port = free_port()
+    tmp = work_dir / "tmp-flow-metrics"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = {"REDIS_URL": own_redis.url, "METRICS_PORT": str(port), "METRICS_ADDRESS": "127.0.0.1", "TMPDIR": str(tmp)}
+    key = uuid.uuid4().hex
+    own_redis.client().set(f"test:flag:{key}:second", "1")  # the chain's second step fails for good
+    with FlowClient(own_redis.url) as flows:  # (its process starts while the worker does)
+        make_worker("flow-metrics", env=env)
+        fan = flows.start("test_fan", {"key": key, "n": 3, "sleep_s": 0.2})
+        chain = flows.start("test_chain", {"key": key, "second": "flag"})
+        wait_for(lambda: flows.status(fan)["state"] == "succeeded", 30, 0.1, what="the fan-out flow to succeed")
+        wait_for(lambda: flows.status(chain)["state"] == "failed", 30, 0.1, what="the chain to fail")
+
+    samples = _wait_value(port, "pipeline_flows_total", 1, flow="test_chain", outcome="failed")
+    flows_seen = {
+        (flow, outcome): value(samples, "pipeline_flows_total", flow=flow, outcome=outcome)
+        for flow in ("test_fan", "test_chain")
+        for outcome in ("started", "succeeded", "failed")
+    }
+    assert flows_seen == {
+        ("test_fan", "started"): 1,
+        ("test_fan", "succeeded"): 1,
+        ("test_fan", "failed"): None,
+        ("test_chain", "started"): 1,
+        ("test_chain", "succeeded"): None,
+        ("test_chain", "failed"): 1,
+    }
+    steps_seen = {
+        (step, outcome): value(samples, "pipeline_flow_steps_total", step=step, outcome=outcome)
+        for step in ("split", "join", "first", "second")
+        for outcome in ("started", "succeeded", "dead_lettered")
+    }
+    assert {k: v for k, v in steps_seen.items() if v is not None} == {
+        ("split", "started"): 3,
+        ("split", "succeeded"): 3,
+        ("join", "started"): 1,
+        ("join", "succeeded"): 1,
+        ("first", "started"): 1,
+        ("first", "succeeded"): 1,
+        ("second", "started"): 1,
+        ("second", "dead_lettered"): 1,
+    }
+    duration = "pipeline_flow_step_duration_seconds"
+    assert value(samples, f"{duration}_count", flow="test_fan", step="split") == 1  # once, when its last item ended
+    assert 0.2 <= (value(samples, f"{duration}_sum", flow="test_fan", step="split") or 0) < 20
+    assert value(samples, f"{duration}_count", flow="test_fan", step="join") == 1
+    assert value(samples, f"{duration}_count", flow="test_chain", step="second") is None  # it never ended

@@ -149,6 +149,9 @@ def test_dashboard_queries_name_only_exported_metrics() -> None:
         "pipeline_workers_up",
         "pipeline_delayed_jobs",
         "pipeline_delayed_overdue_seconds",
+        "pipeline_flows_total",
+        "pipeline_flow_steps_total",
+        "pipeline_flow_step_duration_seconds_bucket",
     ):
         assert name in used, f"the dashboard shows nothing of {name}"
 
