@@ -374,6 +374,7 @@ def measure(url: str, options: Options) -> dict[str, Any]:
         "reps": options.reps,
         "cpus": os.cpu_count(),
         "load_average_at_start": load,
+        "load_average_at_end": os.getloadavg()[0],
         "workers": {s: bench.commands(s) for s in SYSTEMS},
         "median": medians,
         "ratios": ratios,
@@ -406,8 +407,11 @@ def table(result: dict[str, Any]) -> str:
         "",
         f"{result['date']}: {result['jobs']:,} webhook jobs per system, endpoint latency "
         f"{result['latency_s'] * 1000:g} ms; medians of {result['reps']}, systems interleaved; {result['cpus']} CPUs, "
-        f"load average {result['load_average_at_start']:.1f} at start. jobs/s from the gate's opening to the last "
-        "arrival at the endpoint; RSS: peak summed RSS of the worker's process tree.",
+        f"load average {result['load_average_at_start']:.1f} at start, "
+        f"{result.get('load_average_at_end', math.nan):.1f} at end. "
+        "jobs/s from the gate's opening to the last arrival at the endpoint; RSS: peak summed RSS of the worker's "
+        "process tree.",
+        "Ratios are pipeline ÷ peer (peak RSS: higher is more memory). "
         f"50 in flight at this latency can reach {ceiling:,.0f} jobs/s. Target: peak in flight >= 400 for the "
         "pipeline's default I/O worker (--latency 2 --jobs 1000).",
     ]
