@@ -19,15 +19,15 @@ of requests in flight at once. Three systems, each delivering N webhook jobs (a 
   ~/.cache/pipeline-bench), never into the repository.
 
 Per system and rep: Redis flushed, the endpoint's counts zeroed and its gate closed; the worker started and ready
-(every Celery node answers a ping; the Node worker says so); the N jobs enqueued by a producer process of the system's
-own. Deliveries reaching the closed gate are held there; once their number has stayed the same for 2 s (every
-process booted, every slot taken, the producer done) the gate opens and the clock starts: worker boot, a slow
-producer and processes booting one after the other are all out of the figures. Done when N deliveries arrived and none
-is in flight (or after `--io-timeout` seconds: the figures then cover what arrived, marked partial). Figures: jobs/s
-= arrivals / (last arrival - gate opening); the endpoint's peak in flight; the peak summed RSS of the worker's whole
-process tree (psutil, sampled every 0.2 s from its start to its stop); jobs/s per GiB of that RSS. Systems
-interleaved rep by rep, medians of the reps; ratios of the pipeline to BullMQ and to stock Celery. Progress on
-stderr. Not a test: nothing is asserted.
+(Celery nodes answer a ping: as many as `--processes` gives, else as many as have answered for 4 s unchanged; the
+Node worker says so); the N jobs enqueued by a producer process of the system's own. Deliveries reaching the closed
+gate are held there; once their number has stayed the same for 2 s (every process booted, every slot taken, the
+producer done) the gate opens and the clock starts: worker boot, a slow producer and processes booting one after the
+other are all out of the figures. Done when N deliveries arrived and none is in flight (or after `--io-timeout`
+seconds: the figures then cover what arrived, marked partial). Figures: jobs/s = arrivals / (last arrival - gate
+opening); the endpoint's peak in flight; the peak summed RSS of the worker's whole process tree (psutil, sampled
+every 0.2 s from its start to its stop); jobs/s per GiB of that RSS. Systems interleaved rep by rep, medians of the
+reps; ratios of the pipeline to BullMQ and to stock Celery. Progress on stderr. Not a test: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ STOCK_WORKER = "celery -A bench.stock_app worker -P threads -c 50 --loglevel WAR
 PEER_CONCURRENCY = 50
 NODE_DIR = ROOT / "bench" / "node"
 SECRET = "bench-io-concurrency-signing-secret"  # noqa: S105  # signs POSTs to the throwaway endpoint only
+#: With a supervisor's default number of processes: the nodes answering a ping stay as many this long, then ready.
+NODES_STABLE_S = 4.0
 #: The held deliveries' count stays the same this long before the gate opens.
 HOLD_STABLE_S = 2.0
 GIB = float(1 << 30)
@@ -95,8 +97,9 @@ def _argv(command: str) -> list[str]:
     return argv
 
 
-def celery_nodes(argv: list[str]) -> int:
-    """Celery nodes a command line starts: `pipeline worker` runs `--processes` of them (its default when absent)."""
+def celery_nodes(argv: list[str]) -> int | None:
+    """Celery nodes a command line starts: 1 for `celery worker`, `--processes` for `pipeline worker`; None when that
+    is left to the supervisor's default (which the pool chooses: the benchmark does not second-guess it)."""
     if Path(argv[0]).name != "pipeline" or "worker" not in argv[1:2]:
         return 1
     for i, arg in enumerate(argv):
@@ -104,9 +107,7 @@ def celery_nodes(argv: list[str]) -> int:
             return int(argv[i + 1])
         if arg.startswith("--processes="):
             return int(arg.split("=", 1)[1])
-    from pipeline.cli.workers import default_processes
-
-    return default_processes()
+    return None
 
 
 def node_modules() -> Path:
@@ -248,11 +249,20 @@ class Bench:
         from celery import Celery
 
         control = Celery("bench-io-control", broker=self.url).control
-        expected = sum(celery_nodes(argv) for argv in argvs)
-        while len(control.ping(timeout=0.5)) < expected:
+        counts = [celery_nodes(argv) for argv in argvs]
+        expected = sum(c for c in counts if c is not None)
+        answered, since = -1, time.monotonic()
+        while True:
+            count = len(control.ping(timeout=0.5))
+            now = time.monotonic()
+            if count != answered:
+                answered, since = count, now
+            # a known number of nodes: all of them; else (a supervisor's default) as many as answer, for NODES_STABLE_S
+            if answered >= expected and (None not in counts or (answered > 0 and now - since >= NODES_STABLE_S)):
+                return
             workers.check()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{system}: fewer than {expected} worker nodes answer a ping")
+            if now > deadline:
+                raise TimeoutError(f"{system}: {answered} worker nodes answer a ping ({expected} expected at least)")
 
     def run(self, system: str, label: str) -> dict[str, Any]:
         self.redis.flushdb()
