@@ -26,7 +26,8 @@ producer done) the gate opens and the clock starts: worker boot, a slow producer
 other are all out of the figures. Done when N deliveries arrived and none is in flight (or after `--io-timeout`
 seconds: the figures then cover what arrived, marked partial). Figures: jobs/s = arrivals / (last arrival - gate
 opening); the endpoint's peak in flight; the peak summed RSS of the worker's whole process tree (psutil, sampled
-every 0.2 s from its start to its stop); jobs/s per GiB of that RSS. Systems interleaved rep by rep, medians of the
+every 0.2 s from its start to its stop); jobs/s per GiB of that RSS; the CPU time (user + system) the tree used from
+the gate's opening to the end, per job delivered. Systems interleaved rep by rep, medians of the
 reps; ratios of the pipeline to BullMQ and to stock Celery. Progress on stderr. Not a test: nothing is asserted.
 """
 
@@ -165,7 +166,7 @@ class Endpoint:
 
 
 class RssSampler(threading.Thread):
-    """Peak summed RSS of the process trees under `pids`; every PID seen, for the clean-up."""
+    """Peak summed RSS of the process trees under `pids`; every PID seen, for the clean-up; their CPU time."""
 
     def __init__(self, pids: list[int]) -> None:
         super().__init__(daemon=True)
@@ -174,19 +175,30 @@ class RssSampler(threading.Thread):
         self.seen: set[int] = set()
         self.done = threading.Event()
 
+    def tree(self) -> list[psutil.Process]:
+        procs = []
+        for pid in self.pids:
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(pid)
+                procs += [root, *root.children(recursive=True)]
+        return procs
+
     def sample(self) -> None:
         total = 0
-        for pid in self.pids:
-            try:
-                root = psutil.Process(pid)
-                procs = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                continue
-            for proc in procs:
-                with contextlib.suppress(psutil.Error):
-                    total += proc.memory_info().rss
-                    self.seen.add(proc.pid)
+        for proc in self.tree():
+            with contextlib.suppress(psutil.Error):
+                total += proc.memory_info().rss
+                self.seen.add(proc.pid)
         self.peak = max(self.peak, total)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the trees' processes have used so far."""
+        total = 0.0
+        for proc in self.tree():
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                total += times.user + times.system
+        return total
 
     def run(self) -> None:
         while not self.done.is_set():
@@ -276,11 +288,13 @@ class Bench:
             self.wait_ready(system, workers, argvs)
             self.produce(system)
             self.open_when_full(workers, label)
+            cpu = sampler.cpu_seconds()
             stats, partial = self.wait_delivered(workers, label)
+            cpu = sampler.cpu_seconds() - cpu
         finally:
             sampler.stop()
             stop(workers, sampler.seen)
-        return figures(stats, sampler.peak, partial)
+        return figures(stats, sampler.peak, cpu, partial)
 
     def open_when_full(self, workers: Workers, label: str) -> None:
         """Open the endpoint's gate once the held deliveries' count has stayed the same for HOLD_STABLE_S."""
@@ -339,7 +353,7 @@ def stop(workers: Workers, seen: set[int]) -> None:
             proc.kill()
 
 
-def figures(stats: dict[str, Any], rss: int, partial: bool) -> dict[str, Any]:
+def figures(stats: dict[str, Any], rss: int, cpu: float, partial: bool) -> dict[str, Any]:
     arrivals = stats["arrivals"]
     span = (stats["last"] or 0.0) - (stats["first"] or 0.0)
     rate = arrivals / span if span > 0 else math.nan
@@ -348,6 +362,7 @@ def figures(stats: dict[str, Any], rss: int, partial: bool) -> dict[str, Any]:
         "peak_in_flight": stats["peak_in_flight"],
         "rss_mib": rss / MIB,
         "jobs_per_s_per_gib": rate / (rss / GIB) if rss else math.nan,
+        "cpu_ms_per_job": 1000 * cpu / arrivals if arrivals else math.nan,
         "arrivals": arrivals,
         "duplicates": arrivals - stats["distinct"],
         "seconds": span,
@@ -371,7 +386,7 @@ def measure(url: str, options: Options) -> dict[str, Any]:
     finally:
         endpoint.stop()
         shutil.rmtree(bench.data, ignore_errors=True)
-    names = ("jobs_per_s", "peak_in_flight", "rss_mib", "jobs_per_s_per_gib")
+    names = ("jobs_per_s", "peak_in_flight", "rss_mib", "jobs_per_s_per_gib", "cpu_ms_per_job")
     medians = {s: {k: statistics.median(r[k] for r in runs) for k in names} for s, runs in reps.items()}
     for system, runs in reps.items():
         medians[system]["partial"] = any(r["partial"] for r in runs)
@@ -397,6 +412,7 @@ ROWS = (
     ("peak_in_flight", "peak in flight", "{:,.0f}"),
     ("rss_mib", "peak RSS (MiB)", "{:,.0f}"),
     ("jobs_per_s_per_gib", "jobs/s per GiB", "{:,.0f}"),
+    ("cpu_ms_per_job", "CPU ms per job", "{:,.1f}"),
 )
 
 
@@ -405,10 +421,10 @@ def table(result: dict[str, Any]) -> str:
     width = 28
     lines = [f"{'':{width}}" + "".join(f"{label:>16}" for _, label, _ in ROWS)]
     for system in SYSTEMS:
-        cells = "".join(f"{fmt.format(medians[system][k]):>16}" for k, _, fmt in ROWS)
+        cells = "".join(f"{fmt.format(medians[system].get(k, math.nan)):>16}" for k, _, fmt in ROWS)
         lines.append(f"{LABELS[system] + (' *' if medians[system]['partial'] else ''):{width}}{cells}")
     for peer in ("bullmq", "stock"):
-        cells = "".join(f"{ratios[peer][k]:>15.2f}x" for k, _, _ in ROWS)
+        cells = "".join(f"{ratios[peer].get(k, math.nan):>15.2f}x" for k, _, _ in ROWS)
         lines.append(
             f"{'pipeline ÷ ' + LABELS[peer].split(' ')[0] + (' Celery' if peer == 'stock' else ''):{width}}{cells}"
         )
@@ -420,8 +436,8 @@ def table(result: dict[str, Any]) -> str:
         f"load average {result['load_average_at_start']:.1f} at start, "
         f"{result.get('load_average_at_end', math.nan):.1f} at end. "
         "jobs/s from the gate's opening to the last arrival at the endpoint; RSS: peak summed RSS of the worker's "
-        "process tree.",
-        "Ratios are pipeline ÷ peer (peak RSS: higher is more memory). "
+        "process tree; CPU: the tree's, from the gate's opening to the end, per job.",
+        "Ratios are pipeline ÷ peer (peak RSS, CPU: higher is more). "
         f"50 in flight at this latency can reach {ceiling:,.0f} jobs/s. Target: peak in flight >= 400 for the "
         "pipeline's default I/O worker (--latency 2 --jobs 1000).",
     ]
