@@ -54,10 +54,12 @@ format: install ## Apply ruff's fixes and formatting
 typecheck: install ## mypy --strict on pipeline/ and tasks/
 	$(VENV)/bin/mypy
 
-bench: install system-deps ## Stock Celery (default settings) vs the pipeline, same Redis, same run; then groups and flows
+bench: install system-deps ## Stock Celery (default settings) vs the pipeline, same Redis, same run; then groups, flows, I/O concurrency
 	$(PY) -m bench
 	$(PY) -m bench fairness
 	$(PY) -m bench flows
+	$(PY) -m bench io_concurrency
+	$(PY) -m bench io_concurrency --latency 2 --jobs 1000 --reps 1
 
 clean: ## Remove the virtualenv, caches and local data
 	rm -rf $(VENV) .upgrade-check .data .mypy_cache .ruff_cache .pytest_cache *.egg-info

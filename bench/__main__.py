@@ -2,13 +2,14 @@
 
 Parts: enqueue, bulk, drain, latency, every (start latency of a worker on every queue; all five by default:
 `bench.compare`), and the standalone pdf_memory, webhook_fanout, replicated_enqueue, fairness, flows,
-priority_overtake and backlog benchmarks (run only when named). Not a test: nothing is asserted.
+priority_overtake, backlog and io_concurrency benchmarks (run only when named). Not a test: nothing is asserted.
 
     python -m bench                                  # the comparison table, medians of 3
     python -m bench drain latency --json             # two parts, one JSON document on stdout
     python -m bench drain --pipeline-worker 'celery -A bench.pipeline_app worker -Q bench-pipeline -P threads -c 8'
     python -m bench drain --pipeline-worker 'celery -A bench.pipeline_app worker -Q bench-pipeline -P solo' \\
                           --pipeline-worker 'celery -A bench.pipeline_app worker -Q bench-pipeline -P solo'
+    python -m bench io_concurrency --latency 2 --jobs 1000 --io-worker 'pipeline worker --processes 2 -Q webhooks'
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import os
 import sys
 
+from bench import io_concurrency
 from bench.compare import DEFAULT_WORKERS, PARTS, Options, measure, table
 from bench.procs import redis_server
 
@@ -30,7 +32,11 @@ STANDALONE = (
     "flows",
     "priority_overtake",
     "backlog",
+    "io_concurrency",
 )
+#: --jobs when not given: per measurement of the comparison, and for io_concurrency.
+JOBS = 5000
+IO_JOBS = 3000
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -43,7 +49,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--jobs", type=int, default=5000, help="jobs per enqueue, bulk and drain measurement")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        help=f"jobs per enqueue, bulk and drain measurement (default {JOBS}); io_concurrency: "
+        f"webhook jobs per system (default {IO_JOBS})",
+    )
     parser.add_argument("--rate", type=float, default=200.0, help="latency: jobs per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="latency: how long to send")
     parser.add_argument(
@@ -55,6 +66,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "the queue bench-pipeline.",
     )
     parser.add_argument("--stock-worker", action="append", metavar="COMMAND", help="the same for stock Celery")
+    io = parser.add_argument_group("io_concurrency")
+    io.add_argument("--latency", type=float, default=0.1, help="seconds the endpoint waits before answering 200")
+    io.add_argument(
+        "--io-worker",
+        action="append",
+        metavar="COMMAND",
+        help="the pipeline's I/O worker command line (repeat to run several); default "
+        f"{io_concurrency.DEFAULT_IO_WORKER[0]!r}. It must run webhooks.deliver from the repo's app on the webhooks "
+        "queue.",
+    )
+    io.add_argument(
+        "--io-timeout", type=float, default=900.0, help="seconds per system and rep before its figures are partial"
+    )
     args = parser.parse_args(argv)
     unknown = [p for p in args.parts if p not in (*PARTS, *STANDALONE)]
     if unknown:
@@ -71,7 +95,8 @@ def main(argv: list[str]) -> int:
         workers["pipeline"] = args.pipeline_worker
     if args.stock_worker:
         workers["stock"] = args.stock_worker
-    options = Options(args.reps, args.jobs, args.jobs, args.jobs, args.rate, args.seconds, parts, workers)
+    jobs = args.jobs or JOBS
+    options = Options(args.reps, jobs, jobs, jobs, args.rate, args.seconds, parts, workers)
     say = (lambda text: print(text, file=sys.stderr, flush=True)) if args.json else print
     with redis_server() as url:
         if parts:
@@ -80,7 +105,17 @@ def main(argv: list[str]) -> int:
         os.environ.update(REDIS_URL=url, ENV_FILE="", SECRETS_DIR="/nonexistent", LOG_LEVEL="WARNING")
         for name in standalone:
             say(f"== {name}")
-            importlib.import_module(f"bench.{name}").main()
+            if name == "io_concurrency":
+                io_options = io_concurrency.Options(
+                    args.jobs or IO_JOBS,
+                    args.latency,
+                    args.reps,
+                    args.io_timeout,
+                    args.io_worker or io_concurrency.DEFAULT_IO_WORKER,
+                )
+                io_concurrency.main(io_options, as_json=args.json)
+            else:
+                importlib.import_module(f"bench.{name}").main()
     return 0
 
 
