@@ -8,6 +8,7 @@ Redis, and sends `test.await` jobs (`tests.support.worker_app`: they record `sta
 from __future__ import annotations
 
 import collections
+import socket
 import uuid
 from typing import Any
 
@@ -81,9 +82,14 @@ def test_a_hung_job_among_99_healthy_ones_is_the_only_one_cancelled(make_worker:
 def test_a_cancelled_running_job_stops_and_the_others_finish(make_worker: Any) -> None:
     key = uuid.uuid4().hex
     queue = f"aio-{key[:8]}"
-    make_worker(f"aio-cancel-{key[:6]}", env=ASYNC_POOL, pool="custom", concurrency=50, queues=queue)
+    name = f"aio-cancel-{key[:6]}"
+    make_worker(name, env=ASYNC_POOL, pool="custom", concurrency=50, queues=queue)
     jobs = [_send(queue, key, sleep_s=3.0) for _ in range(20)]
     wait_for(lambda: len(_events(key)["start"]) == 20, 30, 0.05, what="the jobs to start")
+    # `celery inspect` sees the process's jobs in flight and its pool, as with any pool.
+    inspect = get_app().control.inspect(destination=[f"{name}@{socket.gethostname()}"], timeout=2)
+    assert sorted(job["id"] for jobs_of in (inspect.active() or {}).values() for job in jobs_of) == sorted(jobs)
+    assert [stats["pool"]["max-concurrency"] for stats in (inspect.stats() or {}).values()] == [50]
     assert cancel.cancel(jobs[7]).state.value == "cancelled"
     for job in jobs[:7] + jobs[8:]:
         AsyncResult(job, app=get_app()).get(timeout=30)
