@@ -44,6 +44,7 @@ from typing import Any
 import redis
 
 from bench.procs import ROOT, free_port, redis_server
+from pipeline.broker import queue_keys
 
 KEY = "bench:wp"
 LATENCY_RATE = 200.0
@@ -134,8 +135,10 @@ class System:
     #: One worker command line per process (after `celery -A ... worker`).
     procs: list[list[str]]
     env: dict[str, str] = field(default_factory=dict)
-    #: N: `pipeline worker --processes N` (solo workers under the supervisor) instead of `procs`.
+    #: N: `pipeline worker --processes N` (workers under the supervisor) instead of `procs`.
     supervised: int = 0
+    #: The supervised workers' pool (`pipeline worker --pool`).
+    pool: str = "solo"
     #: Another checkout to run the workers from (its code and its `.venv`); None: this one.
     root: Path | None = None
 
@@ -151,6 +154,8 @@ def systems(queue: str) -> list[System]:
         System("pipeline prefork c2 + events (Flower)", "app", queue, [c2], {"TASK_EVENTS": "true"}),
         System("pipeline threads c8", "app", queue, [["-P", "threads", "-c", "8"]]),
         System("pipeline threads c16", "app", queue, [["-P", "threads", "-c", "16"]]),
+        System("pipeline worker --processes 2 (asyncio)", "app", queue, [], supervised=2, pool="asyncio"),
+        System("pipeline worker --processes 3 (asyncio)", "app", queue, [], supervised=3, pool="asyncio"),
         System("pipeline worker --processes 2 (solo)", "app", queue, [], supervised=2),
         System(
             "pipeline worker --processes 2 (solo, prefetch 8)",
@@ -189,7 +194,7 @@ class Workers:
     def start(self) -> None:
         system = self.system
         python = str(system.root / ".venv" / "bin" / "python") if system.root else sys.executable
-        supervisor = [python, "-m", "pipeline", "worker", "--processes", str(system.supervised)]
+        supervisor = [python, "-m", "pipeline", "worker", "--pool", system.pool, "--processes", str(system.supervised)]
         supervisor += ["--app", f"bench.worker_profiles:{system.app}", "-Q", system.queue, "-l", "WARNING"]
         for index, extra in enumerate([supervisor] if system.supervised else system.procs):
             log = Path(tempfile.mkstemp(prefix="bench-wp-", suffix=".log")[1])
@@ -241,7 +246,8 @@ def template(system: System) -> dict[str, Any]:
     client = _client()
     task = app.tasks["stock.noop" if system.app == "stock" else "bench.noop"]
     task.apply_async(({"sent_at": None},), queue=system.queue)
-    raw = client.rpop(system.queue)
+    # The pipeline's producer publishes to the queue's list for the job's priority (`pipeline.broker.queue_keys`).
+    raw = next(filter(None, (client.rpop(key) for key in queue_keys(system.queue))), None)
     assert raw is not None, f"nothing published to {system.queue}"
     message: dict[str, Any] = json.loads(raw)
     return message

@@ -234,7 +234,7 @@ def worker(
     ctx: typer.Context,
     processes: Annotated[
         int | None,
-        typer.Option(min=1, help="Celery worker processes to run [default: CPUs (asyncio), CPUs + 1 (solo)]."),
+        typer.Option(min=1, help="Celery worker processes to run [default: CPUs + 1]."),
     ] = None,
     name: Annotated[str, typer.Option(help="Node names are <name><i>@%h.")] = "io",
     celery_app: Annotated[str, typer.Option("--app", help="What `celery -A` loads.")] = "pipeline",
@@ -249,7 +249,7 @@ def worker(
 
     if pool not in ("asyncio", "solo"):
         raise typer.BadParameter(f"{pool!r} is not one of 'asyncio', 'solo'", param_hint="--pool")
-    count = processes or default_processes(pool=pool)
+    count = processes or default_processes()
     raise typer.Exit(run_workers(celery_app, name, count, list(ctx.args), pool))
 
 

@@ -1,8 +1,8 @@
 """`pipeline worker --processes N`: the I/O profile, N Celery worker processes under one supervisor.
 
 By default each runs the asyncio pool (`-P custom`, `pipeline.runtime.asyncpool`): WORKER_CONCURRENCY jobs in flight
-per process, `async def` tasks on an event loop, sync ones on a few threads; N defaults to one per CPU. `--pool solo`
-runs the earlier model described below: one job at a time per process, N = CPUs + 1.
+per process, `async def` tasks' coroutines on an event loop, plain ones as a solo worker runs them. `--pool solo` runs
+the earlier model described below: one job at a time per process. N defaults to one per CPU plus one for both.
 
 Why (README, "Worker profiles", measured with `bench/worker_profiles.py`): a short job is mostly the
 worker's own bookkeeping (fetch, unacked record, result, ack), so what bounds throughput is Python CPU
@@ -88,10 +88,10 @@ def allowed_cpus(cgroup: Path = CGROUP) -> int:
     return min(cpus, quota_cpus(cgroup) or cpus)
 
 
-def default_processes(cgroup: Path = CGROUP, pool: str = "solo") -> int:
-    """Solo: one worker per CPU, plus one (a solo worker waits for each round trip). Asyncio: one per CPU (each
-    keeps WORKER_CONCURRENCY jobs in flight, and its round trips overlap)."""
-    return allowed_cpus(cgroup) + (1 if pool == "solo" else 0)
+def default_processes(cgroup: Path = CGROUP) -> int:
+    """One worker per CPU, plus one: a worker's main thread waits for each Redis round trip of its jobs' bookkeeping
+    (solo, and the asyncio pool's too), and a third worker on two cores keeps both busy meanwhile."""
+    return allowed_cpus(cgroup) + 1
 
 
 def worker_argv(app: str, name: str, index: int, celery_args: list[str], pool: str = "asyncio") -> list[str]:

@@ -39,7 +39,7 @@ def test_profile_script_runs_a_worker_with_metrics(
     }
     worker = Worker(f"{script}{processes}", work_dir / "logs", env)
     worker.argv = [str(ROOT / "deploy" / "docker" / script), "--without-gossip", "--without-mingle"]
-    supervised = int(processes) if processes else len(os.sched_getaffinity(0)) + (pool == "solo")
+    supervised = int(processes) if processes else len(os.sched_getaffinity(0)) + 1
     worker.start()
     try:
         if pool == "solo":  # workers of one process each, under the supervisor

@@ -179,7 +179,7 @@ def io_profile(work_dir: Path, redis_server: RedisServer) -> Iterator[tuple[str,
     worker.start()
     try:
         wait_for(lambda: worker.log().count(" ready.") == 2, 60, 0.2, what="both workers ready")
-        assert "worker profile short: asyncio pool, 200 jobs in flight at most" in worker.log()
+        assert "worker profile short: asyncio pool, 150 jobs in flight at most" in worker.log()
         yield queue, port, multiproc
     finally:
         worker.stop()

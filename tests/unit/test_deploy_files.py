@@ -92,7 +92,7 @@ def test_worker_profiles() -> None:
     io = (DOCKER / "start-worker-io").read_text()
     cpu = (DOCKER / "start-worker-cpu").read_text()
     # asyncio-pool workers under one supervisor (WORKER_POOL=solo: the solo ones); WORKER_PROCESSES unset or empty:
-    # its default (one per CPU)
+    # its default (one per CPU, plus one)
     assert 'exec pipeline worker --pool "${WORKER_POOL:-asyncio}" ${WORKER_PROCESSES:+--processes' in io
     assert "email,webhooks" in io
     assert "-P prefork" in cpu
