@@ -81,8 +81,8 @@ class Job:
     """One async job in flight: its greenlet, its limits, and how to stop it."""
 
     __slots__ = (
+        "abandoned",
         "body",
-        "give_up_at",
         "greenlet",
         "hard",
         "name",
@@ -91,7 +91,7 @@ class Job:
         "soft",
         "started",
         "task_id",
-        "wake",
+        "timer",
     )
 
     def __init__(self, name: str, task_id: str, soft: float | None, hard: float | None) -> None:
@@ -101,11 +101,14 @@ class Job:
         self.hard = hard
         self.started = time.monotonic()
         self.greenlet: Any = None
+        #: The coroutine it waits for now, as an asyncio task.
         self.body: asyncio.Task[Any] | None = None
-        self.wake: asyncio.Future[None] | None = None
+        #: Its next deadline on the loop (a limit, or the end of the time given to unwind).
+        self.timer: asyncio.TimerHandle | None = None
         #: The exception the job is being stopped with (a limit or a cancel), once stopped.
         self.reason: BaseException | None = None
-        self.give_up_at: float | None = None
+        #: Its coroutine ignored its cancellation and was given up.
+        self.abandoned = False
         #: The QoS of the delivery the job came in: its result is carried by the call that acknowledges it.
         self.qos: Any = acks.current_qos()
 
@@ -125,7 +128,7 @@ class AsyncPool(BasePool):
         self.loop = _Loop(self.selector)
         self.jobs: dict[str, Job] = {}
         #: Coroutines that ended, (job, task), for their greenlets to go on outside the loop's iteration.
-        self._ended: collections.deque[tuple[Job, asyncio.Task[Any]]] = collections.deque()
+        self._ended: collections.deque[tuple[Job, asyncio.Task[Any] | None]] = collections.deque()
         self._hub: Any = None
         self._timer: Any = None
         self._timer_at = 0.0
@@ -269,67 +272,84 @@ class AsyncPool(BasePool):
     def _after(self, job: Job, awaited: Any) -> None:
         """`job`'s trace switched back: it ended, or it waits for `awaited`, its coroutine (handed to the loop)."""
         if job.greenlet.dead:
+            if job.timer is not None:
+                job.timer.cancel()
             if self.jobs.get(job.task_id) is job:
                 del self.jobs[job.task_id]
             return
-        body = self.loop.create_task(self._await_body(job, awaited))
-        body.add_done_callback(lambda ended: self._ended.append((job, ended)))
+        if job.reason is not None:  # stopped (a limit, a cancel) while outside its coroutine: raised at once
+            awaited.close()
+            self._ended.append((job, None))
+        else:
+            body = job.body = self.loop.create_task(awaited)
+            body.add_done_callback(lambda ended: self._ended.append((job, ended)))
+            if job.timer is None:
+                self._arm(job, job.deadline(job.soft) or job.deadline(job.hard))
         if not self.loop.is_running():
             self._wake()
 
     def _resume_ended(self) -> None:
-        """Outside the loop's iteration: switch into the greenlet of each job whose coroutine has ended."""
+        """Outside the loop's iteration: switch into the greenlet of each job whose coroutine has ended (or that was
+        given up), with its outcome."""
         while self._ended:
             job, ended = self._ended.popleft()
-            exc = ended.exception()
+            if ended is not job.body:  # the coroutine of a job given up before it ended: the job went on without it
+                continue
+            job.body = None
             with acks.delivering(job.qos) if job.qos is not None else contextlib.nullcontext():
-                awaited = job.greenlet.switch(ended.result()) if exc is None else job.greenlet.throw(exc)
+                try:
+                    result = self._outcome(job, ended)
+                except BaseException as exc:  # noqa: BLE001  # the job's own exception, raised in its trace
+                    awaited = job.greenlet.throw(exc)
+                else:
+                    awaited = job.greenlet.switch(result)
             self._after(job, awaited)
 
-    # -- a job's coroutine, on the loop ----------------------------------------------------------------------
-
-    async def _await_body(self, job: Job, coro: Any) -> Any:
-        if job.reason is not None:  # stopped (a limit, a cancel) while outside its coroutine
-            coro.close()
+    def _outcome(self, job: Job, ended: asyncio.Task[Any] | None) -> Any:
+        if ended is None or ended.cancelled() or isinstance(ended.exception(), asyncio.CancelledError):
+            if job.reason is None:
+                raise JobCancelled(job.task_id)
+            if job.abandoned and isinstance(job.reason, SoftTimeLimitExceeded) and job.hard is not None:
+                raise TimeLimitExceeded(job.hard)  # it ran on to its hard limit
             raise job.reason
-        body = job.body = self.loop.create_task(coro)
-        job.wake = self.loop.create_future()
-        soft_at, hard_at = job.deadline(job.soft), job.deadline(job.hard)
-        while not body.done():
-            deadline = (soft_at or hard_at) if job.reason is None else job.give_up_at
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            await asyncio.wait({body, job.wake}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            if body.done():
-                break
-            if job.wake.done():
-                job.wake = self.loop.create_future()
-            now = time.monotonic()
-            if job.reason is None and deadline is not None and now >= deadline:
-                limit = job.soft if deadline == soft_at else job.hard
-                self._stop(job, SoftTimeLimitExceeded(limit) if deadline == soft_at else TimeLimitExceeded(limit))
-            elif job.reason is not None and job.give_up_at is not None and now >= job.give_up_at:
-                self._abandon(job)
-                if isinstance(job.reason, SoftTimeLimitExceeded) and job.hard is not None:
-                    raise TimeLimitExceeded(job.hard)  # it ran on to its hard limit
-                raise job.reason
-        job.body = None
-        if body.cancelled() or isinstance(body.exception(), asyncio.CancelledError):
-            raise job.reason if job.reason is not None else JobCancelled(job.task_id)
-        return body.result()
+        return ended.result()
+
+    # -- a job's deadlines, on the loop ----------------------------------------------------------------------
+
+    def _arm(self, job: Job, at: float | None) -> None:
+        if job.timer is not None:
+            job.timer.cancel()
+        job.timer = (
+            None if at is None else self.loop.call_at(self.loop.time() + (at - time.monotonic()), self._due, job)
+        )
+
+    def _due(self, job: Job) -> None:
+        """A deadline of `job`: its soft limit (or its hard one, without a soft one) stops it; past the time given to
+        unwind (the hard limit, or CANCEL_GRACE_S after a cancel), a coroutine still running is given up."""
+        job.timer = None
+        if job.greenlet.dead:
+            return
+        if job.reason is None:
+            soft = job.soft is not None and job.soft <= (job.hard or job.soft)
+            limit = job.soft if soft else job.hard
+            self._stop(job, SoftTimeLimitExceeded(limit) if soft else TimeLimitExceeded(limit))
+        elif job.body is not None and not job.body.done():
+            self._abandon(job)
+            job.abandoned = True
+            self._ended.append((job, None))
+            job.body = None
 
     def _stop(self, job: Job, reason: BaseException) -> None:
-        """On the loop: stop `job` with `reason` (its coroutine cancelled; raised at once if it has none yet)."""
-        if job.reason is not None:
+        """On the loop: stop `job` with `reason` (its coroutine cancelled; raised at once if it is outside one)."""
+        if job.reason is not None or job.greenlet.dead:
             return
         job.reason = reason
         grace = CANCEL_GRACE_S
         if isinstance(reason, SoftTimeLimitExceeded) and job.hard is not None:
             grace = max(0.0, job.started + job.hard - time.monotonic())
-        job.give_up_at = time.monotonic() + grace
+        self._arm(job, time.monotonic() + grace)
         if job.body is not None:
             job.body.cancel()
-            if job.wake is not None and not job.wake.done():
-                job.wake.set_result(None)
 
     def _abandon(self, job: Job) -> None:
         """The job's coroutine ignored its cancellation: the job ends now; the process is recycled."""
