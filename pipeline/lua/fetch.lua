@@ -215,10 +215,14 @@ local function uncap(key)
   end
 end
 
--- A popped group's next job (nil when the ring is empty), and the group, which goes on to its next state.
+-- A popped group's next job (nil when the ring is empty, or when the group already runs `cap` jobs), and the
+-- group, which goes on to its next state. The cap is checked here, when a job is taken, not only when a group
+-- re-enters the ring: a group whose list emptied while its jobs still run leaves the state hash, and the next
+-- enqueue (enqueue.lua, which does not know the worker's cap) puts it straight back in the ring.
 local function from_group(key)
   local g = redis.call('RPOP', P .. 'ring:' .. key)
   if not g then return nil end
+  if cap > 0 and running(g) >= cap then return nil, g end
   local item = redis.call('RPOP', P .. 'jobs:' .. key .. ':' .. g)
   if item then redis.call('HINCRBY', P .. 'count', key, -1) end
   return item, g
@@ -254,8 +258,9 @@ for i = 5, first_result_key do
           turn = 'p'
         else
           if item then take(key, item, false, g) end
-          ready(key, g)
-          if not plain_done then turn = 'p' end
+          local skipped = not item and redis.call('LLEN', P .. 'jobs:' .. key .. ':' .. g) > 0
+          ready(key, g)  -- a group skipped at its cap is capped here, until one of its jobs ends
+          if not plain_done and not skipped then turn = 'p' end
         end
       else
         local item = not plain_done and redis.call('RPOP', key)

@@ -94,6 +94,48 @@ def test_concurrency_is_capped_per_group_across_the_worker(
     assert own_redis.client().hlen("unacked") == 0
 
 
+def _most_at_once(records: list[dict[str, Any]], jobs: list[str]) -> int:
+    """The most of `jobs` running at once in a `test.run` ledger (its start and finish records, in order)."""
+    running: set[str] = set()
+    most = 0
+    for record in records:
+        if record["event"] == "start":
+            running.add(record["task_id"])
+        else:
+            running.discard(record["task_id"])
+        most = max(most, len(running & set(jobs)))
+    return most
+
+
+@pytest.mark.parametrize(
+    "workers",
+    [[("prefork", 4)], [("solo", 1)] * 3],
+    ids=["prefork-c4-prefetch4", "three-solo-workers"],
+)
+def test_the_cap_holds_when_a_group_s_jobs_come_while_its_first_ones_run(
+    workers: list[tuple[str, int]], make_worker: Any
+) -> None:
+    """GROUP_CONCURRENCY=2, four pool slots in all and room to prefetch (the I/O profile's prefetch of 4): group c's
+    first two jobs run, its list empties (its state with it), and its next jobs arrive while those two still run.
+    Each enqueue puts c back in the ring of ready groups; the fetch checks the cap when it takes a job, so no third
+    job of c starts before one of the two ends, and group d's jobs take the free slots instead of waiting behind c."""
+    key = uuid.uuid4().hex
+    for n, (pool, concurrency) in enumerate(workers):
+        make_worker(f"cap-{n}-{key[:6]}", env={"GROUP_CONCURRENCY": "2"}, pool=pool, concurrency=concurrency)
+    job = {"key": key, "sleep_s": 1.0}
+    c = [run.enqueue(job, group="c") for _ in range(2)]
+    wait_for(lambda: len(_starts(key)) == 2, 30, 0.02, what="group c's first two jobs")
+    c += [run.enqueue(job, group="c") for _ in range(4)]
+    d = [run.enqueue(job, group="d") for _ in range(2)]
+
+    wait_for(lambda: sum(r["event"] == "finish" for r in run_records(key)) == 8, 60, 0.05, what="all eight jobs")
+    records = run_records(key)
+    assert _most_at_once(records, c) == 2, records  # the cap, reached and never passed
+    starts = _starts(key)
+    assert max(starts.index(job) for job in d) < starts.index(c[-1])  # d's jobs ran beside c's, not behind them
+    assert sorted(starts) == sorted(c + d)  # each job ran once
+
+
 def _parked_headers(client: Any, task_id: str) -> dict[str, Any]:
     """The headers of a parked (delayed) job's message; the job is taken out of Redis (nothing consumes it)."""
     raw = client.hget(DELAYED_MESSAGE_KEY, task_id)
