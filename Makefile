@@ -27,7 +27,7 @@ lock: ## Recompile requirements*.lock from pyproject.toml, keeping locked versio
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) scripts/lock $(if $(UPGRADE),--upgrade)
 
-upgrade-check: install system-deps ## Newest versions pyproject.toml allows vs the lock, then parity and fault tests on them (JSON=1)
+upgrade-check: install system-deps ## Newest versions (guarded ranges lifted) vs the lock, parity and fault tiers on them; widens what passes (JSON=1)
 	$(PY) scripts/upgrade-check $(if $(JSON),--json)
 
 system-deps: ## Install the system packages the tests need, when missing (idempotent; uses apt as root)
