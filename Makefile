@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 PY_SCRIPTS := scripts/lock scripts/upgrade-check
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock upgrade-check system-deps run test test-unit test-integration lint format typecheck bench clean
+.PHONY: help install lock upgrade-check system-deps run test test-install test-unit test-integration lint format typecheck bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -37,7 +37,10 @@ run: install ## Run the local stack: Redis (embedded unless REDIS_URL is set), w
 	$(VENV)/bin/pipeline run
 
 test: install system-deps ## Run the whole test suite on four processes (each starts its own Redis and workers)
-	$(PY) -m pytest -n 4 --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n 4 --dist loadfile -m "not install" $(PYTEST_ARGS)
+
+test-install: install system-deps ## A plain `pip install .` (unlocked, from the index) into a fresh virtualenv starts a worker
+	$(PY) -m pytest tests/install -p no:cacheprovider $(PYTEST_ARGS)
 
 test-unit: install ## Only the tests that need no services
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
