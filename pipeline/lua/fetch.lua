@@ -17,9 +17,11 @@
 -- once), P..'jobs:'..K..':'..G holds group G's jobs, P..'state:'..K maps a group to 'r' (in the ring) or 'c'
 -- (capped), P..'capped:'..K lists the capped groups, P..'leases:'..G the delivery tags of G's running jobs (checked
 -- against pipeline:lease, so a lease that ended by any path frees its slot), P..'turn' whose turn it is per key
--- (plain jobs or groups), P..'count' how many grouped jobs wait per key. Within a key, jobs are taken round-robin
--- over the groups, the plain (ungrouped) jobs taking every other turn; a message with a group that reaches the
--- plain list (a retry, a restore, a delayed release, a foreign client) is moved to its group when popped.
+-- (plain jobs or groups), P..'count' how many grouped jobs wait per key. The cap is checked on every job taken from
+-- a group (a group in the ring included: enqueue.lua rings a group without knowing the cap), and a job holds its
+-- group's slot from this fetch until its lease ends. Within a key, jobs are taken round-robin over the groups, the
+-- plain (ungrouped) jobs taking every other turn; a message with a group that reaches the plain list (a retry, a
+-- restore, a delayed release, a foreign client) is moved to its group when popped.
 -- Returns {the tags whose acknowledgement was fenced}, {the consumed queues that are paused}, then 5 fields per
 -- element, oldest first: key, tag (or ''), delivery count (0: not recorded), the element, its kind (0 a message
 -- envelope, 1 not an envelope: dead-lettered by the worker, 2 not recorded: from a queue consumed without
