@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -159,3 +160,30 @@ def test_the_guarded_libraries_are_the_version_guard_s(check: ModuleType) -> Non
     from pipeline.compat.versions import GUARDED
 
     assert check.guarded_names() == GUARDED
+
+
+def test_the_tiers_run_on_the_widened_ranges_which_stay_only_when_they_pass(
+    check: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = 'dependencies = [\n  "redis>=8.1,<8.2",\n]\n'
+    pyproject = tmp_path / "pyproject.toml"
+    monkeypatch.setattr(check, "PYPROJECT", pyproject)
+    outside = check.beyond({"redis": "redis>=8.1,<8.2"}, {"redis": "8.2.0"})
+    run = check.Run(json_output=True, workers=1, scratch=tmp_path)
+    seen: list[str] = []
+
+    def tiers_that(status: str) -> Any:
+        def tier(t: Any) -> Any:
+            seen.append(pyproject.read_text())  # what the guard reads while the tier runs
+            return check.TierResult(t.name, "pytest", status, 0 if status == "passed" else 1, 1.0)
+
+        return tier
+
+    for status, keep, kept in [("passed", True, True), ("failed", True, False), ("passed", False, False)]:
+        pyproject.write_text(text)
+        seen.clear()
+        monkeypatch.setattr(run, "tier", tiers_that(status))
+        results, widened = run.tiers_on_widened(text, outside, keep=keep)
+        assert [r.status for r in results] == [status, status] and widened is kept
+        assert seen and all('"redis>=8.1,<8.3"' in during for during in seen)
+        assert pyproject.read_text() == (text.replace("<8.2", "<8.3") if kept else text)
