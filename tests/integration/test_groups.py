@@ -108,29 +108,31 @@ def _most_at_once(records: list[dict[str, Any]], jobs: list[str]) -> int:
 
 
 @pytest.mark.parametrize(
-    "workers",
-    [[("prefork", 4)], [("solo", 1)] * 3],
-    ids=["prefork-c4-prefetch4", "three-solo-workers"],
+    ("workers", "cap"),
+    [([("prefork", 4)], 2), ([("solo", 1)] * 2, 1)],
+    ids=["prefork-c4-prefetch4-cap2", "two-solo-workers-cap1"],
 )
 def test_the_cap_holds_when_a_group_s_jobs_come_while_its_first_ones_run(
-    workers: list[tuple[str, int]], make_worker: Any
+    workers: list[tuple[str, int]], cap: int, make_worker: Any
 ) -> None:
-    """GROUP_CONCURRENCY=2, four pool slots in all and room to prefetch (the I/O profile's prefetch of 4): group c's
-    first two jobs run, its list empties (its state with it), and its next jobs arrive while those two still run.
-    Each enqueue puts c back in the ring of ready groups; the fetch checks the cap when it takes a job, so no third
-    job of c starts before one of the two ends, and group d's jobs take the free slots instead of waiting behind c."""
+    """Pool slots to spare and room to prefetch (the I/O profile's prefetch of 4): group c's first `cap` jobs run,
+    its list empties (its state with it), and its next jobs arrive while those still run. Each enqueue puts c back
+    in the ring of ready groups; the fetch checks the cap when it takes a job, so no more than `cap` of c's run at
+    once, and group d's jobs take the free slots instead of waiting behind c's."""
     key = uuid.uuid4().hex
     for n, (pool, concurrency) in enumerate(workers):
-        make_worker(f"cap-{n}-{key[:6]}", env={"GROUP_CONCURRENCY": "2"}, pool=pool, concurrency=concurrency)
-    job = {"key": key, "sleep_s": 1.0}
-    c = [run.enqueue(job, group="c") for _ in range(2)]
-    wait_for(lambda: len(_starts(key)) == 2, 30, 0.02, what="group c's first two jobs")
+        env = {"GROUP_CONCURRENCY": str(cap)}
+        make_worker(f"cap-{n}-{key[:6]}", env=env, pool=pool, concurrency=concurrency)
+    job = {"key": key, "sleep_s": 0.6}
+    c = [run.enqueue(job, group="c") for _ in range(cap)]
+    wait_for(lambda: len(_starts(key)) == cap, 30, 0.02, what="group c's first jobs")
     c += [run.enqueue(job, group="c") for _ in range(4)]
     d = [run.enqueue(job, group="d") for _ in range(2)]
 
-    wait_for(lambda: sum(r["event"] == "finish" for r in run_records(key)) == 8, 60, 0.05, what="all eight jobs")
+    every = len(c) + len(d)
+    wait_for(lambda: sum(r["event"] == "finish" for r in run_records(key)) == every, 60, 0.05, what="every job")
     records = run_records(key)
-    assert _most_at_once(records, c) == 2, records  # the cap, reached and never passed
+    assert _most_at_once(records, c) == cap, records  # the cap, reached and never passed
     starts = _starts(key)
     assert max(starts.index(job) for job in d) < starts.index(c[-1])  # d's jobs ran beside c's, not behind them
     assert sorted(starts) == sorted(c + d)  # each job ran once
