@@ -3,14 +3,14 @@ was verified on.
 
 Every reach into a library's internals (`pipeline.compat.ENTRIES`, `pipeline.delivery.ENTRIES`) was written and
 tested against the libraries in `GUARDED`, on the versions `verified()` names. Those ranges have one source, the
-project's own requirements in `pyproject.toml` (`"redis>=8.1,<8.3"`): read back from the installed project's
-metadata (`importlib.metadata.requires`), they are what pip may install and what the guard accepts, so a plain
-`pip install` never resolves a version the guard refuses. A range spans whole minor series, each verified on its
-newest patch: a patch release inside it is accepted the day it ships; a new minor or major is taken through
-`make upgrade-check`, which runs the parity and fault tiers on it and widens the range in `pyproject.toml` when they
-pass. The installed versions are read from the distributions' metadata too, never from a copy in the code. Outside
-the verified ranges nothing runs silently (a `pip install -U kombu` into the same environment, another project's
-requirements, an install with `--no-deps`):
+project's own requirements in `pyproject.toml` (`"redis>=8.1,<8.3"`): read back from it in a source tree, else from
+the installed project's metadata (`importlib.metadata.requires`), they are what pip may install and what the guard
+accepts, so a plain `pip install` never resolves a version the guard refuses. A range spans whole minor series,
+each verified on its newest patch: a patch release inside it is accepted the day it ships; a new minor or major is
+taken through `make upgrade-check`, which runs the parity and fault tiers on it and widens the range in
+`pyproject.toml` when they pass. The installed versions are read from the distributions' metadata too, never from a
+copy in the code. Outside the verified ranges nothing runs silently (a `pip install -U kombu` into the same
+environment, another project's requirements, an install with `--no-deps`):
 
 * a speed-only replacement is left off (`enabled` is False: Celery's or kombu's own path runs) with one WARNING
   naming the library, its version and the verified ones, whatever ALLOW_UNVERIFIED_VERSIONS says;
@@ -40,7 +40,7 @@ from packaging.version import InvalidVersion, Version
 
 log = logging.getLogger(__name__)
 
-#: The distributions the seam reaches into; `pyproject.toml` bounds each one on both sides (`tests/unit/test_lock.py`).
+#: The distributions the seam reaches into; pyproject.toml bounds each one on both sides (tests/unit/test_compat.py).
 GUARDED = ("celery", "kombu", "billiard", "celery-redbeat", "redis")
 #: This project's distribution name, whose requirements hold the verified ranges.
 PROJECT = "pipeline"

@@ -9,6 +9,7 @@ it resolution). `make test-install` runs it, a step of its own in .ci/run (it ne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -89,10 +90,16 @@ def test_a_plain_pip_install_starts_a_worker_that_runs_a_job(tmp_path: Path) -> 
         assert done.returncode == 0, done.stdout + done.stderr + log_path.read_text()[-3000:]
         assert "plain install" in done.stdout
     finally:
+        _stop(worker)
+        redis_server.stop()
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the worker's process group (its pool children with it), SIGKILL it after 30 s."""
+    with contextlib.suppress(ProcessLookupError):  # it exited at start: nothing left to stop
         os.killpg(worker.pid, signal.SIGTERM)
         try:
             worker.wait(30)
         except subprocess.TimeoutExpired:
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait(10)
-        redis_server.stop()
