@@ -13,6 +13,7 @@ from celery import Celery
 
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY, GROUP_COUNT_KEY, HEADER_GROUP
 from pipeline.errors import PayloadInvalid
+from pipeline.runtime.asyncpool import POOL
 from tests.support.api import ApiServer
 from tests.support.cli import run_cli
 from tests.support.procs import RedisServer, wait_for
@@ -109,19 +110,20 @@ def _most_at_once(records: list[dict[str, Any]], jobs: list[str]) -> int:
 
 @pytest.mark.parametrize(
     ("workers", "cap"),
-    [([("prefork", 4)], 2), ([("solo", 1)] * 2, 1)],
-    ids=["prefork-c4-prefetch4-cap2", "two-solo-workers-cap1"],
+    [([("prefork", 4)], 2), ([("solo", 1)] * 2, 1), ([("custom", 20)], 2)],
+    ids=["prefork-c4-prefetch4-cap2", "two-solo-workers-cap1", "asyncio-c20-cap2"],
 )
 def test_the_cap_holds_when_a_group_s_jobs_come_while_its_first_ones_run(
     workers: list[tuple[str, int]], cap: int, make_worker: Any
 ) -> None:
-    """Pool slots to spare and room to prefetch (the I/O profile's prefetch of 4): group c's first `cap` jobs run,
-    its list empties (its state with it), and its next jobs arrive while those still run. Each enqueue puts c back
-    in the ring of ready groups; the fetch checks the cap when it takes a job, so no more than `cap` of c's run at
-    once, and group d's jobs take the free slots instead of waiting behind c's."""
+    """Pool slots to spare and room to prefetch (the I/O profile's prefetch of 4; the asyncio pool, `-P custom`, with
+    20 jobs in flight): group c's first `cap` jobs run, its list empties (its state with it), and its next jobs
+    arrive while those still run. Each enqueue puts c back in the ring of ready groups; the fetch checks the cap when
+    it takes a job, so no more than `cap` of c's run at once, and group d's jobs take the free slots instead of
+    waiting behind c's."""
     key = uuid.uuid4().hex
     for n, (pool, concurrency) in enumerate(workers):
-        env = {"GROUP_CONCURRENCY": str(cap)}
+        env = {"GROUP_CONCURRENCY": str(cap), **({"CELERY_CUSTOM_WORKER_POOL": POOL} if pool == "custom" else {})}
         make_worker(f"cap-{n}-{key[:6]}", env=env, pool=pool, concurrency=concurrency)
     job = {"key": key, "sleep_s": 0.6}
     c = [run.enqueue(job, group="c") for _ in range(cap)]
