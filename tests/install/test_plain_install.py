@@ -3,8 +3,8 @@
 pip resolves every requirement within pyproject.toml's ranges from the index, as a user's install does: the newest
 releases of the day, not the lock. A release inside a range that the version guard refuses, or a requirement the
 package uses but does not declare, fails here. The tree is copied first (pip builds in the source directory: the
-checkout stays clean); pip's cache is used as it is, warm on a developer's machine and on CI's (about 45 s, most of
-it resolution). `make test-install` runs it, a step of its own in .ci/run (it needs the index).
+checkout stays clean); pip's cache is used as it is, warm on a developer's machine and on CI's (31 s on a quiet
+machine, most of it resolution). `make test-install` runs it, a step of its own in .ci/run (it needs the index).
 """
 
 from __future__ import annotations
