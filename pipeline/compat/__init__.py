@@ -7,7 +7,7 @@ parity test: a test that compares it against upstream's own behaviour computed a
 an upgrade changes upstream. The worker's Redis delivery layer keeps its own table (`pipeline.delivery.ENTRIES`).
 Everywhere else the pipeline uses public APIs only (`tests/unit/test_seam.py` checks it).
 
-`versions` holds the versions every entry was verified on and the guard built on them:
+`versions` holds the ranges every entry was verified on (the project's own requirements) and the guard built on them:
 
 * a speed-only replacement (`critical=False`) runs only on verified versions (`enabled`, checked once per process
   or per object, not per job); elsewhere Celery's or kombu's own path runs, after one WARNING;
@@ -24,7 +24,7 @@ from __future__ import annotations
 from functools import cache
 
 from pipeline.compat import versions
-from pipeline.compat.versions import VERIFIED, Entry
+from pipeline.compat.versions import GUARDED, Entry
 
 __all__ = ["BEAT_LIBRARIES", "ENTRIES", "PRODUCER_LIBRARIES", "enabled", "libraries"]
 
@@ -151,9 +151,9 @@ BEAT_LIBRARIES = ("celery", "kombu", "celery-redbeat", "redis")
 
 @cache
 def libraries(where: str) -> tuple[str, ...]:
-    """The distributions the entries held in module `where` depend on, in `VERIFIED`'s order."""
+    """The distributions the entries held in module `where` depend on, in `GUARDED`'s order."""
     named = {name for entry in ENTRIES if entry.where == where for name in entry.libraries}
-    return tuple(name for name in VERIFIED if name in named)
+    return tuple(name for name in GUARDED if name in named)
 
 
 def enabled(where: str) -> bool:

@@ -1,9 +1,16 @@
-"""The version guard: the installed celery, kombu, billiard, celery-redbeat and redis-py against the versions the
-seam was verified on.
+"""The version guard: the installed celery, kombu, billiard, celery-redbeat and redis-py against the ranges the seam
+was verified on.
 
 Every reach into a library's internals (`pipeline.compat.ENTRIES`, `pipeline.delivery.ENTRIES`) was written and
-tested against the versions in `VERIFIED`. The installed versions are read from the distributions' metadata
-(`importlib.metadata`), never from a copy in the code. Outside the verified versions nothing runs silently:
+tested against the libraries in `GUARDED`, on the versions `verified()` names. Those ranges have one source, the
+project's own requirements in `pyproject.toml` (`"redis>=8.1,<8.3"`): read back from it in a source tree, else from
+the installed project's metadata (`importlib.metadata.requires`), they are what pip may install and what the guard
+accepts, so a plain `pip install` never resolves a version the guard refuses. A range spans whole minor series,
+each verified on its newest patch: a patch release inside it is accepted the day it ships; a new minor or major is
+taken through `make upgrade-check`, which runs the parity and fault tiers on it and widens the range in
+`pyproject.toml` when they pass. The installed versions are read from the distributions' metadata too, never from a
+copy in the code. Outside the verified ranges nothing runs silently (a `pip install -U kombu` into the same
+environment, another project's requirements, an install with `--no-deps`):
 
 * a speed-only replacement is left off (`enabled` is False: Celery's or kombu's own path runs) with one WARNING
   naming the library, its version and the verified ones, whatever ALLOW_UNVERIFIED_VERSIONS says;
@@ -12,32 +19,34 @@ tested against the versions in `VERIFIED`. The installed versions are read from 
   versions and how to proceed, exit status 2 — unless ALLOW_UNVERIFIED_VERSIONS=true accepts the risk (then one
   WARNING, and the process starts with its delivery code on).
 
-`make upgrade-check` runs the parity and fault tiers against the newest versions the ranges in `pyproject.toml`
-allow; once they pass, the new versions go into `VERIFIED` and the lock (README, "Upgrading a dependency").
+README, "Upgrading a dependency", says how a range widens.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
+from pathlib import Path
 
-from packaging.specifiers import SpecifierSet
+from packaging.requirements import Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 log = logging.getLogger(__name__)
 
-#: Distribution name → the versions every entry of the seam was verified on (the parity and fault tiers passed).
-VERIFIED: dict[str, str] = {
-    "celery": "==5.7.0",
-    "kombu": "==5.7.0",
-    "billiard": "==4.3.2",
-    "celery-redbeat": "==2.4.2",
-    "redis": "==8.1.0",
-}
+#: The distributions the seam reaches into; pyproject.toml bounds each one on both sides (tests/unit/test_compat.py).
+GUARDED = ("celery", "kombu", "billiard", "celery-redbeat", "redis")
+#: This project's distribution name, whose requirements hold the verified ranges.
+PROJECT = "pipeline"
+#: What a guarded library the project's requirements do not name is verified on: nothing (never a valid specifier).
+UNDECLARED = "(not declared in pyproject.toml)"
+_PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 #: Exit status of a process that refuses to start (a usage error, as for a bad setting).
 EX_REFUSED = 2
@@ -53,7 +62,7 @@ class Entry:
     upstream: str
     #: The project module that holds it.
     where: str
-    #: The distributions it depends on (keys of `VERIFIED`).
+    #: The distributions it depends on (names in `GUARDED`).
     libraries: tuple[str, ...]
     #: The parity test, as a pytest node id ("tests/unit/test_x.py::test_y").
     test: str
@@ -81,20 +90,47 @@ def installed(distribution: str) -> str:
         return "missing"
 
 
+def declared() -> list[str]:
+    """The project's runtime requirements: `pyproject.toml` beside the package when run from its source tree (an
+    editable install, a checkout; an `*.egg-info` a build left there may be stale), else the installed metadata."""
+    if _PYPROJECT.is_file():
+        project = tomllib.loads(_PYPROJECT.read_text()).get("project", {})
+        if project.get("name") == PROJECT:
+            return list(project.get("dependencies", []))
+    return metadata.requires(PROJECT) or []
+
+
+def ranges(requirements: Iterable[str]) -> dict[str, str]:
+    """GUARDED name -> the specifier `requirements` give it (those of an extra left out), UNDECLARED when none."""
+    found: dict[str, str] = {}
+    for text in requirements:
+        requirement = Requirement(text)
+        name = canonicalize_name(requirement.name)
+        if name in GUARDED and (requirement.marker is None or requirement.marker.evaluate({"extra": ""})):
+            found[name] = ",".join(filter(None, [found.get(name), str(requirement.specifier)]))
+    return {name: found.get(name) or UNDECLARED for name in GUARDED}
+
+
+@cache
+def verified() -> dict[str, str]:
+    """GUARDED name -> the range the seam was verified on, e.g. ">=8.1,<8.3": the project's declared requirements."""
+    return ranges(declared())
+
+
 def _matches(version: str, specifier: str) -> bool:
     try:
-        return Version(version) in SpecifierSet(specifier)
-    except InvalidVersion:
+        return SpecifierSet(specifier).contains(Version(version), prereleases=True)
+    except (InvalidVersion, InvalidSpecifier):
         return False
 
 
 def mismatches(distributions: Iterable[str]) -> list[Mismatch]:
-    """The libraries among `distributions` installed outside their verified versions."""
+    """The libraries among `distributions` installed outside their verified ranges."""
     found = []
     for name in distributions:
-        version = installed(name)
-        if not _matches(version, VERIFIED[name]):
-            found.append(Mismatch(name, version, VERIFIED[name]))
+        version, wanted = installed(name), verified()[name]
+        if not _matches(version, wanted):
+            found.append(Mismatch(name, version, wanted))
     return found
 
 
@@ -126,8 +162,9 @@ def require(what: str, distributions: Iterable[str], allow_unverified: bool) -> 
         return
     print(
         f"pipeline: refusing to start the {what}: {named}. Its delivery guarantees were verified only on those"
-        " versions. Run `make upgrade-check` to test this version (then widen pipeline.compat.versions.VERIFIED),"
-        " install the locked versions (`make install`), or set ALLOW_UNVERIFIED_VERSIONS=true to accept the risk.",
+        " versions. Run `make upgrade-check` to test this version (it widens the range in pyproject.toml when the tests"
+        " pass), install the locked versions (`make install`), or set ALLOW_UNVERIFIED_VERSIONS=true to accept the"
+        " risk.",
         file=sys.stderr,
         flush=True,
     )

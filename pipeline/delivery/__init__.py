@@ -9,9 +9,9 @@ acknowledgements written together (`acks`), and fencing (`fencing`: the worker b
 
 This package and `pipeline.compat` are the only places that reach into private parts of celery, kombu, billiard and
 redis-py (`tests/unit/test_seam.py` fails on any other). Each reach is an entry of `ENTRIES`: the upstream symbols,
-where, the libraries it was verified on (`pipeline.compat.versions.VERIFIED`) and the test that proves, against
-upstream at test time, that it still holds. All are delivery-critical: a worker on a version outside `VERIFIED`
-refuses to start (`fencing.DeliveryStep`).
+where, the libraries it was verified on (`pipeline.compat.versions.verified()`) and the test that proves, against
+upstream at test time, that it still holds. All are delivery-critical: a worker on a version outside the verified
+ranges refuses to start (`fencing.DeliveryStep`).
 """
 
 from __future__ import annotations

@@ -17,9 +17,11 @@
 -- once), P..'jobs:'..K..':'..G holds group G's jobs, P..'state:'..K maps a group to 'r' (in the ring) or 'c'
 -- (capped), P..'capped:'..K lists the capped groups, P..'leases:'..G the delivery tags of G's running jobs (checked
 -- against pipeline:lease, so a lease that ended by any path frees its slot), P..'turn' whose turn it is per key
--- (plain jobs or groups), P..'count' how many grouped jobs wait per key. Within a key, jobs are taken round-robin
--- over the groups, the plain (ungrouped) jobs taking every other turn; a message with a group that reaches the
--- plain list (a retry, a restore, a delayed release, a foreign client) is moved to its group when popped.
+-- (plain jobs or groups), P..'count' how many grouped jobs wait per key. The cap is checked on every job taken from
+-- a group (a group in the ring included: enqueue.lua rings a group without knowing the cap), and a job holds its
+-- group's slot from this fetch until its lease ends. Within a key, jobs are taken round-robin over the groups, the
+-- plain (ungrouped) jobs taking every other turn; a message with a group that reaches the plain list (a retry, a
+-- restore, a delayed release, a foreign client) is moved to its group when popped.
 -- Returns {the tags whose acknowledgement was fenced}, {the consumed queues that are paused}, then 5 fields per
 -- element, oldest first: key, tag (or ''), delivery count (0: not recorded), the element, its kind (0 a message
 -- envelope, 1 not an envelope: dead-lettered by the worker, 2 not recorded: from a queue consumed without
@@ -215,10 +217,14 @@ local function uncap(key)
   end
 end
 
--- A popped group's next job (nil when the ring is empty), and the group, which goes on to its next state.
+-- A popped group's next job (nil when the ring is empty, or when the group already runs `cap` jobs), and the
+-- group, which goes on to its next state. The cap is checked here, when a job is taken, not only when a group
+-- re-enters the ring: a group whose list emptied while its jobs still run leaves the state hash, and the next
+-- enqueue (enqueue.lua, which does not know the worker's cap) puts it straight back in the ring.
 local function from_group(key)
   local g = redis.call('RPOP', P .. 'ring:' .. key)
   if not g then return nil end
+  if cap > 0 and running(g) >= cap then return nil, g end
   local item = redis.call('RPOP', P .. 'jobs:' .. key .. ':' .. g)
   if item then redis.call('HINCRBY', P .. 'count', key, -1) end
   return item, g
@@ -254,8 +260,9 @@ for i = 5, first_result_key do
           turn = 'p'
         else
           if item then take(key, item, false, g) end
-          ready(key, g)
-          if not plain_done then turn = 'p' end
+          local skipped = not item and redis.call('LLEN', P .. 'jobs:' .. key .. ':' .. g) > 0
+          ready(key, g)  -- a group skipped at its cap is capped here, until one of its jobs ends
+          if not plain_done and not skipped then turn = 'p' end
         end
       else
         local item = not plain_done and redis.call('RPOP', key)

@@ -13,10 +13,11 @@ from celery import Celery
 
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY, GROUP_COUNT_KEY, HEADER_GROUP
 from pipeline.errors import PayloadInvalid
+from pipeline.runtime.asyncpool import POOL
 from tests.support.api import ApiServer
 from tests.support.cli import run_cli
 from tests.support.procs import RedisServer, wait_for
-from tests.support.worker_app import run, run_records
+from tests.support.worker_app import awaiting, run, run_records
 
 pytestmark = pytest.mark.integration
 
@@ -92,6 +93,51 @@ def test_concurrency_is_capped_per_group_across_the_worker(
     assert most_of_a == 2  # the cap, reached and never passed
     assert b_started_with_a_waiting  # a capped group does not hold the third process: b's job took it
     assert own_redis.client().hlen("unacked") == 0
+
+
+def _most_at_once(records: list[dict[str, Any]], jobs: list[str]) -> int:
+    """The most of `jobs` running at once in a `test.run` ledger (its start and finish records, in order)."""
+    running: set[str] = set()
+    most = 0
+    for record in records:
+        if record["event"] == "start":
+            running.add(record["task_id"])
+        else:
+            running.discard(record["task_id"])
+        most = max(most, len(running & set(jobs)))
+    return most
+
+
+@pytest.mark.parametrize(
+    ("workers", "cap", "task"),
+    [([("prefork", 4)], 2, run), ([("solo", 1)] * 2, 1, run), ([("custom", 20)], 2, awaiting)],
+    ids=["prefork-c4-prefetch4-cap2", "two-solo-workers-cap1", "asyncio-c20-cap2"],
+)
+def test_the_cap_holds_when_a_group_s_jobs_come_while_its_first_ones_run(
+    workers: list[tuple[str, int]], cap: int, task: Any, make_worker: Any
+) -> None:
+    """Pool slots to spare and room to prefetch (the I/O profile's prefetch of 4; the asyncio pool, `-P custom`, with
+    20 `async def` jobs in flight): group c's first `cap` jobs run, its list empties (its state with it), and its
+    next jobs arrive while those still run. Each enqueue puts c back in the ring of ready groups; the fetch checks
+    the cap when it takes a job, so no more than `cap` of c's run at once, and group d's jobs take the free slots
+    instead of waiting behind c's."""
+    key = uuid.uuid4().hex
+    for n, (pool, concurrency) in enumerate(workers):
+        env = {"GROUP_CONCURRENCY": str(cap), **({"CELERY_CUSTOM_WORKER_POOL": POOL} if pool == "custom" else {})}
+        make_worker(f"cap-{n}-{key[:6]}", env=env, pool=pool, concurrency=concurrency)
+    job = {"key": key, "sleep_s": 0.6}
+    c = [task.enqueue(job, group="c") for _ in range(cap)]
+    wait_for(lambda: len(_starts(key)) == cap, 30, 0.02, what="group c's first jobs")
+    c += [task.enqueue(job, group="c") for _ in range(4)]
+    d = [task.enqueue(job, group="d") for _ in range(2)]
+
+    every = len(c) + len(d)
+    wait_for(lambda: sum(r["event"] == "finish" for r in run_records(key)) == every, 60, 0.05, what="every job")
+    records = run_records(key)
+    assert _most_at_once(records, c) == cap, records  # the cap, reached and never passed
+    starts = _starts(key)
+    assert max(starts.index(job) for job in d) < starts.index(c[-1])  # d's jobs ran beside c's, not behind them
+    assert sorted(starts) == sorted(c + d)  # each job ran once
 
 
 def _parked_headers(client: Any, task_id: str) -> dict[str, Any]:

@@ -456,6 +456,21 @@ def test_a_capped_group_waits_for_a_lease_to_end_while_others_run(client: redis.
     assert client.hget(GROUP_KEY_PREFIX + "count", "jobs") == b"1"
 
 
+def test_a_group_enqueued_again_while_its_jobs_run_is_held_to_its_cap(client: redis.Redis) -> None:
+    """A group whose list emptied while its jobs run leaves the state hash; the next enqueue puts it back in the ring
+    (enqueue.lua does not know the worker's cap). The fetch checks the cap when it takes the job."""
+    _enqueue_group(client, "a", ["a-0", "a-1"])
+    assert _taken(client, 3, cap=2) == ["a-0", "a-1"]  # both run; a's list is empty
+    _enqueue_group(client, "a", ["a-2", "a-3"])  # a is back in the ring
+    _enqueue_group(client, "b", ["b-0"])
+
+    assert _taken(client, 3, cap=2) == ["b-0"]  # a's third job waits; b's runs, not behind a's
+    assert client.hget(GROUP_KEY_PREFIX + "state:jobs", "a") == b"c"  # capped until a lease ends
+
+    client.hdel("pipeline:lease", "a-1")
+    assert _taken(client, 2, cap=2) == ["a-2"]
+
+
 def test_a_grouped_message_back_on_the_plain_list_goes_to_its_group(client: redis.Redis) -> None:
     _enqueue_group(client, "a", ["a-0", "a-1"])
     client.lpush("jobs", _grouped("a-retry", "a"), _grouped("plain", None))  # a retry of a's, then a plain job

@@ -1,6 +1,6 @@
 """`pipeline.compat`: the accessors compared with upstream at test time, and the version guard in one process.
 
-A speed-only replacement on a library outside `VERIFIED` is left off with one WARNING, and really is off: Celery's
+A speed-only replacement on an unverified library version is left off with one WARNING, and really is off: Celery's
 and kombu's own code stays in place. A process that depends on one for delivery refuses to start (exit status 2,
 one line naming the library and both versions) unless ALLOW_UNVERIFIED_VERSIONS accepts the risk. The processes
 that refuse (beat, the API, the CLI) are tested in `tests/unit/test_version_guard.py`.
@@ -24,6 +24,7 @@ from kombu import Connection
 from kombu.transport.redis import Channel as RedisChannel
 from kombu.transport.redis import QoS as RedisQoS
 from kombu.utils import json as kombu_json
+from packaging.specifiers import SpecifierSet
 
 from pipeline import compat
 from pipeline.compat import context, events, resultrepr, serialization, versions
@@ -151,7 +152,7 @@ def test_an_unverified_library_leaves_a_speed_only_replacement_off_with_one_warn
         assert compat.enabled(context.__name__) is False  # decided once: no second warning
     (record,) = [r for r in caplog.records if r.name == versions.__name__]
     message = record.getMessage()
-    assert context.__name__ in message and "celery 5.8.0" in message and versions.VERIFIED["celery"] in message
+    assert context.__name__ in message and "celery 5.8.0" in message and versions.verified()["celery"] in message
 
 
 def test_on_an_unverified_library_celerys_and_kombus_own_code_stays_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -191,7 +192,7 @@ def test_require_refuses_naming_the_library_and_both_versions(
     assert refused.value.code == versions.EX_REFUSED
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "kombu 5.8.0" in err and versions.VERIFIED["kombu"] in err
+    assert "kombu 5.8.0" in err and versions.verified()["kombu"] in err
     assert "make upgrade-check" in err and "ALLOW_UNVERIFIED_VERSIONS=true" in err
 
 
@@ -207,7 +208,37 @@ def test_require_lets_an_accepted_risk_start_with_one_warning(
 
 def test_the_installed_versions_are_the_verified_ones() -> None:
     """The lock installs what the seam was verified on (else every process here would refuse to start)."""
-    assert versions.mismatches(versions.VERIFIED) == []
+    assert versions.mismatches(versions.GUARDED) == []
+
+
+def test_the_verified_ranges_are_the_project_s_declared_requirements() -> None:
+    """One source: pyproject.toml's requirement on each guarded library is the range the guard accepts."""
+    import tomllib
+
+    declared = tomllib.loads(versions._PYPROJECT.read_text())["project"]["dependencies"]
+    assert versions.verified() == versions.ranges(declared)
+    for name, specifier in versions.verified().items():
+        operators = {spec.operator for spec in SpecifierSet(specifier)}
+        assert operators & {">=", ">"} and operators & {"<"}, f"{name}: {specifier} must be bounded on both sides"
+
+
+def test_ranges_reads_each_guarded_library_from_requirements() -> None:
+    found = versions.ranges(["celery[redis]>=5.7,<5.8", "redis>=8.1,<8.3", "types-redis>=4.6; extra == 'dev'"])
+    assert found["celery"] == str(SpecifierSet(">=5.7,<5.8")) and found["redis"] == str(SpecifierSet(">=8.1,<8.3"))
+    assert found["kombu"] == versions.UNDECLARED  # not named: no version of it is verified
+    assert not versions._matches("5.7.0", versions.UNDECLARED)
+
+
+@pytest.mark.parametrize(
+    ("version", "accepted"),
+    [("8.1.0", True), ("8.1.9", True), ("8.0.1", False), ("9.0.0", False), ("8.1.1rc1", True)],
+)
+def test_a_patch_release_inside_the_range_is_accepted_the_day_it_ships(
+    monkeypatch: pytest.MonkeyPatch, version: str, accepted: bool
+) -> None:
+    monkeypatch.setitem(versions.verified(), "redis", ">=8.1,<8.2")
+    with unverified(monkeypatch, "redis", version):
+        assert (versions.mismatches(["redis"]) == []) is accepted
 
 
 def test_libraries_follow_the_entries() -> None:

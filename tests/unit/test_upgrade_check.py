@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -110,6 +111,7 @@ def test_summary_and_json_report_each_tier(check: ModuleType) -> None:
     assert document["changes"] == [{"package": "celery", "locked": "5.7.0", "newest": "5.7.2", "in_image": True}]
     assert [(t["name"], t["status"]) for t in document["tiers"]] == [("parity", "passed"), ("faults", "failed")]
     assert document["ok"] is False and document["nothing_newer"] is False
+    assert document["beyond_verified"] == [] and document["widened"] is False
     assert "newer than requirements-dev.lock: nothing" in check.summary([], [])
 
 
@@ -122,3 +124,66 @@ def test_tiers_are_the_parity_and_fault_tests(check: ModuleType) -> None:
         ("parity", ("-m", "parity", "tests/unit", "tests/integration")),
         ("faults", ("tests/faults",)),
     ]
+
+
+def test_a_guarded_requirement_is_lifted_for_the_resolution_and_widened_to_the_tested_minor(check: ModuleType) -> None:
+    assert check.lifted("redis>=8.1,<8.2") == "redis>=8.1"
+    assert check.lifted("celery[redis]<5.8,>=5.7") == "celery[redis]>=5.7"
+    assert check.lifted("kombu~=5.7.0") == "kombu>=5.7.0" and check.lifted("billiard==4.3.2") == "billiard>=4.3.2"
+    assert check.lifted("redis>=8.1,!=8.1.3,<8.2") == "redis>=8.1,!=8.1.3"
+    assert check.widened("redis>=8.1,<8.2", "8.2.0") == "redis>=8.1,<8.3"
+    assert check.widened("redis>=8.1,<8.2", "9.0.1") == "redis>=8.1,<9.1"
+    assert check.widened("celery[redis]>=5.7,<5.8; python_version >= '3.11'", "5.8.2") == (
+        'celery[redis]>=5.7,<5.9; python_version >= "3.11"'
+    )
+
+
+def test_beyond_names_the_guarded_libraries_whose_newest_version_is_outside_their_range(check: ModuleType) -> None:
+    dependencies = ["celery[redis]>=5.7,<5.8", "redis>=8.1,<8.2", "kombu>=5.7,<5.8", "httpx>=0.27"]
+    requirements = check.guarded_requirements(dependencies, ("celery", "kombu", "redis"))
+    assert requirements == {"celery": "celery[redis]>=5.7,<5.8", "redis": "redis>=8.1,<8.2", "kombu": "kombu>=5.7,<5.8"}
+    newest = {"celery": "5.7.3", "redis": "8.1.0, 8.2.0", "kombu": "5.8.0", "httpx": "1.0"}
+    assert [(b.package, b.newest, b.widened) for b in check.beyond(requirements, newest)] == [
+        ("kombu", "5.8.0", "kombu>=5.7,<5.9"),
+        ("redis", "8.2.0", "redis>=8.1,<8.3"),
+    ]
+
+
+def test_rewrite_replaces_each_quoted_requirement_once(check: ModuleType) -> None:
+    text = 'dependencies = [\n  "redis>=8.1,<8.2",\n  "types-redis>=4.6",\n]\n'
+    assert check.rewrite(text, {"redis>=8.1,<8.2": "redis>=8.1,<8.3"}) == text.replace("<8.2", "<8.3")
+    with pytest.raises(SystemExit, match="exactly once"):
+        check.rewrite(text, {"redis>=8.0": "redis>=8.1"})
+
+
+def test_the_guarded_libraries_are_the_version_guard_s(check: ModuleType) -> None:
+    from pipeline.compat.versions import GUARDED
+
+    assert check.guarded_names() == GUARDED
+
+
+def test_the_tiers_run_on_the_widened_ranges_which_stay_only_when_they_pass(
+    check: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = 'dependencies = [\n  "redis>=8.1,<8.2",\n]\n'
+    pyproject = tmp_path / "pyproject.toml"
+    monkeypatch.setattr(check, "PYPROJECT", pyproject)
+    outside = check.beyond({"redis": "redis>=8.1,<8.2"}, {"redis": "8.2.0"})
+    run = check.Run(json_output=True, workers=1, scratch=tmp_path)
+    seen: list[str] = []
+
+    def tiers_that(status: str) -> Any:
+        def tier(t: Any) -> Any:
+            seen.append(pyproject.read_text())  # what the guard reads while the tier runs
+            return check.TierResult(t.name, "pytest", status, 0 if status == "passed" else 1, 1.0)
+
+        return tier
+
+    for status, keep, kept in [("passed", True, True), ("failed", True, False), ("passed", False, False)]:
+        pyproject.write_text(text)
+        seen.clear()
+        monkeypatch.setattr(run, "tier", tiers_that(status))
+        results, widened = run.tiers_on_widened(text, outside, keep=keep)
+        assert [r.status for r in results] == [status, status] and widened is kept
+        assert seen and all('"redis>=8.1,<8.3"' in during for during in seen)
+        assert pyproject.read_text() == (text.replace("<8.2", "<8.3") if kept else text)
