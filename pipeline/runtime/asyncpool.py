@@ -17,7 +17,9 @@ Where a job waits differs:
   SIGALRM timer, a cancel raised in it): keep those short; long sync work belongs on the CPU profile.
 
 Backpressure: Celery's prefetch is the pool's limit times the multiplier, and the worker sets the multiplier to 1
-for this pool (`pipeline.runtime.worker`), so it never holds more unacknowledged jobs than it may run at once.
+for this pool (`pipeline.runtime.worker`), so it never holds more unacknowledged jobs than it may run at once. With
+a multiplier given explicitly (WORKER_PREFETCH_MULTIPLIER), the async jobs received beyond the limit wait in the pool,
+in order, for a running one to end: never more than the limit run at once.
 
 Per async job, on the loop: the soft time limit cancels the coroutine and `SoftTimeLimitExceeded` is raised in the
 job (it fails, retried or dead-lettered as any error); a coroutine that ignores its cancellation until the hard limit
@@ -129,6 +131,9 @@ class AsyncPool(BasePool):
         self.jobs: dict[str, Job] = {}
         #: Coroutines that ended, (job, task), for their greenlets to go on outside the loop's iteration.
         self._ended: collections.deque[tuple[Job, asyncio.Task[Any] | None]] = collections.deque()
+        #: Async jobs received beyond the limit (a prefetch multiplier above 1), in order, and how many run now.
+        self._waiting: collections.deque[tuple[Any, ...]] = collections.deque()
+        self.running = 0
         self._hub: Any = None
         self._timer: Any = None
         self._timer_at = 0.0
@@ -261,7 +266,16 @@ class AsyncPool(BasePool):
         job = Job(str(args[0]), str(args[1]), soft, hard)
         self.jobs[job.task_id] = job
         job.greenlet = aio.JobGreenlet(self._trace)
-        self._after(job, job.greenlet.switch(job, target, args, kwargs, callback, accept_callback))
+        start = (job, target, args, kwargs, callback, accept_callback)
+        if self.running >= int(self.limit or 1):  # a prefetch above the limit (a multiplier given): it waits its turn
+            self._waiting.append(start)
+            return
+        self._start(*start)
+
+    def _start(self, job: Job, *trace: Any) -> None:
+        self.running += 1
+        job.started = time.monotonic()  # its limits count from here, not from its wait for a turn
+        self._after(job, job.greenlet.switch(job, *trace))
 
     def _trace(self, job: Job, target: Any, args: Any, kwargs: Any, callback: Any, accept: Any) -> None:
         try:
@@ -276,6 +290,9 @@ class AsyncPool(BasePool):
                 job.timer.cancel()
             if self.jobs.get(job.task_id) is job:
                 del self.jobs[job.task_id]
+            self.running -= 1
+            if self._waiting:
+                self._start(*self._waiting.popleft())
             return
         if job.reason is not None:  # stopped (a limit, a cancel) while outside its coroutine: raised at once
             awaited.close()
