@@ -94,6 +94,15 @@ def _address(text: str) -> IP:
     return ipaddress.ip_address(text.split("%")[0])  # an IPv6 zone (`fe80::1%eth0`) is not part of it
 
 
+def needs_lookup(host: str) -> bool:
+    """Whether `vet` asks DNS for `host`: a name does, an address literal does not."""
+    try:
+        _address(host.strip("[]"))
+    except ValueError:
+        return True
+    return False
+
+
 def local_refusal(host: str, allowlist: Sequence[str] = ()) -> str | None:
     """Why `host` is refused without resolving it (`localhost`, a non-public literal), or None."""
     name = host.strip("[]").lower().rstrip(".")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import functools
-import ipaddress
 import json
 import time
 from collections.abc import Iterable, Mapping
@@ -62,14 +61,6 @@ class WebhookResult(BaseModel):
     status_code: int
     attempts: int
     duration_ms: float
-
-
-def _is_address(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def _host(job: WebhookJob) -> str:
@@ -120,7 +111,7 @@ async def deliver(job: WebhookJob, ctx: JobContext) -> WebhookResult:
     url = yarl.URL(str(job.url))
     vet = functools.partial(netguard.vet, str(url), settings.webhook_allowed_hosts, setting="WEBHOOK_ALLOWED_HOSTS")
     # An address needs no lookup; a name is resolved off the event loop (a slow DNS answer stalls no other job).
-    target = vet() if _is_address(url.host or "") else await asyncio.to_thread(vet)
+    target = await asyncio.to_thread(vet) if netguard.needs_lookup(url.host or "") else vet()
     body = json.dumps({"event": job.event, "payload": job.payload}, separators=(",", ":")).encode()
     secret = settings.webhook_signing_secret.get_secret_value().encode()
     headers = {

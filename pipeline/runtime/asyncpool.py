@@ -371,10 +371,10 @@ class AsyncPool(BasePool):
     def _abandon(self, job: Job) -> None:
         """The job's coroutine ignored its cancellation: the job ends now; the process is recycled."""
         log.error(
-            "job %s ignored its cancellation (%r) for %.1f s: ended here; this worker process is recycled",
+            "job %s ignored its cancellation (%r) for the time given to unwind: ended here; this worker process is"
+            " recycled",
             job.task_id,
             job.reason,
-            CANCEL_GRACE_S,
         )
         metrics.child(metrics.jobs_abandoned, job.name).inc()
         self.recycle()

@@ -43,11 +43,20 @@ def _redis_key(limit: ClusterRate, task_name: str, job: Any) -> str:
 def acquire(limit: ClusterRate, task_name: str, job: Any, carried: float | None = None) -> tuple[float, float]:
     """Take a slot, unless `carried` (the slot a deferred job was given, epoch seconds on Redis's clock) is still
     good; return the seconds to wait for the slot (0: start now) and the slot, on Redis's clock."""
-    interval_ms = limit.interval() * 1000
-    args = [interval_ms, (limit.burst - 1) * interval_ms, "" if carried is None else carried * 1000]
+    keys = [_redis_key(limit, task_name, job)]
     with broker_redis() as client:
-        keys = [_redis_key(limit, task_name, job)]
-        wait, slot = script("rate_acquire")(keys=keys, args=args, client=client)
+        reply = script("rate_acquire")(keys=keys, args=_args(limit, carried), client=client)
+    return _wait_and_slot(reply)
+
+
+def _args(limit: ClusterRate, carried: float | None) -> list[Any]:
+    """`rate_acquire.lua`'s ARGV: the interval and the burst's tolerance in ms, and the carried slot (ms) or ""."""
+    interval_ms = limit.interval() * 1000
+    return [interval_ms, (limit.burst - 1) * interval_ms, "" if carried is None else carried * 1000]
+
+
+def _wait_and_slot(reply: Any) -> tuple[float, float]:
+    wait, slot = reply
     return max(0.0, float(wait) / 1000), float(slot) / 1000
 
 
@@ -82,10 +91,8 @@ async def acquire_async(limit: ClusterRate, task_name: str, job: Any, carried: f
     if on is None:
         return acquire(limit, task_name, job, carried)
     client, rate_acquire = on
-    interval_ms = limit.interval() * 1000
-    args = [interval_ms, (limit.burst - 1) * interval_ms, "" if carried is None else carried * 1000]
-    wait, slot = await rate_acquire(keys=[_redis_key(limit, task_name, job)], args=args, client=client)
-    return max(0.0, float(wait) / 1000), float(slot) / 1000
+    keys = [_redis_key(limit, task_name, job)]
+    return _wait_and_slot(await rate_acquire(keys=keys, args=_args(limit, carried), client=client))
 
 
 def _acquire(limit: ClusterRate, task_name: str, job: Any, carried: float | None) -> tuple[float, float]:
@@ -109,7 +116,7 @@ def admit(task: PipelineTask, job: Any) -> None:
     if wait <= 0:
         return
     if wait <= AWAIT_IN_PLACE_S and aio.in_job():
-        aio.resolve(asyncio.sleep(wait))  # its slot is reserved: an async job waits for it without holding a thread
+        aio.resolve(asyncio.sleep(wait))  # its slot is reserved: it waits on the loop, beside the other jobs
         return
     throttled = int(request_header(request, HEADER_THROTTLED) or 0) + 1
     headers = {**(request.headers or {}), HEADER_RATE_SLOT: slot, HEADER_THROTTLED: throttled}
