@@ -27,7 +27,8 @@ other are all out of the figures. Done when N deliveries arrived and none is in 
 seconds: the figures then cover what arrived, marked partial). Figures: jobs/s = arrivals / (last arrival - gate
 opening); the endpoint's peak in flight; the peak summed RSS of the worker's whole process tree (psutil, sampled
 every 0.2 s from its start to its stop); jobs/s per GiB of that RSS; the CPU time (user + system) the tree used from
-the gate's opening to the end, per job delivered. Systems interleaved rep by rep, medians of the
+the gate's opening to the end, per job delivered; the share of the endpoint's limit reached (jobs/s against peak in
+flight / latency) and a slot's time per job beside the endpoint's own mean answer (its worker-side overhead). Systems interleaved rep by rep, medians of the
 reps; ratios of the pipeline to BullMQ and to stock Celery. Progress on stderr. Not a test: nothing is asserted.
 """
 
@@ -294,7 +295,7 @@ class Bench:
         finally:
             sampler.stop()
             stop(workers, sampler.seen)
-        return figures(stats, sampler.peak, cpu, partial)
+        return figures(stats, sampler.peak, cpu, partial, self.options.latency)
 
     def open_when_full(self, workers: Workers, label: str) -> None:
         """Open the endpoint's gate once the held deliveries' count has stayed the same for HOLD_STABLE_S."""
@@ -353,12 +354,19 @@ def stop(workers: Workers, seen: set[int]) -> None:
             proc.kill()
 
 
-def figures(stats: dict[str, Any], rss: int, cpu: float, partial: bool) -> dict[str, Any]:
+def figures(stats: dict[str, Any], rss: int, cpu: float, partial: bool, latency: float) -> dict[str, Any]:
+    """One rep's figures. `of_limit`: the rate against what the peak in flight allows at the endpoint's latency
+    (concurrency / latency); `worker_ms_per_job`: how long a slot spends per job beside the endpoint's answer
+    (peak in flight / rate, less the endpoint's mean time from a delivery's arrival to its answer)."""
     arrivals = stats["arrivals"]
     span = (stats["last"] or 0.0) - (stats["first"] or 0.0)
     rate = arrivals / span if span > 0 else math.nan
+    peak = stats["peak_in_flight"]
+    answer = stats.get("mean_answer_s") or latency
     return {
         "jobs_per_s": rate,
+        "of_limit": rate * latency / peak if peak else math.nan,
+        "worker_ms_per_job": 1000 * (peak / rate - answer) if peak and rate > 0 else math.nan,
         "peak_in_flight": stats["peak_in_flight"],
         "rss_mib": rss / MIB,
         "jobs_per_s_per_gib": rate / (rss / GIB) if rss else math.nan,
@@ -386,7 +394,7 @@ def measure(url: str, options: Options) -> dict[str, Any]:
     finally:
         endpoint.stop()
         shutil.rmtree(bench.data, ignore_errors=True)
-    names = ("jobs_per_s", "peak_in_flight", "rss_mib", "jobs_per_s_per_gib", "cpu_ms_per_job")
+    names = tuple(key for key, _, _ in ROWS)
     medians = {s: {k: statistics.median(r[k] for r in runs) for k in names} for s, runs in reps.items()}
     for system, runs in reps.items():
         medians[system]["partial"] = any(r["partial"] for r in runs)
@@ -413,6 +421,8 @@ ROWS = (
     ("rss_mib", "peak RSS (MiB)", "{:,.0f}"),
     ("jobs_per_s_per_gib", "jobs/s per GiB", "{:,.0f}"),
     ("cpu_ms_per_job", "CPU ms per job", "{:,.1f}"),
+    ("of_limit", "of its limit", "{:,.2f}"),
+    ("worker_ms_per_job", "slot ms beside", "{:,.1f}"),
 )
 
 
@@ -437,6 +447,8 @@ def table(result: dict[str, Any]) -> str:
         f"{result.get('load_average_at_end', math.nan):.1f} at end. "
         "jobs/s from the gate's opening to the last arrival at the endpoint; RSS: peak summed RSS of the worker's "
         "process tree; CPU: the tree's, from the gate's opening to the end, per job.",
+        "Of its limit: jobs/s against peak in flight / latency (target >= 0.8 at 100 in flight); slot ms beside: a "
+        "slot's time per job beside the endpoint's mean answer (peak in flight / jobs/s - mean answer). "
         "Ratios are pipeline ÷ peer (peak RSS, CPU: higher is more). "
         f"50 in flight at this latency can reach {ceiling:,.0f} jobs/s. Target: peak in flight >= 400 for the "
         "pipeline's default I/O worker (--latency 2 --jobs 1000).",

@@ -37,6 +37,9 @@ class Counts:
         self.last: float | None = None
         self.in_flight = 0
         self.peak = 0
+        #: Seconds from each delivery's arrival (or the gate's opening, if it was held) to its answer, summed.
+        self.held = 0.0
+        self.answered = 0
 
     def open(self) -> None:
         self.first = self.last = time.time() if self.arrivals else None
@@ -61,6 +64,7 @@ class Counts:
             "last": self.last,
             "in_flight": self.in_flight,
             "peak_in_flight": self.peak,
+            "mean_answer_s": self.held / self.answered if self.answered else None,
             "open": self.gate.is_set(),
         }
 
@@ -87,6 +91,7 @@ def serve(counts: Counts, latency: float) -> Callable[[asyncio.StreamReader, asy
                 method, target, _ = line.split(" ", 2)
                 headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in rest if h)}
                 await _body(reader, headers)
+                began: float | None = None
                 if target == "/stats":
                     body = json.dumps(counts.stats()).encode()
                 elif target == "/reset" and method == "POST":
@@ -99,12 +104,16 @@ def serve(counts: Counts, latency: float) -> Callable[[asyncio.StreamReader, asy
                     counts.arrive(headers.get("idempotency-key"))
                     try:
                         await counts.gate.wait()
+                        began = time.monotonic()
                         await asyncio.sleep(latency)
                     finally:
                         counts.in_flight -= 1
                     body = b'{"ok":true}'
                 writer.write(_OK % (len(body), body))
                 await writer.drain()
+                if began is not None:  # a delivery: its time from the gate to its answer written
+                    counts.held += time.monotonic() - began
+                    counts.answered += 1
                 if headers.get("connection", "").lower() == "close":
                     return
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
