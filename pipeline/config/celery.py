@@ -34,6 +34,12 @@ WORKER_RESULT_RETRIES: dict[str, Any] = {
 }
 #: Deliveries one sweep restores at most (a dead worker's prefetch is far below this).
 UNACKED_RESTORE_LIMIT = 1000
+#: Scheme → result backend class (`pipeline.compat.results`), for `Celery.loader.override_backends`.
+BACKENDS = {
+    "redis": "pipeline.compat.results:RedisBackend",
+    "rediss": "pipeline.compat.results:RedisBackend",
+    "sentinel": "pipeline.compat.results:SentinelBackend",
+}
 
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 
