@@ -1,7 +1,7 @@
 """Read-only views of the Redis broker, a Redis client configured exactly like it, and its URL fit to show.
 
 Queue depth on Redis is the sum of `LLEN` over the queue's key and its priority sub-queue keys
-(`<queue>\\x06\\x16<priority>`, `pipeline.producer.priority`), also given per priority level; jobs delivered but not
+(`<queue>\\x06\\x16<priority>`, `pipeline.queues.priority`), also given per priority level; jobs delivered but not
 acknowledged sit in kombu's `unacked` hash. The client comes from the app's broker connection pool, so TLS and
 Sentinel settings apply as they do to Celery itself.
 """
@@ -36,7 +36,7 @@ from pipeline.constants import (
 )
 from pipeline.errors import BrokerFull, NotReplicated
 from pipeline.lua import script, sha, source
-from pipeline.producer.priority import level_key
+from pipeline.queues.priority import level_key
 
 #: `scheme://user:` of a URL with a password, and the password (up to the `@`); never across whitespace.
 _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/@:]*:)[^\s/@]+@")
@@ -283,7 +283,7 @@ class QueueStats:
     name: str
     depth: int
     oldest_age_s: float | None
-    #: Waiting jobs per priority level (kombu's step: 0, 3, 6, 9; `pipeline.producer.priority`), most urgent first.
+    #: Waiting jobs per priority level (kombu's step: 0, 3, 6, 9; `pipeline.queues.priority`), most urgent first.
     levels: dict[int, int] = field(default_factory=dict)
     #: Paused (`pipeline.scheduling.pause`): it accepts jobs and no worker starts one.
     paused: bool = False

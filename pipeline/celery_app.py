@@ -13,9 +13,8 @@ import threading
 
 from celery import Celery
 
-from pipeline.compat.results import BACKENDS
 from pipeline.config import get_settings
-from pipeline.config.celery import celery_conf
+from pipeline.config.celery import BACKENDS, celery_conf
 from pipeline.constants import TASK_MODULES
 
 _lock = threading.Lock()

@@ -39,7 +39,7 @@ from pipeline.fairness import groups
 from pipeline.fairness.rates import ClusterRate
 from pipeline.pools import aio
 from pipeline.producer import write
-from pipeline.producer.priority import check as check_priority
+from pipeline.queues.priority import check as check_priority
 from pipeline.retry import RetryPolicy
 
 P = TypeVar("P", bound=BaseModel)
@@ -291,7 +291,7 @@ class TypedTask(Generic[P, R]):
         group: str | None = None,
     ) -> str:
         """Validate `payload` and publish it at `priority` (0 most urgent .. 9; None: TASK_DEFAULT_PRIORITY;
-        `pipeline.producer.priority`); return the task id.
+        `pipeline.queues.priority`); return the task id.
 
         Nothing reaches the broker if validation fails (`PayloadInvalid`, `PriorityInvalid`). The job's record and its
         message are written in one Redis round trip (`pipeline.producer`). With an `idempotency_key`, a second enqueue

@@ -4,7 +4,7 @@ The body parameter is exactly the kind's payload model (so the same JSON works f
 `send_task`). Delay and ETA are query parameters, at most `MAX_DELAY_S` ahead (a product limit: delayed
 jobs are parked in Redis, so no worker holds them meanwhile); the
 `Idempotency-Key` header makes a repeated request return the first job's id; `?priority=` (0-9, 0 the most
-urgent) is the job's priority (`pipeline.producer.priority`). The function returns only
+urgent) is the job's priority (`pipeline.queues.priority`). The function returns only
 after `enqueue()` did, i.e. after the publish to Redis returned; broker errors propagate to the 503
 handler in `pipeline.api.errors`. The batch route takes a JSON array of such payloads (at most MAX_BATCH)
 and publishes them with `TypedTask.enqueue_many`: all or none, a bad item named by its index.
@@ -24,7 +24,7 @@ from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
 from pipeline.api.models import Accepted, AcceptedBatch
 from pipeline.constants import GROUP_MAX_LENGTH
-from pipeline.producer.priority import MAX_PRIORITY, MIN_PRIORITY
+from pipeline.queues.priority import MAX_PRIORITY, MIN_PRIORITY
 from pipeline.task import TypedTask
 
 ETA_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?([Zz]|[+-]\d{2}:?\d{2})?$")

@@ -1,4 +1,4 @@
-"""kombu's Redis publish and restore with the queue's wake-up marker (`pipeline.producer.wake`) in the same round trip.
+"""kombu's Redis publish and restore with the queue's wake-up marker (`pipeline.queues.wake`) in the same round trip.
 
 kombu 5.7's `Channel._put` LPUSHes the envelope on the key of the message's priority (`_q_for_pri`,
 `_get_message_priority`) and PEXPIREs the queue's keys when it has an expiry (`_expires`); a recorded publish
@@ -20,7 +20,7 @@ from typing import Any
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from pipeline.producer import wake
+from pipeline.queues import wake
 
 
 class _Marking:

@@ -23,7 +23,7 @@ takes Celery's own `_store_result`, `_get_result_meta` and `encode` (decided onc
 is asked.
 
 `pipeline.celery_app` makes the app use these classes for `redis://`, `rediss://` and `sentinel://` URLs
-(`Celery.loader.override_backends`).
+(`Celery.loader.override_backends`, named by `pipeline.config.celery.BACKENDS`).
 """
 
 from __future__ import annotations
@@ -213,11 +213,3 @@ class RedisBackend(OneTripStore, CeleryRedisBackend):
 
 class SentinelBackend(OneTripStore, CelerySentinelBackend):
     """Celery's `sentinel://` backend with the one-trip store."""
-
-
-#: Scheme → backend class, for `Celery.loader.override_backends`.
-BACKENDS = {
-    "redis": f"{__name__}:RedisBackend",
-    "rediss": f"{__name__}:RedisBackend",
-    "sentinel": f"{__name__}:SentinelBackend",
-}

@@ -34,6 +34,12 @@ WORKER_RESULT_RETRIES: dict[str, Any] = {
 }
 #: Deliveries one sweep restores at most (a dead worker's prefetch is far below this).
 UNACKED_RESTORE_LIMIT = 1000
+#: Scheme → result backend class (`pipeline.compat.results`), for `Celery.loader.override_backends`.
+BACKENDS = {
+    "redis": "pipeline.compat.results:RedisBackend",
+    "rediss": "pipeline.compat.results:RedisBackend",
+    "sentinel": "pipeline.compat.results:SentinelBackend",
+}
 
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 
@@ -131,7 +137,7 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
         "task_default_queue": WORK_QUEUES[0],
         "task_queues": [Queue(name, routing_key=name) for name in WORK_QUEUES],
         # A job sent without a priority gets the default: `Task.apply_async` through task_default_priority,
-        # `send_task` through its route (an explicit priority wins over both; `pipeline.producer.priority`).
+        # `send_task` through its route (an explicit priority wins over both; `pipeline.queues.priority`).
         "task_default_priority": settings.task_default_priority,
         "task_routes": task_routes(settings),
         # The `short` profile's until the worker knows its queues (`pipeline.runtime.worker.Worker.setup_queues`).

@@ -94,7 +94,7 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
     #: Accepted jobs remembered per queue for the job browser's retrying / succeeded / failed lists.
     recent_jobs_max: int = Field(default=1000, ge=10, le=100_000)
-    #: The priority of a job sent without one (0 most urgent .. 9; `pipeline.producer.priority`): one level below
+    #: The priority of a job sent without one (0 most urgent .. 9; `pipeline.queues.priority`): one level below
     #: the top, so a job sent with priority 0-2 overtakes a backlog of default jobs.
     task_default_priority: int = Field(default=3, ge=0, le=9)
 

@@ -5,7 +5,7 @@ pops and records up to a prefetch of messages), leases and their renewal (`lease
 acknowledgements written together (`acks`), and fencing (`fencing`: the worker bootstep that owns the `Leases`;
 `request`: the job request that refuses a lost delivery). Its Redis scripts are files in `pipeline.lua`
 (`fetch.lua`, `settle.lua`, `renew.lua`, `release.lua`); `waking` is how an idle channel waits for work
-(`pipeline.producer.wake`).
+(`pipeline.queues.wake`).
 
 This package and `pipeline.compat` are the only places that reach into private parts of celery, kombu, billiard and
 redis-py (`tests/unit/test_seam.py` fails on any other). Each reach is an entry of `ENTRIES`: the upstream symbols,

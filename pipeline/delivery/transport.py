@@ -18,7 +18,7 @@ in-memory bookkeeping. The count reaches the worker as the message header `x-del
 delivery). The same script first applies the acknowledgements the event loop deferred (`pipeline.delivery.acks`).
 
 A script cannot block, so when every key is empty the channel waits for a wake-up marker of its queues
-(`pipeline.producer.wake`) with one BLMPOP, at most WAKE_POLL_S (`pipeline.delivery.waking`), and marks what it
+(`pipeline.queues.wake`) with one BLMPOP, at most WAKE_POLL_S (`pipeline.delivery.waking`), and marks what it
 publishes and restores (`pipeline.compat.marking`).
 `_brpop_sent_at` is set for every command sent, so kombu's reply health check still applies.
 
@@ -61,7 +61,7 @@ from pipeline.dlq import elements as undecodable
 from pipeline.lua import script, sha
 from pipeline.lua import source as lua_source
 from pipeline.observability import metrics
-from pipeline.producer import wake
+from pipeline.queues import wake
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""How a worker's channel waits for work: the transport's side of the wake-up markers (`pipeline.producer.wake`).
+"""How a worker's channel waits for work: the transport's side of the wake-up markers (`pipeline.queues.wake`).
 
 Mixed into the worker transport's channel (`pipeline.delivery.transport`) ahead of kombu's. An idle channel (its
 last fetch found nothing) waits with one `BLMPOP <timeout> n <markers> RIGHT` over the wake-up markers of the queues
@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.delivery import full
-from pipeline.producer import wake
+from pipeline.queues import wake
 
 #: Bounds of the wait on one key of a channel consuming only queues without markers (control replies; seconds).
 WAIT_MIN_S = 0.05

@@ -23,7 +23,7 @@ from typing import Any
 import redis
 from celery.utils import uuid
 
-from pipeline import idempotency, records
+from pipeline import records
 from pipeline.broker import broker_redis, decode_message, memory_refusals
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
@@ -32,6 +32,7 @@ from pipeline.dlq import store
 from pipeline.dlq.envelope import DeadLetter, DeadLetterRow
 from pipeline.dlq.filters import EVERYTHING, Filters
 from pipeline.flows.record import Ref, replaced
+from pipeline.producer import idempotency
 from pipeline.producer.script import store_jobs
 from pipeline.publish import capture
 

@@ -32,8 +32,9 @@ from pipeline.errors import PayloadInvalid
 from pipeline.flows import record
 from pipeline.flows.definition import FLOWS, Flow, Step
 from pipeline.flows.record import Advanced, Ref
-from pipeline.producer import wake, write
+from pipeline.producer import write
 from pipeline.producer.client import producer_redis
+from pipeline.queues import wake
 from pipeline.records import accepted_entry
 from pipeline.task import validate_payload
 

@@ -1,7 +1,7 @@
 -- Releases parked delayed jobs that are due (`pipeline.scheduling.delayed.release_due`): each entry due by
 -- the horizon is LPUSHed on its queue (as kombu does) and deleted, atomically, so an entry is released
 -- exactly once however many releasers run. An entry missing its message or its queue is deleted unreleased.
--- Each release also pushes a wake-up marker on its queue's marker list (`pipeline.producer.wake`: ARGV[3] followed
+-- Each release also pushes a wake-up marker on its queue's marker list (`pipeline.queues.wake`: ARGV[3] followed
 -- by the queue's name, the list key without kombu's priority suffix), trimmed to 16, so an idle worker wakes at
 -- once. The marker keys depend on the entries and so are not in KEYS (a single Redis or Sentinel, never a Redis Cluster).
 -- KEYS: the due-time index (sorted set of ids), the messages (hash id -> body), the queues (hash id -> list).

@@ -1,7 +1,7 @@
 -- Stores jobs due now in one call (`pipeline.producer.script.store_jobs`): each job's record and its entry
 -- in the recent-jobs index, its message LPUSHed on the queue (or on its group's list), its event PUBLISHed, and
 -- the claim of an idempotency key, atomically; and one wake-up marker per job (at most 16 kept) on the queue's
--- marker list, so an idle worker of the queue wakes at once (`pipeline.producer.wake`).
+-- marker list, so an idle worker of the queue wakes at once (`pipeline.queues.wake`).
 -- KEYS: recent-jobs index, queue list, idempotency key (or any key, unused, when there is no claim), the queue's
 -- marker list (`pipeline:wake:<queue>`).
 -- ARGV: record key prefix, record, record ttl, now, index size, job count n, event channel ('' for none),
@@ -38,7 +38,7 @@ end
 for i = first + n, first + 2 * n - 1 do
   redis.call('LPUSH', dest, ARGV[i])
 end
--- Wake-up markers (pipeline.producer.wake.WAKE_MAX = 16): one per job, the list trimmed to 16.
+-- Wake-up markers (pipeline.queues.wake.WAKE_MAX = 16): one per job, the list trimmed to 16.
 for _ = 1, math.min(n, 16) do
   redis.call('LPUSH', KEYS[4], '1')
 end

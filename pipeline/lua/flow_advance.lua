@@ -17,7 +17,7 @@
 --   M:wait:<s> SET   the steps step s still waits on; the call that removes the last one queues s
 -- Every key of the flow gets ARGV[5] seconds more to live on each call.
 -- KEYS[1] M, KEYS[2] the flows index (ZSET id -> created), then 3 per candidate step (below): its queue list, that
--- queue's wake-up marker list (`pipeline.producer.wake`), its recent-jobs index; last, when creating with an
+-- queue's wake-up marker list (`pipeline.queues.wake`), its recent-jobs index; last, when creating with an
 -- idempotency key, the key's holder (`pipeline:flow-start:<name>:<key>`, STRING: the id of the flow that claimed it).
 -- ARGV[1] node ('' to create), ARGV[2] its result (creating: the input), ARGV[3] the node's job id, ARGV[4] now,
 -- ARGV[5] ttl (s) of the flow's keys and of the queued jobs' records, ARGV[6] the job record key prefix, ARGV[7] the

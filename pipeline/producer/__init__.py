@@ -7,5 +7,7 @@
   message is the bytes Celery would have built, at a fraction of the cost.
 * `write`: the job record, the recent-jobs index and the message (queued, or parked until due) written in one
   MULTI; `enqueue_many` validates a batch in one call and writes records and messages per chunk.
-* `wake`: the wake-up marker each publish pushes with its message, which idle workers wait on.
+* `idempotency`: an idempotency key yields the same job, not a second one.
+
+Each publish pushes its queue's wake-up marker with its message (`pipeline.queues.wake`).
 """

@@ -1,7 +1,7 @@
 """The one Redis call that stores jobs due now: records, recent-jobs index, messages, events, and the claim of
 an idempotency key, atomically (a Lua script: one command, one reply).
 
-Each job also pushes a wake-up marker on its queue (`pipeline.producer.wake`): an idle worker of it wakes at once.
+Each job also pushes a wake-up marker on its queue (`pipeline.queues.wake`): an idle worker of it wakes at once.
 
 A MULTI of the same commands is one round trip too, but answers once per command; the script answers once.
 The script is `pipeline/lua/enqueue.lua` (its KEYS and ARGV layout are documented there), called through
@@ -25,7 +25,7 @@ import redis
 from pipeline.broker import check_replicas, full, is_oom, run_script_waited
 from pipeline.config import get_settings
 from pipeline.constants import GROUP_KEY_PREFIX, JOB_RECORD_KEY, RECENT_JOBS_KEY
-from pipeline.producer import wake
+from pipeline.queues import wake
 
 
 def store_jobs(

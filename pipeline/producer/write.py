@@ -31,7 +31,6 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from pipeline import idempotency
 from pipeline.broker import confirm_replicated, full, memory_refusals, oom_cause
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
@@ -45,12 +44,13 @@ from pipeline.constants import (
     JOB_RECORD_KEY,
 )
 from pipeline.errors import PayloadInvalid
-from pipeline.producer import wake
+from pipeline.producer import idempotency
 from pipeline.producer.client import producer_redis
 from pipeline.producer.hooks import publish_hooked
 from pipeline.producer.script import store_jobs
 from pipeline.producer.template import Job, Template, args_repr, template_for, uuid4_strings
 from pipeline.publish import capture, capture_many
+from pipeline.queues import wake
 from pipeline.records import accepted_entry, remember_recent
 
 #: Jobs per Redis round trip in `enqueue_many`.

@@ -9,7 +9,7 @@ is); releasers judge it on Redis's clock (TIME), so releasers on hosts whose clo
 same moment. Released jobs keep their ETA, so the worker's timer starts them at the due
 time; a worker holds a released job at most DELAYED_RELEASE_AHEAD seconds before it is due
 (`Settings.release_ahead`), renewing its lease meanwhile. Each release pushes a wake-up marker on its queue
-(`pipeline.producer.wake`), so an idle worker of the queue starts the job at once.
+(`pipeline.queues.wake`), so an idle worker of the queue starts the job at once.
 
 With REDIS_WAIT_REPLICAS=N >= 1 the release carries Redis's WAIT in its round trip (`run_script_waited`). A
 release that N replicas do not confirm in time is logged and left as it is: it is already whole on the primary,
@@ -30,7 +30,7 @@ import redis
 from pipeline.broker import broker_redis, replicas_wanted, run_script_waited
 from pipeline.config import get_settings
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
-from pipeline.producer.wake import WAKE_KEY
+from pipeline.queues.wake import WAKE_KEY
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pipeline.broker import broker_redis, confirm_replicated, memory_refusals
 from pipeline.constants import DEAD_LETTER_QUEUE, PAUSED_KEY, WORK_QUEUES
-from pipeline.producer import wake
+from pipeline.queues import wake
 
 
 class UnknownQueue(LookupError):

@@ -1,4 +1,4 @@
-"""An idle worker on several queues wakes at once on a job of any of them (`pipeline.producer.wake`), on a real
+"""An idle worker on several queues wakes at once on a job of any of them (`pipeline.queues.wake`), on a real
 redis-server.
 
 No worker here: a kombu `Connection` on `pipeline.delivery.transport` consumes the way a worker's consumer does, and
@@ -18,7 +18,7 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from pipeline.delivery import transport
 from pipeline.delivery.lease import Leases
-from pipeline.producer.wake import WAKE_KEY, WAKE_MAX, WAKE_POLL_S
+from pipeline.queues.wake import WAKE_KEY, WAKE_MAX, WAKE_POLL_S
 from tests.support.procs import RedisServer
 
 pytestmark = pytest.mark.faults

@@ -31,7 +31,7 @@ from pipeline.celery_app import get_app
 from pipeline.compat import batch
 from pipeline.compat.redbeat import Scheduler
 from pipeline.compat.results import RedisBackend
-from pipeline.producer.wake import WAKE_KEY
+from pipeline.queues.wake import WAKE_KEY
 from tests.support.procs import RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.parity]

@@ -22,7 +22,7 @@ from kombu.utils.encoding import bytes_to_str
 from pipeline.broker import is_oom
 from pipeline.constants import CANCEL_KEY, GROUP_KEY_PREFIX, HEADER_GROUP
 from pipeline.lua import names, script, sha, source
-from pipeline.producer.wake import WAKE_MAX
+from pipeline.queues.wake import WAKE_MAX
 from tests.support.procs import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -183,7 +183,7 @@ def test_delayed_release_takes_at_most_the_limit_earliest_first(client: redis.Re
 
 
 def test_enqueue_and_delayed_release_push_one_wake_marker_per_job_kept_to_wake_max(client: redis.Redis) -> None:
-    """An idle worker waits on its queues' markers (`pipeline.producer.wake`): each job pushed brings one, on the
+    """An idle worker waits on its queues' markers (`pipeline.queues.wake`): each job pushed brings one, on the
     queue's marker whatever its priority step, and a marker nobody consumes stays bounded."""
     assert enqueue(client, ["a", "b"]) == 2
     assert client.llen("wake:q") == 2

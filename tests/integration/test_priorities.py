@@ -13,7 +13,8 @@ from pipeline.broker import queue_keys, queue_stats
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.errors import PriorityInvalid
-from pipeline.producer import priority, template
+from pipeline.producer import template
+from pipeline.queues import priority
 from tests.support.cli import run_cli
 from tests.support.inproc import InProcessWorker
 from tests.support.procs import RedisServer, wait_for
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_each_priority_waits_in_the_list_kombu_uses(redis_server: RedisServer) -> None:
-    """Our mapping (`pipeline.producer.priority`) and the list our producer writes (the template's, which `enqueue.lua`
+    """Our mapping (`pipeline.queues.priority`) and the list our producer writes (the template's, which `enqueue.lua`
     pushes to) are kombu's own `_q_for_pri`, read from kombu at test time; the message carries the priority, and a
     job sent without one carries TASK_DEFAULT_PRIORITY."""
     with Connection(redis_server.url) as connection:

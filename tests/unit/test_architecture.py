@@ -1,14 +1,10 @@
 """The layout holds: imports go one way, no loops, small modules, and nothing happens at import.
 
-Layers, bottom to top (a module may import its own layer and the ones below, never above):
+`LAYERS` states the layers, bottom to top, each a package or a few modules with one job. A module imports modules of
+its own layer and of the layers below it, never of one above (function-level imports count too); every module is in
+a layer. Within a layer, imports run one way too (no loops).
 
-1. core, directly in `pipeline/`: settings (`config/`), the app factory, errors, retry, the typed task contract,
-   the Lua scripts (`lua/`) and the Celery-side replacements of library internals with the version guard (`compat/`)
-2. `status`, `control/`, `browse`, `dlq/`, `scheduling/`, `observability/`, `storage/`, `flows/`
-3. `delivery/`: the Redis delivery layer; `runtime/`: the worker's wiring
-4. `api/`, `cli/`
-
-`tasks/` builds on core and layer 2 (the housekeeping tasks use the dead-letter queue and storage).
+`tasks/` sits on the pipeline's services and is named by string (`TASK_MODULES`), never imported by `pipeline/`.
 `pipeline/__init__.py` and `__main__.py` are entry points (`celery -A pipeline`, `python -m pipeline`) and sit above
 everything.
 """
@@ -25,16 +21,32 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = {"pipeline", "pipeline.__main__"}
-LAYER_2 = (
-    "pipeline.status",
-    "pipeline.control",
-    "pipeline.browse",
-    "pipeline.dlq",
-    "pipeline.scheduling",
-    "pipeline.observability",
-    "pipeline.storage",
-    "pipeline.flows",
-)
+#: Bottom to top: each layer's name and the packages and modules in it, with why it sits there.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    # wire names, what a failure means, settings: no Redis, no Celery app
+    ("foundation", ("pipeline.constants", "pipeline.errors", "pipeline.text", "pipeline.retry", "pipeline.config")),
+    ("lua", ("pipeline.lua",)),  # the server-side scripts, loaded one way
+    ("pools", ("pipeline.pools",)),  # which pool runs the jobs, where an async task's coroutine runs
+    ("queues", ("pipeline.queues",)),  # how a queue lies in Redis: a list per priority level, its wake-up marker
+    ("app", ("pipeline.celery_app",)),  # the Celery app, built from the settings on first use
+    ("broker", ("pipeline.broker", "pipeline.records")),  # its client, views, durable writes; the job record
+    ("compat", ("pipeline.compat",)),  # every reach into a library's internals, and the version guard
+    ("publish", ("pipeline.publish", "pipeline.producer")),  # the publish path: capture, park, write, idempotency
+    ("task contract", ("pipeline.fairness", "pipeline.task", "pipeline.once")),  # typed tasks, groups, rates, once
+    ("observability", ("pipeline.observability",)),  # metrics, logs, Sentry, health
+    ("storage", ("pipeline.storage",)),  # where task outputs are kept
+    ("scheduling", ("pipeline.scheduling",)),  # when jobs run: delayed jobs, paused queues, rate limits
+    ("flows", ("pipeline.flows",)),  # multi-step jobs: declared, started, advanced step by step
+    ("dlq", ("pipeline.dlq",)),  # the dead-letter queue: capture, store, replay (a dead step fails its flow)
+    ("reading jobs", ("pipeline.status", "pipeline.browse")),  # a job's status, every queue's jobs by state
+    ("control", ("pipeline.control",)),  # operators' actions on jobs under way (reads their status)
+    ("flow views", ("pipeline.flows.view",)),  # watching and cancelling flows: job status and cancel
+    ("tasks", ("tasks",)),  # the job kinds, on the services below (named by string, never imported by pipeline)
+    ("delivery", ("pipeline.delivery",)),  # the worker's Redis transport: fetch, leases, acknowledgements
+    ("runtime", ("pipeline.runtime",)),  # the worker's wiring: bootsteps, signals, pools, Flower's auth
+    ("interfaces", ("pipeline.api", "pipeline.cli")),  # the HTTP API and the `pipeline` command
+    ("entry points", tuple(sorted(ENTRY_POINTS))),  # `celery -A pipeline`, `python -m pipeline`
+]
 
 
 def _module_name(path: Path) -> str:
@@ -76,33 +88,36 @@ GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
 def layer(name: str) -> int:
+    """The index of `name`'s layer in `LAYERS`: the entry naming the module or its closest package; -1 for none."""
     if name in ENTRY_POINTS:
-        return 9
-    if name.startswith("tasks"):
-        return 5  # nothing in pipeline may import tasks (they are named by string in TASK_MODULES)
-    if name.startswith(("pipeline.api", "pipeline.cli")):
-        return 4
-    if name.startswith(("pipeline.runtime", "pipeline.delivery")):
-        return 3
-    if name.startswith(LAYER_2):
-        return 2
-    return 1
+        return len(LAYERS) - 1
+    placed = [
+        (len(prefix), index)
+        for index, (_, members) in enumerate(LAYERS[:-1])
+        for prefix in members
+        if name == prefix or name.startswith(prefix + ".")
+    ]
+    return max(placed)[1] if placed else -1
+
+
+def test_every_module_is_in_a_layer_and_every_layer_names_modules() -> None:
+    assert [name for name in MODULES if layer(name) < 0] == []
+    assert [prefix for _, members in LAYERS for prefix in members if prefix not in MODULES] == []
 
 
 def test_imports_go_one_way() -> None:
-    upward = [(a, b) for a, deps in GRAPH.items() for b in deps if layer(b) > layer(a) and not a.startswith("tasks")]
+    upward = [
+        f"{a} ({LAYERS[layer(a)][0]}) -> {b} ({LAYERS[layer(b)][0]})"
+        for a, deps in sorted(GRAPH.items())
+        for b in sorted(deps)
+        if layer(b) > layer(a)
+    ]
     assert upward == []
 
 
-def test_tasks_build_on_core_and_layer_2_only() -> None:
-    allowed = [
-        (a, b)
-        for a, deps in GRAPH.items()
-        if a.startswith("tasks")
-        for b in deps
-        if b.startswith("pipeline") and layer(b) > 2
-    ]
-    assert allowed == []
+def test_task_modules_are_named_never_imported_by_the_package() -> None:
+    imported = [(a, b) for a, deps in GRAPH.items() if a.startswith("pipeline") for b in deps if b.startswith("tasks")]
+    assert imported == []
 
 
 def test_the_delivery_layer_does_not_import_the_workers_wiring() -> None:

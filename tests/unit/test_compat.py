@@ -19,6 +19,7 @@ from celery import Celery
 from celery.app import trace
 from celery.app.task import Context
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
+from celery.utils.imports import symbol_by_name
 from celery.utils.saferepr import saferepr
 from kombu import Connection
 from kombu.transport.redis import Channel as RedisChannel
@@ -30,7 +31,8 @@ from pipeline import compat
 from pipeline.compat import context, events, resultrepr, serialization, versions
 from pipeline.compat.events import task_events_on
 from pipeline.compat.message import raw_envelope
-from pipeline.compat.results import RedisBackend
+from pipeline.compat.results import RedisBackend, SentinelBackend
+from pipeline.config.celery import BACKENDS
 from tests.support.compat import verified_as_installed
 
 
@@ -245,3 +247,9 @@ def test_libraries_follow_the_entries() -> None:
     assert compat.libraries("pipeline.compat.results") == ("celery", "kombu", "redis")
     assert compat.libraries("pipeline.compat.context") == ("celery",)
     assert compat.libraries("nowhere") == ()
+
+
+def test_the_app_s_result_backends_are_this_package_s() -> None:
+    """The configuration names them by string (`pipeline.config.celery.BACKENDS`), so it imports no module of here."""
+    backends = {scheme: symbol_by_name(path) for scheme, path in BACKENDS.items()}
+    assert backends == {"redis": RedisBackend, "rediss": RedisBackend, "sentinel": SentinelBackend}

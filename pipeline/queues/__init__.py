@@ -1,0 +1,5 @@
+"""How a queue lies in Redis, for whoever writes or reads it: the broker, the producer, the worker's transport.
+
+* `priority`: job priorities 0-9 and the list each level waits in (kombu's priority sub-queues).
+* `wake`: the queue's wake-up marker list, pushed with each message, which idle workers wait on.
+"""
