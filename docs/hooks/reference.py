@@ -1,8 +1,8 @@
 """The generated reference pages of the documentation site, built from the code at `mkdocs build` time.
 
 - `reference/settings.md`: every field of `pipeline.config.settings.Settings` (its environment variable, type,
-  default, bounds and meaning: the field's `#:` comment, else the variable's comment in `.env.example`), grouped by
-  the `# --- Section ---` comments of the model;
+  default and bounds from the model; its meaning from the variable's comment in `.env.example`, written for
+  operators, else the field's `#:` comment), grouped by the `# --- Section ---` comments of the model;
 - `reference/cli.md`: every `pipeline` command, walked from the typer app itself (usage, help, arguments, options);
 - `reference/http-api.md`: every route of the producer API, from the FastAPI app's OpenAPI schema.
 
@@ -142,7 +142,7 @@ def settings_page() -> str:
             section = doc.section
             out += ["", f"## {section or 'General'}", "", *_SETTINGS_TABLE]
         names = " or ".join(f"`{n}`" for n in _env_names(doc.name, field))
-        meaning = doc.comment or env.get(doc.name.upper(), "")
+        meaning = env.get(doc.name.upper()) or doc.comment
         bounds = _bounds(field)
         kind = f"`{_cell(doc.annotation)}`" + (f" ({_cell(bounds)})" if bounds else "")
         out.append(f"| {names} | {kind} | {_cell(_default(field))} | {_cell(meaning)} |")

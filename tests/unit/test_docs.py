@@ -92,7 +92,7 @@ def test_the_settings_reference_shows_every_field_with_its_default_and_meaning()
         _, kind, default, meaning = (cell.strip() for cell in row.strip("|").split(" | ", 3))
         assert kind.startswith("`"), row
         assert default, row
-        assert meaning, f"{name.upper()}: no `#:` comment in the model and no comment in .env.example"
+        assert meaning, f"{name.upper()}: no comment in .env.example and no `#:` comment in the model"
 
 
 def test_a_new_setting_appears_in_the_reference_without_editing_a_page(tmp_path: Path) -> None:
