@@ -6,9 +6,10 @@ STAMP  := $(VENV)/.installed-stamp
 DEV_LOCK   := requirements-dev.lock
 PYTEST_ARGS ?=
 PY_SCRIPTS := scripts/lock scripts/upgrade-check
+SITE_DIR ?= site
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock upgrade-check system-deps run test test-install test-unit test-integration lint format typecheck bench clean
+.PHONY: help install lock upgrade-check system-deps run test test-install test-unit test-integration lint format typecheck docs docs-build bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -46,16 +47,22 @@ test-unit: install ## Only the tests that need no services
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 lint: install ## ruff (lint + format check) and mypy --strict
-	$(VENV)/bin/ruff check pipeline tasks tests bench $(PY_SCRIPTS)
-	$(VENV)/bin/ruff format --check pipeline tasks tests bench $(PY_SCRIPTS)
+	$(VENV)/bin/ruff check pipeline tasks tests bench docs/hooks $(PY_SCRIPTS)
+	$(VENV)/bin/ruff format --check pipeline tasks tests bench docs/hooks $(PY_SCRIPTS)
 	$(VENV)/bin/mypy
 
 format: install ## Apply ruff's fixes and formatting
-	$(VENV)/bin/ruff check --fix pipeline tasks tests bench $(PY_SCRIPTS)
-	$(VENV)/bin/ruff format pipeline tasks tests bench $(PY_SCRIPTS)
+	$(VENV)/bin/ruff check --fix pipeline tasks tests bench docs/hooks $(PY_SCRIPTS)
+	$(VENV)/bin/ruff format pipeline tasks tests bench docs/hooks $(PY_SCRIPTS)
 
-typecheck: install ## mypy --strict on pipeline/ and tasks/
+typecheck: install ## mypy --strict on pipeline/, tasks/ and docs/hooks/
 	$(VENV)/bin/mypy
+
+docs: install ## Serve the documentation site on http://127.0.0.1:8001, rebuilt as pages change
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8001
+
+docs-build: install ## Build the documentation site into site/ (SITE_DIR=...) with --strict: a broken link fails
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(SITE_DIR)
 
 bench: install system-deps ## Stock Celery (default settings) vs the pipeline, same Redis, same run; then groups, flows, I/O concurrency
 	$(PY) -m bench
@@ -65,4 +72,4 @@ bench: install system-deps ## Stock Celery (default settings) vs the pipeline, s
 	$(PY) -m bench io_concurrency --latency 2 --jobs 1000 --reps 1
 
 clean: ## Remove the virtualenv, caches and local data
-	rm -rf $(VENV) .upgrade-check .data .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) .upgrade-check .data site .mypy_cache .ruff_cache .pytest_cache *.egg-info

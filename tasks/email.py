@@ -2,7 +2,7 @@
 
 The payload names a template (`tasks/templates/email/<id>/`) and its variables; a missing template
 or variable is refused at enqueue. Delivery is guarded by `pipeline.once`: a retry or a redelivery of
-a job that already sent returns the stored result instead of sending again (see README, "The tasks" for the
+a job that already sent returns the stored result instead of sending again (see docs/tasks.md for the
 one window where the outcome cannot be known, and what happens then). Attachments are objects of the
 pipeline's storage backend, named by their URI (`tasks.email_attachments`), read once the send is claimed.
 

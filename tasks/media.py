@@ -4,7 +4,7 @@ Sources are files under MEDIA_ROOT (checked at enqueue and again on the worker: 
 leading out) or http(s) URLs. Output goes to `media/<task id>/<name>` in the storage backend, written
 under a temporary name and moved into place only when ffmpeg finished; on a soft time limit or a
 revoke ffmpeg's process group is killed and the partial file deleted. Long-running profile: the
-task's time limits are TRANSCODE_SOFT_TIME_LIMIT / TRANSCODE_TIME_LIMIT (see README, "The tasks").
+task's time limits are TRANSCODE_SOFT_TIME_LIMIT / TRANSCODE_TIME_LIMIT (see docs/tasks.md).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ non-public address, no `localhost`), and on the worker just before ffmpeg runs, 
 every address must be public. MEDIA_ALLOW_PRIVATE_URLS lifts the address rule (for in-cluster media
 servers); name resolution failures are classified as the guard's docstring says. ffmpeg resolves the
 name again and follows redirects, so this stops direct requests to internal services, not a hostile
-DNS server; see README, "The tasks".
+DNS server; see docs/tasks.md.
 """
 
 from __future__ import annotations

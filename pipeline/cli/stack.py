@@ -204,7 +204,8 @@ def plan(settings: Settings, with_api: bool) -> list[Child]:
         hooks = [sys.executable, "-m", "tasks.webhook_sink", str(settings.local_webhook_port), secret_file]
         children.append(Child("hooks", hooks))
     # The two worker profiles of a deployment (deploy/docker/start-worker-io, -cpu): short jobs on the asyncio pool
-    # (WORKER_CONCURRENCY in flight per process) under one supervisor, long jobs on prefork (README, "Worker profiles").
+    # (WORKER_CONCURRENCY in flight per process) under one supervisor, long jobs on prefork (docs/deployment.md,
+    # "Worker profiles").
     shutdown = settings.worker_soft_shutdown_timeout + 20
     io_queues = ",".join(q for q in WORK_QUEUES if q not in LONG_JOB_QUEUES)
     io = [*pipeline_cli, "worker", "--processes", "1", "--name", "io", "-Q", io_queues, "-l", "INFO"]

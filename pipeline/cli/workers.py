@@ -4,7 +4,7 @@ By default each runs the asyncio pool (`-P custom`, `pipeline.runtime.asyncpool`
 per process, `async def` tasks' coroutines on an event loop, plain ones as a solo worker runs them. `--pool solo` runs
 the earlier model described below: one job at a time per process. N defaults to one per CPU plus one for both.
 
-Why (README, "Worker profiles", measured with `bench/worker_profiles.py`): a short job is mostly the
+Why (docs/deployment.md, "Worker profiles", measured with `bench/worker_profiles.py`): a short job is mostly the
 worker's own bookkeeping (fetch, unacked record, result, ack), so what bounds throughput is Python CPU
 per job. A prefork worker pays it twice (its main process fetches, acknowledges and talks to the child
 over a pipe; the child runs and stores the result) and its main process is the bottleneck; a threads

@@ -6,7 +6,7 @@ strategy builds the request, logs and signals its arrival, and passes it to the 
 (`Request.execute_using_pool` → `BasePool.apply_async` → the solo pool's `apply_target` → `fast_trace_task` →
 the task's tracer) with the request's `on_accepted` and `on_success` as callbacks. In a solo pool every one of
 those calls runs in this thread, one inside the other, once per job: a few microseconds each, on a path where a
-short job's whole cost is the worker's own bookkeeping (README, "Worker profiles").
+short job's whole cost is the worker's own bookkeeping (docs/deployment.md, "Worker profiles").
 
 `default`, the strategy of every pipeline task (`PipelineTask.Strategy`), is Celery's, plus this: in a solo worker (or
 an asyncio-pool worker, for its plain tasks: it runs them as the solo pool does) whose worker hands requests straight

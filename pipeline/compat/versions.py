@@ -19,7 +19,7 @@ environment, another project's requirements, an install with `--no-deps`):
   versions and how to proceed, exit status 2 — unless ALLOW_UNVERIFIED_VERSIONS=true accepts the risk (then one
   WARNING, and the process starts with its delivery code on).
 
-README, "Upgrading a dependency", says how a range widens.
+docs/upgrading.md says how a range widens.
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ class Settings(BaseSettings):
 
     # --- Worker -------------------------------------------------------------------------------
     #: `short` (email, webhooks, default: prefetch 4 per process), `long` (pdf, transcode: prefetch 1), or
-    #: `auto` (the default): long when the worker consumes pdf or transcode, else short (see README).
+    #: `auto` (the default): long when the worker consumes pdf or transcode, else short (docs/deployment.md).
     worker_profile: Literal["auto", "short", "long"] = "auto"
     #: Jobs each pool process reserves ahead. Unset: the profile's.
     worker_prefetch_multiplier: int | None = Field(default=None, ge=1)

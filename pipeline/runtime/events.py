@@ -2,7 +2,7 @@
 
 A task event is one publish from the worker's main process per job state change (received, started,
 succeeded...): the main process is what limits a prefork worker on short jobs, so events cost throughput
-(README, "Worker profiles"). Nothing in the pipeline reads them: its metrics come from signals in the
+(docs/deployment.md, "Worker profiles"). Nothing in the pipeline reads them: its metrics come from signals in the
 process that runs the job (`pipeline.observability.task_metrics`), job status from the result backend.
 Flower does read them, and asks for them itself: with its default `--enable_events`, it broadcasts
 `enable_events` to every worker every 5 s (flower/events.py: `Events.on_enable_events`).

@@ -119,7 +119,8 @@ def test_sessions_the_server_dropped_while_idle_are_reopened_and_each_job_sends_
 
 @pytest.mark.usefixtures("settings")
 def test_a_connection_lost_during_data_is_not_retried_by_the_mailer(server: SmtpServer) -> None:
-    """From DATA on, the outcome is the job's (README, "No double send"): the mailer never sends again on its own."""
+    """From DATA on, the outcome is the job's (docs/tasks.md, "No double send"): the mailer never sends again on its
+    own."""
     aio.resolve(email.deliver(*job(address("warm-up"))))  # a pooled session, reused below
     to, (payload, ctx) = address("hangup"), job("x@example.com")
     payload = payload.model_copy(update={"to": [to]})
