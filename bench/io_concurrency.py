@@ -29,7 +29,8 @@ opening); the endpoint's peak in flight; the peak summed RSS of the worker's who
 every 0.2 s from its start to its stop); jobs/s per GiB of that RSS; the CPU time (user + system) the tree used from
 the gate's opening to the end, per job delivered; the share of the endpoint's limit reached (jobs/s against peak in
 flight / latency) and a slot's time per job beside the endpoint's own mean answer (its worker-side overhead).
-Systems interleaved rep by rep, medians of the reps; ratios of the pipeline to BullMQ and to stock Celery. Progress on stderr. Not a test: nothing is asserted.
+Systems interleaved rep by rep, medians of the reps; ratios of the pipeline to BullMQ and to stock Celery. Progress
+on stderr. Not a test: nothing is asserted.
 """
 
 from __future__ import annotations
