@@ -26,6 +26,7 @@ caller that hands the URL to another program (ffmpeg resolves the name again) is
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 from collections.abc import Sequence
@@ -120,7 +121,10 @@ def local_refusal(host: str, allowlist: Sequence[str] = ()) -> str | None:
 
 
 def resolve(host: str, port: int) -> list[IP]:
-    """Every address of `host`; DNS failures are classified as the module docstring says."""
+    """Every address of `host` (an address literal is its own, unresolved); DNS failures are classified as the module
+    docstring says."""
+    with contextlib.suppress(ValueError):
+        return [_address(host.strip("[]"))]
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:

@@ -64,7 +64,9 @@ def resolve(value: Any) -> Any:
 def per_loop(key: str, factory: Callable[[], T], closer: Callable[[T], Awaitable[Any]]) -> T:
     """The resource `key` of the running event loop, made by `factory()` on first use; `closer(resource)` closes it."""
     loop = asyncio.get_running_loop()
-    held = _resources.setdefault(loop, {})
+    held = _resources.get(loop)
+    if held is None:  # `setdefault` would make a weak reference with a callback on every call
+        held = _resources[loop] = {}
     entry = held.get(key)
     if entry is None:
         resource = factory()
