@@ -69,6 +69,7 @@ bench: install system-deps ## Stock Celery (default settings) vs the pipeline, s
 	$(PY) -m bench fairness
 	$(PY) -m bench flows
 	$(PY) -m bench io_concurrency
+	$(PY) -m bench io_concurrency --io-worker 'pipeline worker -Q webhooks -c 34 --loglevel WARNING'
 	$(PY) -m bench io_concurrency --latency 2 --jobs 1000 --reps 1
 
 clean: ## Remove the virtualenv, caches and local data

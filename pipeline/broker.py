@@ -69,6 +69,11 @@ def broker_redis() -> Iterator[redis.Redis]:
             yield client
 
 
+#: Connections an event loop's own client (`async_redis`) opens at most: a call's round trip is short, so a few dozen
+#: serve hundreds of jobs asking at once.
+ASYNC_MAX_CONNECTIONS = 32
+
+
 def _direct_options(timeout: float) -> dict[str, Any]:
     settings = get_settings()
     options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
@@ -79,11 +84,20 @@ def _direct_options(timeout: float) -> dict[str, Any]:
     return options
 
 
-def async_redis(timeout: float) -> redis.asyncio.Redis | None:
+def async_redis(timeout: float, max_connections: int = ASYNC_MAX_CONNECTIONS) -> redis.asyncio.Redis | None:
     """An asyncio client of its own on the broker (for the asyncio pool's event loop), with `timeout` for connect and
-    answer; None for Sentinel URLs (their callers use `broker_redis`, which follows failovers)."""
+    answer; None for Sentinel URLs (their callers use `broker_redis`, which follows failovers).
+
+    At most `max_connections` at once; a call beyond them waits for one to be free (up to `timeout`). redis-py's
+    default pool refuses it instead (`MaxConnectionsError` past 100), which a process's jobs ending together reach.
+    """
     url = get_settings().broker_url
-    return None if is_sentinel(url) else redis.asyncio.Redis.from_url(url, **_direct_options(timeout))
+    if is_sentinel(url):
+        return None
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=timeout, **_direct_options(timeout)
+    )
+    return redis.asyncio.Redis.from_pool(pool)  # closing the client closes its pool
 
 
 def direct_redis(timeout: float) -> redis.Redis | None:

@@ -158,9 +158,9 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
 
     def _run_job(self, fn: JobFunction, model: type[BaseModel], raw: Any) -> dict[str, Any]:
         job = validate_payload(self.name, model, raw)
-        for admit in ADMISSION:
-            admit(self, job)  # raises Ignore after deferring the job
         try:
+            for admit in ADMISSION:
+                admit(self, job)  # raises Ignore after deferring the job, TransientError when it cannot tell
             return self._guarded(fn, job, 0)
         except (PermanentError, JobCancelled):  # a cancel is never retried, whatever the task declares transient
             raise

@@ -23,11 +23,13 @@ import asyncio
 import time
 from typing import Any
 
+import redis
 from celery.exceptions import Ignore
 
 from pipeline import publish
 from pipeline.broker import async_redis, broker_redis
 from pipeline.constants import HEADER_RATE_SLOT, HEADER_THROTTLED, RATE_LIMIT_KEY
+from pipeline.errors import TransientError
 from pipeline.fairness.rates import ClusterRate
 from pipeline.lua import script, source
 from pipeline.observability import metrics
@@ -112,7 +114,10 @@ def admit(task: PipelineTask, job: Any) -> None:
     carried = request_header(request, HEADER_RATE_SLOT)
     # A deferred job on (about) its slot starts; without one, or late for it, it asks again. Judged in the
     # script, on Redis's clock: the slot was given by one host and is checked by another.
-    wait, slot = _acquire(limit, task.name, job, None if carried is None else float(carried))
+    try:
+        wait, slot = _acquire(limit, task.name, job, None if carried is None else float(carried))
+    except redis.exceptions.RedisError as exc:  # the limiter could not answer: the job has not begun; it retries
+        raise TransientError(f"the cluster rate limiter could not be asked: {exc!r}") from exc
     if wait <= 0:
         return
     if wait <= AWAIT_IN_PLACE_S and aio.in_job():

@@ -113,3 +113,27 @@ def test_throttled_job_is_republished_for_its_slot_and_counted(redis_server: Red
     admit(StubTask({HEADER_RATE_SLOT: time.time()}, limit), "host-a")
     keys = [RATE_LIMIT_KEY.format(task=first.name) + f":{host}" for host in ("host-a", "host-b")]
     redis_server.client().delete(*keys)
+
+
+def test_an_event_loop_asks_for_hundreds_of_slots_at_once_and_every_call_is_answered(redis_server: RedisServer) -> None:
+    """The asyncio pool's jobs ask the limiter on their loop's own client (`acquire_async`), hundreds at once when a
+    process's jobs end together: the client's connections are bounded and waited for, never refused (a refusal
+    failed the job, dead-lettered as if its input were bad)."""
+    import asyncio
+
+    from pipeline.pools import aio
+    from pipeline.scheduling.ratelimit import acquire_async
+
+    limit = ClusterRate("1000000/s", key=lambda job: str(job))
+    name = f"test.burst-{uuid.uuid4().hex[:8]}"
+
+    async def burst() -> list[tuple[float, float]]:
+        try:
+            return await asyncio.gather(*(acquire_async(limit, name, "host", None) for _ in range(400)))
+        finally:
+            await aio.close_loop_resources()
+
+    answers = asyncio.run(burst())
+    assert len(answers) == 400
+    assert max(wait for wait, _ in answers) < 0.05  # far below the rate: each slot is (about) now
+    redis_server.client().delete(RATE_LIMIT_KEY.format(task=name) + ":host")
