@@ -52,7 +52,7 @@ from celery.worker import state
 from greenlet import getcurrent  # type: ignore[import-untyped]  # no stubs are published
 
 from pipeline.delivery import acks
-from pipeline.errors import JobCancelled
+from pipeline.errors import JobCancelled, LeaseLost
 from pipeline.observability import metrics
 from pipeline.pools import aio
 
@@ -356,12 +356,13 @@ class AsyncPool(BasePool):
             self._ended.append((job, None))
             job.body = None
 
-    def _stop(self, job: Job, reason: BaseException) -> None:
-        """On the loop: stop `job` with `reason` (its coroutine cancelled; raised at once if it is outside one)."""
+    def _stop(self, job: Job, reason: BaseException, grace: float | None = None) -> None:
+        """On the loop: stop `job` with `reason` (its coroutine cancelled; raised at once if it is outside one), giving
+        it `grace` seconds (CANCEL_GRACE_S by default) to unwind."""
         if job.reason is not None or job.greenlet.dead:
             return
         job.reason = reason
-        grace = CANCEL_GRACE_S
+        grace = CANCEL_GRACE_S if grace is None else grace
         if isinstance(reason, SoftTimeLimitExceeded) and job.hard is not None:
             grace = max(0.0, job.started + job.hard - time.monotonic())
         self._arm(job, time.monotonic() + grace)
@@ -376,7 +377,8 @@ class AsyncPool(BasePool):
             job.task_id,
             job.reason,
         )
-        metrics.child(metrics.jobs_abandoned, job.name).inc()
+        if not isinstance(job.reason, LeaseLost):  # counted by the request, with every attempt a lapse abandoned
+            metrics.child(metrics.jobs_abandoned, job.name).inc()
         self.recycle()
 
     def recycle(self) -> None:
@@ -387,12 +389,14 @@ class AsyncPool(BasePool):
 
     # -- stopping a job from another thread ------------------------------------------------------------------
 
-    def stop_job(self, task_id: str, reason: type[BaseException]) -> bool:
-        """Stop the async job `task_id` if it runs here (from any thread): `reason` is raised in it. True if it was
-        found; False for a plain job (it runs in the main thread: `pipeline.runtime.cancels` interrupts it there)."""
+    def stop_job(self, task_id: str, reason: type[BaseException], grace: float | None = None) -> bool:
+        """Stop the async job `task_id` if it runs here (from any thread): `reason` is raised in it; a coroutine that
+        ignores it is given up after `grace` seconds (CANCEL_GRACE_S by default; a lease lost: until it lapses). True
+        if it was found; False for a plain job (it runs in the main thread: `pipeline.runtime.cancels` interrupts it
+        there)."""
         job = self.jobs.get(task_id)
         if job is None or self.loop.is_closed():
             return False
         exc: BaseException = JobCancelled(task_id) if reason is JobCancelled else reason()
-        self.loop.call_soon_threadsafe(self._stop, job, exc)  # wakes the loop's selector: the hub runs it
+        self.loop.call_soon_threadsafe(self._stop, job, exc, grace)  # wakes the loop's selector: the hub runs it
         return True
