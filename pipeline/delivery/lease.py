@@ -187,10 +187,9 @@ class Leases:
             return {tag for tag in running if self._confirmed.get(tag, now) <= limit}
 
     def give_up(self, tags: Iterable[str]) -> dict[str, float]:
-        """Stop holding `tags` (due: their lease is about to lapse unrenewed): no longer renewed, their jobs to be
-        stopped (`is_lost` is true for them, so one not started never runs here). Returns the tags given up, each with
-        the monotonic time its lease lapses. Nothing is written to Redis: the lease lapses, and a sweep (a peer's, or
-        this worker's after the heal) puts the job back on its queue."""
+        """Stop holding `tags` (`due`): not renewed, their jobs to be stopped (`is_lost`: one not started never runs
+        here); returns each with the monotonic time its lease lapses. Nothing is written to Redis: the lease lapses,
+        and a sweep (a peer's, or this worker's after the heal) puts the job back on its queue."""
         given: dict[str, float] = {}
         with self._lock:
             for tag in set(tags) & self._held:
@@ -205,11 +204,6 @@ class Leases:
         """The tags given up whose jobs may still be stopping here, each with the monotonic time its lease lapses."""
         with self._lock:
             return dict(self._lapsing)
-
-    def confirmed_at(self, tag: str) -> float | None:
-        """When the lease of `tag` was last confirmed (monotonic), or None when it is not held."""
-        with self._lock:
-            return self._confirmed.get(tag) if tag in self._held else None
 
     def drop(self, tags: Iterable[str]) -> None:
         """Stop holding `tags` (the worker forgot them unrun): their leases are given up for a sweep to restore."""

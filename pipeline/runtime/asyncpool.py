@@ -377,7 +377,7 @@ class AsyncPool(BasePool):
             job.task_id,
             job.reason,
         )
-        if not isinstance(job.reason, LeaseLost):  # counted by the request, with every attempt a lapse abandoned
+        if not isinstance(job.reason, LeaseLost):  # that attempt is counted by its request (`abandon`)
             metrics.child(metrics.jobs_abandoned, job.name).inc()
         self.recycle()
 
@@ -390,10 +390,8 @@ class AsyncPool(BasePool):
     # -- stopping a job from another thread ------------------------------------------------------------------
 
     def stop_job(self, task_id: str, reason: type[BaseException], grace: float | None = None) -> bool:
-        """Stop the async job `task_id` if it runs here (from any thread): `reason` is raised in it; a coroutine that
-        ignores it is given up after `grace` seconds (CANCEL_GRACE_S by default; a lease lost: until it lapses). True
-        if it was found; False for a plain job (it runs in the main thread: `pipeline.runtime.cancels` interrupts it
-        there)."""
+        """Stop the async job `task_id` if it runs here (from any thread): `reason` is raised in it, and it is given up
+        after `grace` s (default CANCEL_GRACE_S). True if found; False for a plain job (it runs in the main thread)."""
         job = self.jobs.get(task_id)
         if job is None or self.loop.is_closed():
             return False
