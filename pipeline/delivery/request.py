@@ -143,6 +143,9 @@ def abandon(request: Any, leases: Leases | None) -> None:
     """Record a job stopped because its lease could not be renewed before it lapsed: nothing stored, nothing
     acknowledged in Redis (the lease lapses; a sweep puts the job back, for a peer or for this worker), no retry and no
     dead letter; kombu's in-memory prefetch slot is freed."""
+    tag = delivery_tag(request)
+    if leases is not None and tag is not None:
+        leases.give_up([tag])  # still held when the stop reached another job than the one meant: let it lapse too
     _forget(request, leases)
     metrics.child(metrics.jobs_abandoned, request.name).inc()
     log.warning(

@@ -25,9 +25,9 @@ Per async job, on the loop: the soft time limit cancels the coroutine and `SoftT
 job (it fails, retried or dead-lettered as any error); a coroutine that ignores its cancellation until the hard limit
 (or CANCEL_GRACE_S after a cancel) is abandoned there, the job ends with `TimeLimitExceeded` (or its cancel), is
 reported (`pipeline_jobs_abandoned_total`) and the process is recycled: a warm shutdown, after which `pipeline worker`
-starts it again. A cancel of a running job (`pipeline.runtime.cancels`) or a lease lost to a peer
-(`pipeline.delivery.fencing`) reaches it through `stop_job` (`pipeline.delivery.request.Request.terminate`/`cancel`):
-`JobCancelled` is raised in it.
+starts it again. A cancel of a running job (`pipeline.runtime.cancels`) or a lease a peer took (fencing) raises
+`JobCancelled` in it through `stop_job`; a lease that cannot be renewed in time (`pipeline.runtime.lapses`) raises
+`LeaseLost`, and a coroutine that ignores it is given up when the lease lapses.
 
 Shutdown: a soft shutdown (`pipeline.runtime.worker.Worker.wait_for_soft_shutdown`) and a warm one let the jobs in
 flight finish (`drain`, WORKER_SOFT_SHUTDOWN_TIMEOUT at most); a cold one stops them, and their messages go back to
