@@ -101,6 +101,29 @@ def test_a_worker_frozen_past_its_lease_neither_runs_nor_acknowledges_the_jobs_a
     assert "terminating it here" in frozen.log()
 
 
+def test_a_worker_frozen_past_its_stop_deadline_with_no_peer_goes_on_with_its_job(
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
+) -> None:
+    """Frozen whole (SIGSTOP) for 5 s, longer than the 4 s a lease may go unconfirmed (lease 6 s), a worker renewed
+    nothing; nobody took its job. Thawed, it lets its renewal confirm the lease before judging the deadlines: the
+    job is not stopped, it completes once, where it started."""
+    key = uuid.uuid4().hex
+    env = env_for(own_redis, ledger_redis, **SHORT_LEASE)
+    worker = make_worker(f"frozen-alone-{key[:6]}", env=env, concurrency=1)
+    job = send(producer, key, 8)
+    wait_for(lambda: starts(ledger_redis, key), 30, 0.05, what="the job to start")
+    worker.kill_group(signal.SIGSTOP)
+    try:
+        time.sleep(5)  # the freeze itself, not a wait for an outcome
+    finally:
+        worker.kill_group(signal.SIGCONT)
+    wait_for(lambda: job in done(ledger_redis, key), 30, 0.1, what="the job to finish")
+    wait_for(lambda: settled(own_redis), 10, 0.1, what="its acknowledgement")
+    assert done(ledger_redis, key) == collections.Counter({job: 1}) and len(starts(ledger_redis, key)) == 1
+    assert producer.AsyncResult(job).state == "SUCCESS"
+    assert "LeaseLost" not in worker.log() and "abandoned" not in worker.log()
+
+
 def test_an_outage_longer_than_the_lease_stops_the_running_jobs_and_each_then_runs_once(
     own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
 ) -> None:
