@@ -6,16 +6,16 @@ webhook) runs to its end twice. `LapseWatch`, a daemon thread of the worker's ma
 the worker's own clock (no Redis call, so a renewal call hanging on a cut link does not delay it):
 
 * **the stop**: a held job whose lease was last confirmed (its fetch, or the last renewal that reached Redis) more
-  than `LEASE_SECONDS - STOP_BEFORE_LAPSE` ago (two renewal periods: one renewal may fail harmlessly, the second
-  failure stops the job) is given up (`Leases.give_up`: no longer renewed, never run here if not started) and
+  than two thirds of LEASE_SECONDS ago (`stop_before_lapse`: two renewal periods; one renewal may fail harmlessly,
+  the second failure stops the job) is given up (`Leases.give_up`: no longer renewed, never run here if not started) and
   `LeaseLost` is raised in it, as a soft time limit is: a prefork child gets LEASE_LOST_SIGNAL (its handler raises
   it while the job's function runs); a solo worker's job, or an asyncio pool's plain job, gets it from the time
   limits' SIGALRM handler (`pipeline.runtime.cancels.Interrupter`, blocking calls interrupted too); an async job of the
   asyncio pool has its coroutine cancelled (`stop_job`). The job may clean up for the last third of the lease;
-* **the lapse** (last confirmation plus LEASE_SECONDS): a job still running ignored `LeaseLost`. The process is the
-  last line: a prefork child is killed (SIGKILL); the asyncio pool gives a coroutine up and recycles the worker
-  (`pipeline.runtime.asyncpool`); a job in the worker's main thread (solo, or the asyncio pool's plain job) takes the
-  worker down with it (SIGKILL of the worker: its supervisor starts it again).
+* **the lapse** (last confirmation plus LEASE_SECONDS, less one POLL_S): a job still running ignored `LeaseLost`.
+  The process is the last line: a prefork child is killed (SIGKILL); the asyncio pool gives a coroutine up and
+  recycles the worker (`pipeline.runtime.asyncpool`); a job in the worker's main thread (solo, or the asyncio pool's
+  plain job) takes the worker down with it (SIGKILL of the worker: its supervisor starts it again).
 
 The attempt is recorded as abandoned (`pipeline.delivery.request.abandon`): nothing stored, acknowledged, retried or
 dead-lettered here; `pipeline_jobs_abandoned_total{task}` and `pipeline_leases_total{outcome="lapsed"}` count it. The
@@ -135,19 +135,20 @@ class LapseWatch:
             seen.add(tag)
             if not request.time_start:
                 continue  # not started: refused when it would run (`Request.revoked`)
+            last_line = lapsing[tag] - POLL_S  # the lapse, less a poll: never a poll after it
             if not getattr(request, "_lease_lapsing", False):
                 request._lease_lapsing = True
-                self.stop_job(request, max(0.0, lapsing[tag] - now))
-            elif now >= lapsing[tag] and not getattr(request, "_lease_lapsed", False):
+                self.stop_job(request, max(0.0, last_line - now))
+            elif now >= last_line and not getattr(request, "_lease_lapsed", False):
                 request._lease_lapsed = True
                 self.end_process(request)
         gone = [tag for tag, lapse in lapsing.items() if tag not in seen and now >= lapse]
         self.leases.forget_lost(gone)  # no copy of them left here
 
     def stop_job(self, request: Any, grace: float) -> None:
-        """Raise `LeaseLost` in the running job of `request`; `grace`: seconds until its lease lapses."""
+        """Raise `LeaseLost` in the running job of `request`; `grace`: seconds it has to end (its lease lapses then)."""
         log.error(
-            "job %s[%s]: its lease lapses in %.1f s and could not be renewed: stopping it (LeaseLost)",
+            "job %s[%s]: its lease could not be renewed and lapses in %.1f s: stopping it (LeaseLost)",
             request.name,
             request.id,
             grace,
