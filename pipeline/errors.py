@@ -18,6 +18,9 @@
 
     JobCancelled              raised inside a running job that was cancelled (`pipeline cancel`): Celery's Ignore,
                               so the job is neither a failure nor dead-lettered; its state is `cancelled`
+    LeaseLost                 raised inside a running job whose lease this worker could not renew before it lapses
+                              (cut off from Redis): Celery's Ignore; the attempt is abandoned here (nothing stored,
+                              acknowledged, retried or dead-lettered: the job runs again once its lease has lapsed)
 
 Tasks raise these from their pure logic (or declare third-party exceptions as transient in their
 `RetryPolicy`). Celery's own control-flow exceptions (Retry, Ignore, Reject) are not failures.
@@ -74,6 +77,14 @@ class JobCancelled(Ignore):
     """The job was cancelled while it ran (a solo worker raises it in the job: `pipeline.runtime.cancels`). Celery
     treats an `Ignore` as control flow: nothing is stored as a failure, nothing is dead-lettered; the worker records
     the job as cancelled. A job that catches it and goes on finishes, but its result is not stored over `cancelled`."""
+
+
+class LeaseLost(Ignore):
+    """This worker could not renew the job's lease in time (see docs/leases.md, "Cut off from Redis"): raised in the
+    running job before the lease lapses, the way a soft time limit is. Celery's `Ignore`: the job is neither a failure
+    nor retried nor dead-lettered, and nothing of it is stored or acknowledged here: the attempt is abandoned, and the
+    job runs again (on a peer, or here) once its lease has lapsed. A job may clean up, but must not go on: past the
+    lapse its process is stopped (`pipeline.runtime.lapses`)."""
 
 
 class PriorityInvalid(PipelineError, ValueError):

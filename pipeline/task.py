@@ -34,7 +34,7 @@ from pipeline import publish
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.constants import DELIVERY_HEADERS, HEADER_FLOW, HEADER_IDEMPOTENCY_KEY, HEADER_RATE_SLOT, TASK_MODULES
-from pipeline.errors import JobCancelled, PayloadInvalid, PermanentError
+from pipeline.errors import JobCancelled, LeaseLost, PayloadInvalid, PermanentError
 from pipeline.fairness import groups
 from pipeline.fairness.rates import ClusterRate
 from pipeline.pools import aio
@@ -162,7 +162,7 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
             for admit in ADMISSION:
                 admit(self, job)  # raises Ignore after deferring the job, TransientError when it cannot tell
             return self._guarded(fn, job, 0)
-        except (PermanentError, JobCancelled):  # a cancel is never retried, whatever the task declares transient
+        except (PermanentError, JobCancelled, LeaseLost):  # never retried, whatever the task declares transient
             raise
         except Exception as exc:
             if not self.policy.is_transient(exc):

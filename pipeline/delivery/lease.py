@@ -24,6 +24,12 @@ An acknowledgement that cannot reach Redis (the connection dropped as the job fi
 fenced, by the renewal thread once Redis answers again; the delivery is renewed meanwhile. So is a result that was to
 be stored with it (a solo worker stores a job's SUCCESS in the call that acknowledges the job), written first.
 
+Cut off: each held tag's lease was last confirmed by the fetch or the renewal call that last reached Redis (the
+time the call was sent: Redis reads its clock later, so the lease lasts at least `lease_seconds` from then).
+`due` names the tags whose lease would lapse soon without a renewal; `give_up` stops holding them (no longer renewed,
+`is_lost` true) so the worker stops their jobs before the lease lapses (`pipeline.runtime.lapses`): on the worker's
+own clock, with no Redis call, however long a renewal call hangs.
+
 After an outage every index score looks expired. `sweep_allowed` lets this worker sweep only once its renewals have
 succeeded for a whole lease without a failure (or a gap longer than the lease), so every live worker has renewed by
 then, and only while its last renewal is recent (a worker thawed after a freeze renews, and finds what it lost,
@@ -86,6 +92,10 @@ class Leases:
         #: Tags a call is taking out of this worker's hands now, with their lease records (an acknowledgement, the
         #: holder's requeue: `settling`): a renewal running after that call in Redis must not report them lost.
         self._settling: set[str] = set()
+        #: Monotonic time each held tag's lease was last confirmed (fetched, or renewed: when the call was sent).
+        self._confirmed: dict[str, float] = {}
+        #: Tags given up because their lease could not be renewed in time (`give_up`): monotonic time each lapses.
+        self._lapsing: dict[str, float] = {}
         self._streak_since: float | None = None  # monotonic time of the first renewal of the current unbroken run
         self._renewed_at: float | None = None  # monotonic time of the last successful renewal
         self._wake = threading.Event()
@@ -106,20 +116,25 @@ class Leases:
         with self._lock:
             self._held.add(tag)
             self._lost.discard(tag)
+            self._lapsing.pop(tag, None)
+            self._confirmed[tag] = time.monotonic()
 
     def rehold(self, tag: str) -> bool:
         """True (and `tag` held again, no longer lost) when this worker already holds a delivery of `tag`, or one
         awaiting its fence: fetched anew after its lease expired (this worker was frozen and a sweep put it back)."""
         with self._lock:
             if tag not in self._held and tag not in self._lost:
+                self._lapsing.pop(tag, None)  # its copy here was stopped (`give_up`): the new delivery runs
                 return False
             self._held.add(tag)
             self._lost.discard(tag)
+            self._confirmed[tag] = time.monotonic()
             return True
 
     def release(self, tag: str) -> None:
         with self._lock:
             self._held.discard(tag)
+            self._confirmed.pop(tag, None)
             self._pending_acks.discard(tag)
             self._settling.discard(tag)
 
@@ -146,8 +161,9 @@ class Leases:
             return set(self._held)
 
     def is_lost(self, tag: str | None) -> bool:
+        """A peer took the lease of `tag`, or this worker gave it up (`give_up`): the job must not run here."""
         with self._lock:
-            return tag is not None and tag in self._lost
+            return tag is not None and (tag in self._lost or tag in self._lapsing)
 
     def take_lost(self) -> set[str]:
         """The tags found lost and not fenced yet (each kept until `forget_lost`, or held again)."""
@@ -156,7 +172,38 @@ class Leases:
 
     def forget_lost(self, tags: Iterable[str]) -> None:
         with self._lock:
-            self._lost.difference_update(tags)
+            for tag in tags:
+                self._lost.discard(tag)
+                self._lapsing.pop(tag, None)
+
+    def due(self, before_lapse: float, now: float | None = None) -> set[str]:
+        """Held tags whose lease lapses within `before_lapse` seconds of `now` (its last confirmation plus
+        `lease_seconds`): the renewals could not reach Redis in time. A job that ended (its acknowledgement waits
+        for Redis, or is on its way) is not among them: nothing of it runs any more."""
+        now = time.monotonic() if now is None else now
+        limit = now + before_lapse - self.lease_seconds
+        with self._lock:
+            running = self._held - self._pending_acks - self._settling
+            return {tag for tag in running if self._confirmed.get(tag, now) <= limit}
+
+    def give_up(self, tags: Iterable[str]) -> dict[str, float]:
+        """Stop holding `tags` (`due`): not renewed, their jobs to be stopped (`is_lost`: one not started never runs
+        here); returns each with the monotonic time its lease lapses. Nothing is written to Redis: the lease lapses,
+        and a sweep (a peer's, or this worker's after the heal) puts the job back on its queue."""
+        given: dict[str, float] = {}
+        with self._lock:
+            for tag in set(tags) & self._held:
+                self._held.discard(tag)
+                lapse = self._confirmed.pop(tag, time.monotonic()) + self.lease_seconds
+                given[tag] = self._lapsing[tag] = lapse
+        if given:
+            metrics.leases.labels(outcome="lapsed").inc(len(given))
+        return given
+
+    def lapsing(self) -> dict[str, float]:
+        """The tags given up whose jobs may still be stopping here, each with the monotonic time its lease lapses."""
+        with self._lock:
+            return dict(self._lapsing)
 
     def drop(self, tags: Iterable[str]) -> None:
         """Stop holding `tags` (the worker forgot them unrun): their leases are given up for a sweep to restore."""
@@ -164,6 +211,8 @@ class Leases:
             # An acknowledged job is done: never given back.
             tags = (set(tags) & self._held) - self._pending_acks - self._settling
             self._held.difference_update(tags)
+            for tag in tags:
+                self._confirmed.pop(tag, None)
             self._dropped.update(tags)
         if tags:
             self._wake.set()
@@ -277,14 +326,22 @@ class Leases:
         renew = script("renew")
         for start in range(0, len(tags), RENEW_BATCH):
             batch = tags[start : start + RENEW_BATCH]
+            sent = time.monotonic()  # Redis's clock read in the script is later: the lease lasts at least this long
             reply = renew(keys=[UNACKED_INDEX_KEY, LEASE_KEY], args=[self.owner(), lease, *batch], client=client)
-            lost.update(_text(x) for x in reply)
+            found = {_text(x) for x in reply}
+            lost.update(found)
+            with self._lock:
+                for tag in batch:
+                    if tag in self._held and tag not in found:
+                        self._confirmed[tag] = sent
         with self._lock:
             # A tag that left this worker since the snapshot (acknowledged or requeued by a call that ran in Redis
             # before the renewal) has no lease left, yet is not lost: it is settling, or settled and no longer held.
             lost = (lost & self._held) - self._settling
             self._held.difference_update(lost)
             self._lost.update(lost)
+            for tag in lost:
+                self._confirmed.pop(tag, None)
         if lost:
             metrics.leases.labels(outcome="lost").inc(len(lost))
             log.error(

@@ -8,6 +8,9 @@
   nothing ran (`celery/worker/worker.py: WorkController._process_task`). Unlike a revoke, no REVOKED state is
   stored: the peer's result must stand. A running job found lost is terminated by `pipeline.delivery.fencing`;
   its child's death is then not a failure here (`on_failure` returns).
+* **Leases that could not be renewed.** A job stopped before its lease lapsed unrenewed (`LeaseLost`, raised in it by
+  `pipeline.runtime.lapses`; or its prefork child killed at the lapse) is abandoned (`abandon`): nothing stored,
+  acknowledged, retried or dead-lettered here, its prefetch slot freed, counted in `pipeline_jobs_abandoned_total`.
 * **Cancels.** `Consumer.cancel_active_requests` (shutdown) passes `emit_retry=False` for late-acknowledged
   jobs, "since broker will handle redelivery"; this request does the same for every cancel of one, and never
   acknowledges or dead-letters a job it cancelled: its message is put back on its queue. In a solo worker (the
@@ -52,7 +55,8 @@ from pipeline.config import get_settings
 from pipeline.constants import DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT
 from pipeline.delivery.lease import Leases
 from pipeline.dlq import capture
-from pipeline.errors import DeliveryLimitExceeded, JobCancelled
+from pipeline.errors import DeliveryLimitExceeded, JobCancelled, LeaseLost
+from pipeline.observability import metrics
 from pipeline.pools import traces_in_main_thread
 
 log = logging.getLogger(__name__)
@@ -113,9 +117,9 @@ def delivery_history(tag: str) -> list[dict[str, Any]]:
     return history
 
 
-def drop_lost(request: Any, leases: Leases) -> None:
-    """Forget a request whose lease was lost: not run, nothing stored, nothing acknowledged in Redis (the delivery
-    is a peer's, or this worker's again if it fetched it anew); only kombu's in-memory prefetch slot is freed."""
+def _forget(request: Any, leases: Leases | None) -> None:
+    """Take a request out of the worker's hands without a word to Redis: nothing stored or acknowledged there; only
+    kombu's in-memory prefetch slot is freed, and its tag no longer counts as lost."""
     request._lease_lost = True
     task_ready(request)
     message = getattr(request, "_message", None)
@@ -124,9 +128,32 @@ def drop_lost(request: Any, leases: Leases) -> None:
         with contextlib.suppress(Exception):  # a channel already closed holds no slot
             kombu_virtual.QoS.ack(message.channel.qos, message.delivery_tag)
     tag = delivery_tag(request)
-    if tag is not None:
+    if leases is not None and tag is not None:
         leases.forget_lost([tag])
+
+
+def drop_lost(request: Any, leases: Leases) -> None:
+    """Forget a request whose lease was lost: not run, nothing stored, nothing acknowledged in Redis (the delivery
+    is a peer's, or this worker's again if it fetched it anew); only kombu's in-memory prefetch slot is freed."""
+    _forget(request, leases)
     log.warning("job %s[%s]: lease lost to another worker; not run here", request.name, request.id)
+
+
+def abandon(request: Any, leases: Leases | None) -> None:
+    """Record a job stopped because its lease could not be renewed before it lapsed: nothing stored, nothing
+    acknowledged in Redis (the lease lapses; a sweep puts the job back, for a peer or for this worker), no retry and no
+    dead letter; kombu's in-memory prefetch slot is freed."""
+    tag = delivery_tag(request)
+    if leases is not None and tag is not None:
+        leases.give_up([tag])  # still held when the stop reached another job than the one meant: let it lapse too
+    _forget(request, leases)
+    metrics.child(metrics.jobs_abandoned, request.name).inc()
+    log.warning(
+        "job %s[%s]: abandoned (its lease could not be renewed before it lapsed): nothing stored or acknowledged here;"
+        " it runs again once the lease has lapsed",
+        request.name,
+        request.id,
+    )
 
 
 class Request(CeleryRequest):
@@ -241,6 +268,9 @@ class Request(CeleryRequest):
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
         exc = getattr(exc_info.exception, "exc", exc_info.exception)  # prefork wraps it (ExceptionWithTraceback)
+        if isinstance(exc, LeaseLost) or getattr(self, "_lease_lapsing", False):
+            abandon(self, leases_of(self))  # stopped before its lease lapsed (`pipeline.runtime.lapses`)
+            return
         if getattr(self, "_already_cancelled", False) and self.task.acks_late and isinstance(exc, JobCancelled):
             return  # stopped by a cold shutdown (the asyncio pool): its message goes back to its queue
         if isinstance(exc, JobCancelled):

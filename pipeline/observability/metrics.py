@@ -64,13 +64,15 @@ rate_limit_throttled = Counter(
 leases = Counter(
     "pipeline_leases",
     "Lease events of a worker: lost (a peer took the job; not run or acknowledged here), restored (a sweep put a"
-    " job whose lease expired back on its queue), released (a prefetched job dropped with a lost connection).",
+    " job whose lease expired back on its queue), released (a prefetched job dropped with a lost connection), lapsed"
+    " (given up: it could not be renewed before it lapsed; its job is stopped here).",
     ["outcome"],
 )
 jobs_abandoned = Counter(
     "pipeline_jobs_abandoned",
-    "Jobs of the asyncio pool that ignored their cancellation (a time limit or a cancel) and were left running; the"
-    " worker process is recycled after each.",
+    "Attempts given up before their end: a job stopped because this worker could not renew its lease before it"
+    " lapsed (LeaseLost: it runs again once the lease has lapsed), or an asyncio pool job that ignored its"
+    " cancellation (a time limit or a cancel) and was left running (the worker process is recycled after each).",
     ["task"],
 )
 flows = Counter(

@@ -7,7 +7,8 @@ rate limits, the speed-only replacements of Celery's and kombu's internals (`pip
 custom headers, kombu's JSON decoding, how a solo worker starts a job), Flower's authentication (`flower_auth`),
 the worker process class (`worker`), the delivery layer (`pipeline.delivery`: the job request class and the
 delivery bootstep that owns the worker's leases, so a job whose lease was lost is not run here), the cancel
-listener that drops or stops the cancelled jobs the worker holds (`cancels`), the stall
+listener that drops or stops the cancelled jobs the worker holds (`cancels`), the watch that stops the jobs whose
+lease cannot be renewed before it lapses (`lapses`), the stall
 watchdog (`stall`), and task events that follow Flower's requests (`events`). Producers (CLI, API) never install
 any of this.
 """
@@ -25,6 +26,7 @@ from pipeline.flows import steps as flow_steps
 from pipeline.runtime import events, flower_auth, signals
 from pipeline.runtime.cancels import CancelStep
 from pipeline.runtime.events import EventsLease
+from pipeline.runtime.lapses import LapseStep
 from pipeline.runtime.stall import StallWatchdog
 from pipeline.runtime.worker import PromptShutdown, Worker
 from pipeline.scheduling import ratelimit
@@ -72,6 +74,8 @@ def worker_app() -> Celery:
     app.steps["worker"].add(DeliveryStep)
     # Cancelled jobs this worker holds are dropped, the one it runs is stopped (`cancels`, `pipeline.control.cancel`).
     app.steps["worker"].add(CancelStep)
+    # A job whose lease cannot be renewed (Redis unreachable) is stopped before the lease lapses (`lapses`).
+    app.steps["worker"].add(LapseStep)
     # A heartbeat file the liveness probe reads: stale when the event loop stops, stalled when queued jobs
     # wait and this worker fetches none (`stall`, `pipeline worker-health`).
     app.steps["worker"].add(StallWatchdog)

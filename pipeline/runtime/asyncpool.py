@@ -26,9 +26,9 @@ Per async job, on the loop: the soft time limit cancels the coroutine and `SoftT
 job (it fails, retried or dead-lettered as any error); a coroutine that ignores its cancellation until the hard limit
 (or CANCEL_GRACE_S after a cancel) is abandoned there, the job ends with `TimeLimitExceeded` (or its cancel), is
 reported (`pipeline_jobs_abandoned_total`) and the process is recycled: a warm shutdown, after which `pipeline worker`
-starts it again. A cancel of a running job (`pipeline.runtime.cancels`) or a lease lost to a peer
-(`pipeline.delivery.fencing`) reaches it through `stop_job` (`pipeline.delivery.request.Request.terminate`/`cancel`):
-`JobCancelled` is raised in it.
+starts it again. A cancel of a running job (`pipeline.runtime.cancels`) or a lease a peer took (fencing) raises
+`JobCancelled` in it through `stop_job`; a lease that cannot be renewed in time (`pipeline.runtime.lapses`) raises
+`LeaseLost`, and a coroutine that ignores it is given up when the lease lapses.
 
 Shutdown: a soft shutdown (`pipeline.runtime.worker.Worker.wait_for_soft_shutdown`) and a warm one let the jobs in
 flight finish (`drain`, WORKER_SOFT_SHUTDOWN_TIMEOUT at most); a cold one stops them, and their messages go back to
@@ -53,7 +53,7 @@ from celery.worker import state
 from greenlet import getcurrent  # type: ignore[import-untyped]  # no stubs are published
 
 from pipeline.delivery import acks
-from pipeline.errors import JobCancelled
+from pipeline.errors import JobCancelled, LeaseLost
 from pipeline.observability import metrics
 from pipeline.pools import aio
 
@@ -357,12 +357,13 @@ class AsyncPool(BasePool):
             self._ended.append((job, None))
             job.body = None
 
-    def _stop(self, job: Job, reason: BaseException) -> None:
-        """On the loop: stop `job` with `reason` (its coroutine cancelled; raised at once if it is outside one)."""
+    def _stop(self, job: Job, reason: BaseException, grace: float | None = None) -> None:
+        """On the loop: stop `job` with `reason` (its coroutine cancelled; raised at once if it is outside one), giving
+        it `grace` seconds (CANCEL_GRACE_S by default) to unwind."""
         if job.reason is not None or job.greenlet.dead:
             return
         job.reason = reason
-        grace = CANCEL_GRACE_S
+        grace = CANCEL_GRACE_S if grace is None else grace
         if isinstance(reason, SoftTimeLimitExceeded) and job.hard is not None:
             grace = max(0.0, job.started + job.hard - time.monotonic())
         self._arm(job, time.monotonic() + grace)
@@ -377,7 +378,8 @@ class AsyncPool(BasePool):
             job.task_id,
             job.reason,
         )
-        metrics.child(metrics.jobs_abandoned, job.name).inc()
+        if not isinstance(job.reason, LeaseLost):  # that attempt is counted by its request (`abandon`)
+            metrics.child(metrics.jobs_abandoned, job.name).inc()
         self.recycle()
 
     def recycle(self) -> None:
@@ -388,12 +390,12 @@ class AsyncPool(BasePool):
 
     # -- stopping a job from another thread ------------------------------------------------------------------
 
-    def stop_job(self, task_id: str, reason: type[BaseException]) -> bool:
-        """Stop the async job `task_id` if it runs here (from any thread): `reason` is raised in it. True if it was
-        found; False for a plain job (it runs in the main thread: `pipeline.runtime.cancels` interrupts it there)."""
+    def stop_job(self, task_id: str, reason: type[BaseException], grace: float | None = None) -> bool:
+        """Stop the async job `task_id` if it runs here (from any thread): `reason` is raised in it, and it is given up
+        after `grace` s (default CANCEL_GRACE_S). True if found; False for a plain job (it runs in the main thread)."""
         job = self.jobs.get(task_id)
         if job is None or self.loop.is_closed():
             return False
         exc: BaseException = JobCancelled(task_id) if reason is JobCancelled else reason()
-        self.loop.call_soon_threadsafe(self._stop, job, exc)  # wakes the loop's selector: the hub runs it
+        self.loop.call_soon_threadsafe(self._stop, job, exc, grace)  # wakes the loop's selector: the hub runs it
         return True

@@ -91,17 +91,21 @@ class Interrupter:
                     _async_raise(self._thread, None)
             self._task_id, self._fired = None, False
 
-    def interrupt(self, task_id: str) -> bool:
-        """Raise `JobCancelled` in the job `task_id` if it is the one running (once); True if it was."""
+    def interrupt(self, task_id: str, exc: type[Exception] = JobCancelled) -> bool:
+        """Raise `exc` in the job `task_id` if it is the one running (once: a cancel, or a lease that could not be
+        renewed, `pipeline.runtime.lapses`); True if it was."""
         with self._lock:
             if self._task_id != task_id or self._fired:
                 return False
             self._fired = True
             if alarm_limits.installed_on(self._thread):
-                alarm_limits.interrupt(JobCancelled)
+                alarm_limits.interrupt(exc)
             else:
-                _async_raise(self._thread, JobCancelled)
-        log.warning("job %s was cancelled while it ran: interrupting it", task_id)
+                _async_raise(self._thread, exc)
+        if exc is JobCancelled:
+            log.warning("job %s was cancelled while it ran: interrupting it", task_id)
+        else:
+            log.warning("job %s: interrupting it (%s)", task_id, exc.__name__)
         return True
 
 
@@ -193,7 +197,7 @@ class CancelStep(bootsteps.StartStopStep):
     def start(self, parent: Any) -> None:
         self.pool = parent.pool
         if traces_in_main_thread(parent.pool):
-            self.interrupter = Interrupter()
+            self.interrupter = parent.interrupter = Interrupter()
             GUARDS.append(self.interrupter)  # innermost: stopped first, so nothing is left to raise after a job
         else:
             timer = parent.hub if getattr(parent, "use_eventloop", False) else parent.timer

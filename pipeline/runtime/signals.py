@@ -25,6 +25,7 @@ from pipeline.constants import HEADER_PUBLISHED_AT
 from pipeline.dlq import capture
 from pipeline.observability import endpoint, logs, metrics, multiproc, sentry, task_metrics
 from pipeline.producer.hooks import publish_safe
+from pipeline.runtime import lapses
 from pipeline.scheduling import delayed
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,12 @@ def on_celeryd_init_metrics(sender: Any = None, **_: Any) -> None:
 
 
 @guarded
+def on_worker_process_init(**_: Any) -> None:
+    """A prefork child: the signal that raises `LeaseLost` in its job (`pipeline.runtime.lapses`)."""
+    lapses.install_in_child()
+
+
+@guarded
 def on_celeryd_init(**_: Any) -> None:
     sentry.init_sentry("worker")
 
@@ -166,6 +173,7 @@ _HANDLERS: list[tuple[Signal, Callable[..., None]]] = [
     (signals.task_revoked, on_task_revoked),
     (signals.task_rejected, on_task_rejected_metrics),
     (signals.worker_ready, on_worker_ready_metrics),
+    (signals.worker_process_init, on_worker_process_init),
     (signals.worker_process_shutdown, on_worker_process_shutdown),
     (signals.before_task_publish, on_before_task_publish),
     (signals.task_failure, on_task_failure),

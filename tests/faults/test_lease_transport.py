@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import pytest
+import redis
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
@@ -292,3 +293,40 @@ def test_a_sweeper_with_a_short_lease_leaves_a_longer_lease_alone(
     client.zadd("unacked_index", {message.delivery_tag: time.time() - 1})  # the long lease lapsed
     conn.default_channel.qos.restore_visible(interval=1)
     assert client.hlen("unacked") == 0 and client.llen(queue_name) == 1
+
+
+def test_a_lease_that_cannot_be_renewed_is_due_a_renewal_period_before_it_lapses_and_then_given_up(
+    own_redis: RedisServer, conn: Connection, queue_name: str, leases: Leases
+) -> None:
+    """The stop deadline runs on the worker's own clock from the last call that reached Redis: a renewal that fails
+    (Redis stopped) confirms nothing, so the running job is due `LEASE_SECONDS - LEASE_SECONDS/3` after the last
+    one that succeeded; a job that ended (its acknowledgement waits for Redis) never is. Given up, the lease is no
+    longer renewed and the job is not run here, and a fetch of it anew runs as a new delivery."""
+    from pipeline.runtime.lapses import stop_before_lapse
+
+    _publish(conn, queue_name, {"n": 1})
+    _publish(conn, queue_name, {"n": 2})
+    running, ended = _drain(conn, queue_name, 2)
+    tag = running.delivery_tag
+    period = stop_before_lapse(leases.lease_seconds)
+    sent = time.monotonic()
+    leases.renew_once(own_redis.client())
+    renewed = time.monotonic()
+    assert leases.due(period, now=sent + leases.lease_seconds - period - 0.01) == set()
+    own_redis.stop()
+    ended.ack()  # remembered: its job is over
+    with pytest.raises(redis.ConnectionError):
+        leases.renew_once(own_redis.client())
+    assert leases.due(period, now=sent + leases.lease_seconds - period - 0.01) == set()
+    assert leases.due(period, now=renewed + leases.lease_seconds - period) == {tag}, "the failure confirmed it"
+
+    lapses_at = leases.give_up({tag})[tag]
+    assert sent + leases.lease_seconds <= lapses_at <= renewed + leases.lease_seconds
+    assert leases.is_lost(tag) and tag not in leases.held()
+    own_redis.start()
+    client = own_redis.client()
+    before = client.zscore("unacked_index", tag)
+    leases.renew_once(client)  # applies the remembered acknowledgement; leaves the given-up lease to lapse
+    assert leases.pending_acks() == 0 and client.hlen("unacked") == 1
+    assert client.zscore("unacked_index", tag) == before
+    assert not leases.rehold(tag) and not leases.is_lost(tag)  # fetched anew after a sweep: it runs

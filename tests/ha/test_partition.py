@@ -1,14 +1,15 @@
-"""Partitioned hosts: a worker cut off from Redis for longer than its lease loses its jobs to a peer, stores and
-acknowledges nothing for them when the link returns, and serves again; a job that finished during a cut shorter than
-its lease is acknowledged after the heal and runs once.
+"""Partitioned hosts: a worker cut off from Redis stops its jobs before their lease lapses (`LeaseLost`) and records
+them abandoned, a peer runs them once, and nothing of the cut-off copies is stored or acknowledged after the heal; a
+job that finished during a cut shorter than its lease is acknowledged after the heal and runs once.
 
-The cut-off workers (a prefork one and a solo one) run on a "host" of their own: a network namespace joined to this
-machine by a veth pair (`tests.support.netns`), reaching the broker (a redis-server of this module's, bound to
-127.0.0.1 and this side's veth address) only over that link. The peer runs on this machine on 127.0.0.1 and also
-consumes the cut-off workers' job queues, so it can take their jobs over. The cut is this side's veth set down:
-packets are dropped, neither end gets an error. Jobs (`test.run`) record each run's start and finish in a ledger
-Redis every worker reaches over a Unix socket, so the record is whole through the cut; the stored result names the
-worker that ran it. Every worker uses a 5 s lease, a 1 s sweep and a prefetch of one job per process.
+The cut-off workers (a prefork one, a solo one and an asyncio pool) run on a "host" of their own: a network namespace
+joined to this machine by a veth pair (`tests.support.netns`), reaching the broker (a redis-server of this module's,
+bound to 127.0.0.1 and this side's veth address) only over that link. The peer runs on this machine on 127.0.0.1 and
+also consumes the cut-off workers' job queues, so it can take their jobs over. The cut is this side's veth set down:
+packets are dropped, neither end gets an error. Jobs (`test.run`, `test.run_async`) record each run's start, finish (the
+side effect a job must not make twice) or stop in a ledger Redis every worker reaches over a Unix socket, so the record
+is whole through the cut; the stored result names the worker that ran it. Every worker uses a 5 s lease, a 1 s sweep
+and a prefetch of one job per process.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import pytest
 import redis
 from celery import Celery
 
-from pipeline.constants import LEASE_KEY
+from pipeline.constants import DEAD_LETTER_QUEUE, LEASE_KEY
+from pipeline.runtime.asyncpool import POOL
 from tests.support import netns
 from tests.support.procs import Worker, wait_for, waiting
 from tests.support.topology import Node
@@ -35,25 +37,25 @@ pytestmark = pytest.mark.ha
 
 LEASE_S = 5
 ENV = {"LEASE_SECONDS": str(LEASE_S), "UNACKED_RESTORE_INTERVAL": "1", "WORKER_PREFETCH_MULTIPLIER": "1"}
-#: A job that runs past the peer's takeover (a lease and a sweep after the cut) and ends during the cut.
+#: A job that would run past the peer's takeover (a lease and a sweep after the cut) and end during the cut.
 FINISHES_IN_CUT_S = 10
-#: A job still running when the link returns (a prefork worker terminates it there).
-RUNS_PAST_HEAL_S = 20
 #: A cut shorter than the lease, started just after a renewal.
 SHORT_CUT_S = 2.0
-PEER_SLOTS = 3
+PEER_SLOTS = 4
 
 
 @dataclass
 class Site:
-    """The module's topology. Queues: `jobs` (the prefork cut-off worker's and the peer's), `solo_jobs` (the solo
-    cut-off worker's and the peer's), `own`/`solo_own` (each cut-off worker's alone), `blockers` (the peer's alone)."""
+    """The module's topology. Queues: `jobs` (the prefork cut-off worker's and the peer's), `solo_jobs` and `aio_jobs`
+    (the solo and asyncio cut-off workers' and the peer's), `own`/`solo_own`/`aio_own` (each cut-off worker's alone),
+    `blockers` (the peer's alone)."""
 
     host: netns.Host
     broker: Node
     ledger: Node
     cut_off: Worker
     solo: Worker
+    aio: Worker
     peer: Worker
     producer: Celery
     tag: str
@@ -61,8 +63,8 @@ class Site:
     def queue(self, name: str) -> str:
         return f"{name}-{self.tag}"
 
-    def send(self, key: str, queue: str, **payload: Any) -> str:
-        job = self.producer.send_task("test.run", args=[{"key": key, **payload}], queue=self.queue(queue))
+    def send(self, key: str, queue: str, task: str = "test.run", **payload: Any) -> str:
+        job = self.producer.send_task(task, args=[{"key": key, **payload}], queue=self.queue(queue))
         return str(job.id)
 
     def release(self, *keys: str) -> None:
@@ -84,7 +86,7 @@ class Site:
     def settled(self) -> bool:
         """Nothing queued or held: every job is acknowledged, none can run (again)."""
         client = self.broker.client()
-        names = ("jobs", "solo_jobs", "own", "solo_own", "blockers")
+        names = ("jobs", "solo_jobs", "aio_jobs", "own", "solo_own", "aio_own", "blockers")
         queued = sum(waiting(client, self.queue(q)) for q in names)
         return client.hlen("unacked") == 0 and client.hlen(LEASE_KEY) == 0 and queued == 0
 
@@ -118,16 +120,19 @@ def site(work_dir: Path) -> Iterator[Site]:
         inside = {**env, "REDIS_URL": f"redis://{host.address}:{broker.port}/0"}
         cut_off = Worker(f"cutoff-{tag}", base, inside, queues=f"jobs-{tag},own-{tag}")
         solo = Worker(f"solo-{tag}", base, inside, queues=f"solo_jobs-{tag},solo_own-{tag}", pool="solo", concurrency=1)
-        for worker in (cut_off, solo):
+        aio_env = {**inside, "CELERY_CUSTOM_WORKER_POOL": POOL, "TEST_NODE": f"aio-{tag}"}
+        aio = Worker(f"aio-{tag}", base, aio_env, queues=f"aio_jobs-{tag},aio_own-{tag}", pool="custom", concurrency=4)
+        for worker in (cut_off, solo, aio):
             worker.argv = host.prefix() + worker.argv
         url = f"redis://127.0.0.1:{broker.port}/0"
-        peer_queues = f"blockers-{tag},jobs-{tag},solo_jobs-{tag}"
-        peer = Worker(f"peer-{tag}", base, {**env, "REDIS_URL": url}, queues=peer_queues, concurrency=PEER_SLOTS)
-        started += [cut_off, solo, peer]
-        _start_together([cut_off, solo, peer])
+        peer_queues = f"blockers-{tag},jobs-{tag},solo_jobs-{tag},aio_jobs-{tag}"
+        peer_env = {**env, "REDIS_URL": url, "TEST_NODE": f"peer-{tag}"}
+        peer = Worker(f"peer-{tag}", base, peer_env, queues=peer_queues, concurrency=PEER_SLOTS)
+        started += [cut_off, solo, aio, peer]
+        _start_together([cut_off, solo, aio, peer])
         producer = Celery(f"partition-{tag}", broker=url, backend=url, set_as_current=False)
         producer.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
-        yield Site(host, broker, ledger, cut_off, solo, peer, producer, tag)
+        yield Site(host, broker, ledger, cut_off, solo, aio, peer, producer, tag)
         producer.close()
     finally:
         host.heal()  # a failed test may leave the link down: the workers would stop only in their own time
@@ -139,56 +144,51 @@ def site(work_dir: Path) -> Iterator[Site]:
         host.destroy()
 
 
-def _mentions(log: str, task_id: str) -> bool:
-    """The worker logged an outcome for `task_id` (succeeded, terminated, ...): a line other than its receipt."""
-    return any(task_id in line and " received" not in line for line in log.splitlines())
-
-
-def test_workers_cut_off_past_their_lease_store_and_acknowledge_nothing_and_serve_after_the_heal(site: Site) -> None:
-    """The cut-off host runs three jobs when its link is cut: on the prefork worker one that ends during the cut (its
-    result write waits for the link, as a retried write does) and one still running when the link returns; on the
-    solo worker one that ends during the cut (its result goes with its acknowledgement). The peer takes all three a
-    lease later and holds its copies until the test releases them, after the heal. By then the cut-off workers have
-    found the leases lost: the running job is terminated, and no result of theirs is stored and no acknowledgement
-    of theirs removes anything; the peer's copies store the only results. Then each cut-off worker runs a job sent to
-    its own queue."""
+def test_workers_cut_off_stop_their_jobs_before_the_lease_lapses_and_serve_after_the_heal(site: Site) -> None:
+    """The cut-off host runs four jobs that would end during the cut when its link is cut: two sync ones on the prefork
+    worker (in pool children; one ignores every exception raised in it), one on the solo worker (in its main thread), an
+    async one on the asyncio pool. Each cut-off worker stops its jobs (`LeaseLost`) before the lease lapses, while Redis
+    is unreachable (the job that goes on is killed with its pool process at the lapse), and records the attempts as
+    abandoned; the peer takes the four over after the lease and holds its copies until the test releases them, after
+    the heal. Each job's body then completed once, on the peer: no finish of a cut-off copy, the stop
+    before the peer's start, the peer's SUCCESS the only result, nothing acknowledged by the cut-off workers, nothing
+    dead-lettered. Then each cut-off worker runs a job sent to its own queue."""
     key = uuid.uuid4().hex[:10]
-    cut_off, solo, peer = site.cut_off.name, site.solo.name, site.peer.name
+    cut_off, solo, aio, peer = site.cut_off.name, site.solo.name, site.aio.name, site.peer.name
     blockers = [f"{key}-b{n}" for n in range(PEER_SLOTS)]
     for blocker in blockers:  # the peer's slots taken while the cut-off workers fetch the jobs
         site.send(blocker, "blockers", ends="release")
     wait_for(lambda: all(site.ran_on(b, "start") for b in blockers), 30, 0.05, what="the peer to hold the blockers")
-    ends_in_cut, runs_past, solo_ends_in_cut = f"{key}-f", f"{key}-t", f"{key}-s"
+    child, stubborn, main, coroutine = f"{key}-c", f"{key}-i", f"{key}-s", f"{key}-a"
     jobs = {
-        ends_in_cut: site.send(ends_in_cut, "jobs", sleep_s=FINISHES_IN_CUT_S, ends="rerun_release"),
-        runs_past: site.send(runs_past, "jobs", sleep_s=RUNS_PAST_HEAL_S, ends="rerun_release"),
-        solo_ends_in_cut: site.send(solo_ends_in_cut, "solo_jobs", sleep_s=FINISHES_IN_CUT_S, ends="rerun_release"),
+        child: site.send(child, "jobs", sleep_s=FINISHES_IN_CUT_S, ends="rerun_release"),
+        stubborn: site.send(stubborn, "jobs", sleep_s=FINISHES_IN_CUT_S, ends="rerun_release", ignores_stop=True),
+        main: site.send(main, "solo_jobs", sleep_s=FINISHES_IN_CUT_S, ends="rerun_release"),
+        coroutine: site.send(coroutine, "aio_jobs", "test.run_async", sleep_s=FINISHES_IN_CUT_S, ends="rerun_release"),
     }
-    first = {ends_in_cut: cut_off, runs_past: cut_off, solo_ends_in_cut: solo}
+    first = {child: cut_off, stubborn: cut_off, main: solo, coroutine: aio}
     wait_for(lambda: all(site.ran_on(k, "start") for k in jobs), 30, 0.05, what="the jobs to start")
     assert {k: site.ran_on(k, "start") for k in jobs} == {k: [w] for k, w in first.items()}
     site.release(*blockers)
     site.host.cut()
     cut_at = site.now()
+    logs = (site.cut_off, site.cut_off, site.solo, site.aio)
     try:
         wait_for(lambda: all(len(site.ran_on(k, "start")) >= 2 for k in jobs), 30, 0.1, what="the peer's takeover")
         taken_after = max(site.records(k, "start")[1]["t"] for k in jobs) - cut_at
-        ended = (ends_in_cut, solo_ends_in_cut)
-        wait_for(lambda: all(site.records(k, "finish") for k in ended), 20, 0.05, what="two jobs to end in the cut")
+        in_threads = (child, main)  # a prefork child, a solo worker's main thread: stopped whatever the event loop does
+        wait_for(lambda: all(site.records(k, "stopped") for k in in_threads), 10, 0.1, what="the sync jobs to stop")
+        killed = f"job test.run[{jobs[stubborn]}] ignored LeaseLost until its lease lapsed: killing"
+        wait_for(lambda: killed in site.cut_off.log(), 10, 0.1, what="the job that went on to be killed at the lapse")
     finally:
         site.host.heal()
     healed_at = site.now()
     wait_for(
-        lambda: (
-            _mentions(site.cut_off.log(), jobs[ends_in_cut])
-            and _mentions(site.cut_off.log(), jobs[runs_past])
-            and "acknowledgement ignored (fenced)" in site.solo.log()
-        ),
+        lambda: all(_mentions_abandoned(w.log(), jobs[k]) for w, k in zip(logs, jobs, strict=True)),
         30,
         0.1,
-        what="the cut-off workers to settle their copies after the heal",
+        what="the cut-off workers to record their attempts abandoned",
     )
-    settled_after = site.now() - healed_at
     broker = site.broker.client()
     holders = {v.decode().split(":")[1] for v in broker.hvals(LEASE_KEY)}
     held = broker.hlen("unacked")
@@ -196,26 +196,46 @@ def test_workers_cut_off_past_their_lease_store_and_acknowledge_nothing_and_serv
     site.release(*jobs)
     wait_for(lambda: all(peer in site.ran_on(k, "finish") for k in jobs), 30, 0.1, what="the peer to finish them")
     wait_for(site.settled, 15, 0.1, what="every acknowledgement, with no copy left to run")
+    stopped = {k[-1]: round(site.records(k, "stopped")[0]["t"] - cut_at, 1) for k in jobs if site.records(k, "stopped")}
     print(
-        f"cut at 0: the peer took the jobs over after {taken_after:.1f} s (lease {LEASE_S} s); healed after "
-        f"{healed_at - cut_at:.1f} s; the cut-off workers had settled their copies {settled_after:.1f} s after the heal"
+        f"cut at 0: the cut-off workers stopped their jobs after {stopped} s, the peer took them over after"
+        f" {taken_after:.1f} s (lease {LEASE_S} s); healed after {healed_at - cut_at:.1f} s"
     )
 
     assert holders == {str(site.peer.pid)} and held == len(jobs), "a cut-off worker acknowledged a job the peer held"
     assert states == dict.fromkeys(jobs, "PENDING"), f"a result stored by a cut-off worker: {states}"
     assert {k: site.ran_on(k, "start") for k in jobs} == {k: [w, peer] for k, w in first.items()}
-    for k in ended:  # run to the end on the cut-off host during the cut (fencing cannot undo that), then the peer's
-        assert site.ran_on(k, "finish") == [first[k], peer] and site.records(k, "finish")[0]["t"] < healed_at
-    assert site.ran_on(runs_past, "finish") == [peer], "the prefork worker's copy was not terminated"
-    assert "terminating it here" in site.cut_off.log()
+    assert {k: site.ran_on(k, "finish") for k in jobs} == {k: [peer] for k in jobs}, "a body completed twice"
+    stopped_by_exception = {k: [w] for k, w in first.items() if k != stubborn}
+    assert {k: site.ran_on(k, "stopped") for k in jobs} == {**stopped_by_exception, stubborn: []}, (
+        "a cut-off copy was not stopped by LeaseLost"
+    )
+    # The job that went on after LeaseLost was ended with its pool process at the lapse: it never finished there.
+    assert site.ran_on(stubborn, "ignored") == [cut_off]
+    assert f"job test.run[{jobs[child]}] ignored LeaseLost" not in site.cut_off.log()
+    for k in in_threads:  # stopped before its lease lapsed: before the peer could start its copy
+        assert site.records(k, "stopped")[0]["t"] < site.records(k, "start")[1]["t"], k
+    # The async job's coroutine runs only when the asyncio pool's event loop turns, which a Redis call hanging on the
+    # cut link can hold up; it was stopped first when the loop turned again, before it could finish.
+    assert site.records(coroutine, "stopped")[0]["t"] < site.records(coroutine, "finish")[0]["t"]
     stored = {k: site.stored_by(task_id) for k, task_id in jobs.items()}
     assert stored == dict.fromkeys(jobs, peer), f"a result stored by a cut-off worker: {stored}"
+    assert broker.llen(DEAD_LETTER_QUEUE) == 0
+    assert all("terminating it here" not in w.log() for w in logs)
 
-    after = {cut_off: site.send(f"{key}-after", "own"), solo: site.send(f"{key}-solo-after", "solo_own")}
+    after = {
+        cut_off: site.send(f"{key}-after", "own"),
+        solo: site.send(f"{key}-solo-after", "solo_own"),
+        aio: site.send(f"{key}-aio-after", "aio_own", "test.run_async"),
+    }
     ready = [site.producer.AsyncResult(task_id) for task_id in after.values()]
     wait_for(lambda: all(r.ready() for r in ready), 30, 0.1, what="the cut-off workers to serve again")
-    assert {name: site.stored_by(task_id) for name, task_id in after.items()} == {cut_off: cut_off, solo: solo}
-    assert all(w.proc is not None and w.proc.poll() is None for w in (site.cut_off, site.solo))
+    assert {name: site.stored_by(task_id) for name, task_id in after.items()} == {w: w for w in after}
+    assert all(w.proc is not None and w.proc.poll() is None for w in logs)
+
+
+def _mentions_abandoned(log: str, task_id: str) -> bool:
+    return any(task_id in line and "abandoned" in line for line in log.splitlines())
 
 
 def _renewed(client: redis.Redis, before: list[tuple[bytes, float]]) -> bool:

@@ -111,7 +111,7 @@ def test_a_running_job_on_a_solo_worker_is_stopped_and_the_worker_serves_the_nex
     assert result.returncode == 0 and result.stdout.strip() == f"{task_id} cancelled", result
     wait_for(lambda: cancelled_count() == before + 1, 5, 0.02, what="the running job to be stopped")
     assert probe.result(probe.enqueue({"message": "next"}), timeout=10).message == "next"
-    assert events(key) == ["start"]  # stopped: no finish
+    assert events(key) == ["start", "stopped"]  # JobCancelled raised in it: no finish
     assert_cancelled(task_id)
     wait_for(lambda: task_id not in held_ids(), 5, 0.02, what="its message to be acknowledged")
 
@@ -130,7 +130,7 @@ def test_a_running_job_on_a_solo_worker_process_is_interrupted_in_its_main_threa
     assert_cancelled(task_id)
     after: Any = get_app().send_task("test.run", args=[{"key": uuid.uuid4().hex}], queue="cancel-solo")
     assert after.get(timeout=30)["pid"] == worker.pid == run_records(key)[0]["pid"]  # the same process goes on
-    assert events(key) == ["start"]
+    assert events(key) == ["start", "stopped"]  # JobCancelled raised in it: no finish
     assert f"job {task_id} was cancelled while it ran: interrupting it" in worker.log()
 
 

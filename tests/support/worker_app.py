@@ -112,6 +112,9 @@ class RunJob(BaseModel):
     #: "rerun_release": the first run after `sleep_s`, a later run of the same job (a peer's, after the first
     #: holder lost its lease) once released, so the test decides when the peer's copy stores its result.
     ends: Literal["sleep", "release", "rerun_release"] = "sleep"
+    #: The first run swallows every exception raised in it during `sleep_s` (recording `ignored`): a job that ignores
+    #: a stop, which only its process's end can stop.
+    ignores_stop: bool = False
 
 
 class RunResult(BaseModel):
@@ -139,19 +142,56 @@ def _wait_for_release(key: str, limit_s: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+def _sleep_ignoring_stops(key: str, seconds: float, task_id: str, node: str) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            time.sleep(max(0.0, deadline - time.monotonic()))
+        except Exception:  # noqa: BLE001  # what this job is for: it goes on
+            _record(key, "ignored", task_id, node)
+
+
 @typed_task("test.run", kind="test-run", payload=RunJob, result=RunResult)
 def run(job: RunJob, ctx: JobContext) -> RunResult:
     """Record the run's start and finish (node, pool process, the ledger's time) in `test:run:<key>`: a terminated
-    run has a start and no finish, a run whose result was fenced has both; the stored result names who ran it."""
+    run has a start and no finish, a run stopped by an exception raised in it records `stopped` instead, a run whose
+    result was fenced has both; the stored result names who ran it."""
     from celery import current_task
 
     node = str(current_task.request.hostname)
     _record(job.key, "start", ctx.task_id, node)
     rerun = sum(r["event"] == "start" and r["task_id"] == ctx.task_id for r in run_records(job.key)) > 1
-    if job.ends == "release" or (job.ends == "rerun_release" and rerun):
-        _wait_for_release(job.key)
-    else:
-        time.sleep(job.sleep_s)
+    try:
+        if job.ends == "release" or (job.ends == "rerun_release" and rerun):
+            _wait_for_release(job.key)
+        elif job.ignores_stop:
+            _sleep_ignoring_stops(job.key, job.sleep_s, ctx.task_id, node)
+        else:
+            time.sleep(job.sleep_s)
+    except Exception:  # stopped by an exception raised in it (a limit, a cancel, a lease that could not be renewed)
+        _record(job.key, "stopped", ctx.task_id, node)
+        raise
+    _record(job.key, "finish", ctx.task_id, node)
+    return RunResult(key=job.key, node=node, pid=os.getpid())
+
+
+@typed_task("test.run_async", kind="test-run-async", payload=RunJob, result=RunResult)
+async def run_async(job: RunJob, ctx: JobContext) -> RunResult:
+    """`test.run` as an `async def` job (for the asyncio pool): the same records, its waits awaited. Its coroutine may
+    run outside the job's task context, so the node is the worker's `TEST_NODE` (set by the test)."""
+    node = os.environ.get("TEST_NODE", "")
+    _record(job.key, "start", ctx.task_id, node)
+    rerun = sum(r["event"] == "start" and r["task_id"] == ctx.task_id for r in run_records(job.key)) > 1
+    try:
+        if job.ends == "release" or (job.ends == "rerun_release" and rerun):
+            deadline = time.monotonic() + 120
+            while not ledger_client().exists(f"test:release:{job.key}") and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        else:
+            await asyncio.sleep(job.sleep_s)
+    except asyncio.CancelledError:  # stopped: a limit, a cancel, a lease that could not be renewed
+        _record(job.key, "stopped", ctx.task_id, node)
+        raise
     _record(job.key, "finish", ctx.task_id, node)
     return RunResult(key=job.key, node=node, pid=os.getpid())
 
