@@ -89,6 +89,9 @@ class Advanced:
     since: float | None = None
     #: Creating with an idempotency key an earlier start claimed: that flow's id (nothing was written).
     first: str | None = None
+    #: The job's result given to store (`JobResult`): 1 stored, 0 a final state was there, -1 fenced; None: none
+    #: given, or no such flow (nothing stored).
+    stored: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -103,7 +106,7 @@ def advance(client: redis.Redis, flow_id: str, keys: Sequence[str], args: Sequen
     reply, reached = run_script_waited(client, "flow_advance", [key(flow_id), *keys], list(args))
     if reached is not None:
         check_replicas(reached)
-    recorded, state, complete, since, first, *queued = reply
+    recorded, state, complete, since, first, stored, *queued = reply
     return Advanced(
         bool(recorded),
         text(state),
@@ -111,7 +114,21 @@ def advance(client: redis.Redis, flow_id: str, keys: Sequence[str], args: Sequen
         [text(q) for q in queued],
         since=float(since) if since else None,
         first=text(first) if first else None,
+        stored=int(stored) if stored not in (b"", "") else None,
     )
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """A step's job's SUCCESS as its result backend stores it (`OneTripStore.success_to_store`), for the call that
+    records the node to store too: the task's key, the encoded meta, its expiry in seconds (0: none), and the job's
+    delivery tag and lease owner (both '' when it was not a leased delivery: stored unfenced)."""
+
+    key: str
+    meta: str
+    expires: int
+    tag: str
+    owner: str
 
 
 @dataclass(frozen=True)

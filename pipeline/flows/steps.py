@@ -12,8 +12,11 @@ A step is an ordinary typed job whose message carries HEADER_FLOW. Around its ru
    retries with backoff, dead-lettering (its entry names the flow and the step, and the flow is failed there:
    `pipeline.dlq.capture`).
 3. When it succeeds, `flow_advance.lua` records its result and queues the steps that waited on it last, before the
-   job's own result is stored and its message acknowledged. A job redelivered after this call finds its node
-   recorded (1.) and changes nothing, so each step is queued once.
+   job's message is acknowledged. The same call stores the job's own result (its SUCCESS, as the result backend
+   would, fenced by the job's lease; the backend's own write of it is then skipped), when the backend hands it over
+   (`success_to_store`: on the broker's Redis, verified versions, results not ignored): a step's job costs no
+   round trip for its result. A job redelivered after this call finds its node recorded (1.) and changes nothing,
+   so each step is queued once.
 
 The flow metrics (`pipeline.observability.flow_metrics`) are counted here: a job's first run as it starts, its
 success when 3. recorded it (and the step's duration, the flow's success, when it was the last).
@@ -41,7 +44,7 @@ from pipeline.constants import HEADER_DELIVERY_COUNT
 from pipeline.errors import BrokerWriteRefused, JobCancelled, PayloadInvalid, PermanentError
 from pipeline.flows import launch, record
 from pipeline.flows.definition import FLOWS, Flow, Step
-from pipeline.flows.record import Begun, Ref
+from pipeline.flows.record import Begun, JobResult, Ref
 from pipeline.observability import flow_metrics
 from pipeline.producer.client import producer_redis
 from pipeline.task import PipelineTask, request_header
@@ -87,15 +90,25 @@ def run(task: PipelineTask, header: Any, raw: Any, run_job: Callable[[Any], dict
         raise JobCancelled(task_id)
     else:
         result = run_job(_join_payload(flow, step, began) if joins else raw)
+    job = _job_result(task, result)
     try:
-        done = _patiently(lambda: launch.advance(flow, ref, task_id, result, began.input))
+        done = _patiently(lambda: launch.advance(flow, ref, task_id, result, began.input, job))
     except (redis.RedisError, OperationalError, BrokerWriteRefused) as exc:  # the next attempt records it, or finds it
         raise task.retry_transient(exc) from exc
+    if job is not None and done.stored is not None:
+        task.backend.mark_stored(task.request)  # type: ignore[attr-defined]  # it handed the result over: it has this
     if done.recorded:
         log.info("flow %s %s: %s succeeded (flow %s)%s", ref.flow, ref.id, ref.node, done.state, _queued(done.queued))
         took = time.time() - done.since if done.since is not None else None
         flow_metrics.step_succeeded(ref.flow, ref.step, took, done.finished)
     return result
+
+
+def _job_result(task: PipelineTask, result: dict[str, Any]) -> JobResult | None:
+    """The job's SUCCESS for the advance to store, when its result backend hands it over (see 3.)."""
+    prepare = getattr(task.backend, "success_to_store", None)
+    given = prepare(task, result) if prepare is not None else None
+    return JobResult(*given) if given is not None else None
 
 
 def _queued(steps: list[str]) -> str:

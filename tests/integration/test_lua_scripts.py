@@ -237,7 +237,7 @@ def test_every_script_that_stores_a_result_has_the_same_store_and_held_functions
     """`store` (the result backend's write, leaving a stored SUCCESS alone) and `held` (its lease check) are written
     out in each script that stores results, never assembled at run time: the copies must not drift."""
     for function in ("store", "held"):
-        copies = {name: _function(name, function) for name in ("store", "settle", "fetch")}
+        copies = {name: _function(name, function) for name in ("store", "settle", "fetch", "flow_advance")}
         assert len(set(copies.values())) == 1, copies
 
 
@@ -284,6 +284,35 @@ def test_store_is_fenced_by_the_jobs_lease(client: redis.Redis) -> None:
     assert store(keys=["r2", "pipeline:lease"], args=['{"status": "SUCCESS"}', 0, "theirs", "me"], client=client) == -1
     assert store(keys=["r3", "pipeline:lease"], args=['{"status": "SUCCESS"}', 60, "", ""], client=client) == 1
     assert client.get("r1") == b'{"status": "STARTED"}' and client.get("r2") is None and client.ttl("r3") > 0
+
+
+def _advance_item(client: redis.Redis, node: str, result: tuple[str, str, str, str]) -> list[object]:
+    """`flow_advance.lua` recording item `node` of step `split` of flow `f1`, storing its job's result `result`
+    (task key, meta, delivery tag, owner) in the same call; no step offered."""
+    key, meta, tag, owner = result
+    head = [node, '{"ok": true}', f"job-{node}", 1000.0, 60, "rec:", 100, "split", "1", "f1", "fan", 2]
+    args = [*head, 0, 0, 100, "", meta, 0, tag, owner]
+    keys = ["pipeline:flow:{f1}", "flows", key, "pipeline:lease"]
+    return list(script("flow_advance")(keys=keys, args=args, client=client))
+
+
+def test_advance_stores_the_jobs_result_fenced_and_records_the_node_either_way(client: redis.Redis) -> None:
+    """The call that records a node stores its job's SUCCESS as store.lua would (a final state left alone), only while
+    the owner holds the job's lease; the node is recorded whatever became of the result."""
+    _lease(client, {"mine": "me", "theirs": "peer"})
+    client.hset("pipeline:flow:{f1}", mapping={"state": "running", "left": 1, "total": 3, "done": 0, "more:split": 3})
+    success = '{"status": "SUCCESS", "result": {"ok": true}}'
+    reply = _advance_item(client, "split[0]", ("r0", success, "mine", "me"))
+    assert reply[:6] == [1, b"running", 0, b"", b"", 1]
+    assert client.get("r0") == success.encode()
+    reply = _advance_item(client, "split[1]", ("r1", success, "theirs", "me"))
+    assert reply[:6] == [1, b"running", 0, b"", b"", -1]  # fenced: a peer holds the job; its node is recorded still
+    assert client.get("r1") is None
+    client.set("r2", '{"status": "REVOKED"}')
+    assert _advance_item(client, "split[2]", ("r2", success, "", ""))[:6] == [1, b"running", 1, b"", b"", 0]
+    assert client.get("r2") == b'{"status": "REVOKED"}'
+    assert client.hgetall("pipeline:flow:{f1}:results").keys() == {b"split[0]", b"split[1]", b"split[2]"}
+    assert _advance_item(client, "split[0]", ("r0", success, "mine", "me"))[:6] == [0, b"running", 1, b"", b"", 0]
 
 
 def test_renew_and_release_touch_only_the_owners_leases_on_redis_clock(client: redis.Redis) -> None:
