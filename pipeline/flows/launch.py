@@ -198,14 +198,34 @@ def advance(
     node recorded and makes both again: the next steps are queued once either way."""
     step = flow.steps[ref.step]
     client = producer_redis()
-    head = [ref.node, json.dumps(result), task_id, ref.step, "1" if ref.item is not None else "", ref.id, flow.name, 0]
+    head = _head(flow, ref, task_id, result)
     if ref.item is not None:
         first = _call(client, ref.id, head, [], [], job=job)
-        if not (first.complete and first.state == "running" and step.children):
-            return first
-        then = _call(client, ref.id, head, [], _offers(flow, ref, step, result, flow_input))
-        return Advanced(first.recorded, then.state, then.complete, then.queued, since=first.since, stored=first.stored)
+        return offer_next(flow, ref, task_id, result, flow_input, first)
     return _call(client, ref.id, head, [], _offers(flow, ref, step, result, flow_input), job=job)
+
+
+def record_item(flow: Flow[Any], ref: Ref, task_id: str, result: dict[str, Any]) -> Advanced:
+    """Record fan-out item `ref`'s `result`, offering no step (`advance`'s first call)."""
+    return _call(producer_redis(), ref.id, _head(flow, ref, task_id, result), [], [])
+
+
+def offer_next(
+    flow: Flow[Any], ref: Ref, task_id: str, result: dict[str, Any], flow_input: str | None, first: Advanced
+) -> Advanced:
+    """After fan-out item `ref` was recorded (`first`: what that call answered): when its step is complete, the call
+    that offers the jobs of the steps after it; what both calls answered together."""
+    step = flow.steps[ref.step]
+    if not (first.complete and first.state == "running" and step.children):
+        return first
+    offers = _offers(flow, ref, step, result, flow_input)
+    then = _call(producer_redis(), ref.id, _head(flow, ref, task_id, result), [], offers)
+    return Advanced(first.recorded, then.state, then.complete, then.queued, since=first.since, stored=first.stored)
+
+
+def _head(flow: Flow[Any], ref: Ref, task_id: str, result: dict[str, Any]) -> list[Any]:
+    """ARGV 1-3 and 8-12 of `flow_advance.lua` for node `ref`."""
+    return [ref.node, json.dumps(result), task_id, ref.step, "1" if ref.item is not None else "", ref.id, flow.name, 0]
 
 
 def _offers(flow: Flow[Any], ref: Ref, step: Step, result: dict[str, Any], flow_input: str | None) -> list[Queued]:

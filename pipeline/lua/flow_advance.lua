@@ -19,7 +19,8 @@
 -- The call that records a node may also store its job's SUCCESS in the result backend (ARGV[17] not ''), as
 -- store.lua does and fenced the same way (stored only while ARGV[20] holds the job's lease ARGV[19]): the job's
 -- result costs no call of its own (`pipeline.flows.steps`). The node is recorded either way, as without a result.
--- The `held` and `store` functions are store.lua's, written out. A result is stored before anything else is written:
+-- The `held` and `store` functions are store.lua's, written out; `record` and `finish` are written out in fetch.lua,
+-- which records a solo worker's fan-out items with their acknowledgements (`pipeline.delivery.acks`). A result is stored before anything else is written:
 -- `store` deletes first, so a full Redis (maxmemory) lets the call go on.
 -- KEYS[1] M, KEYS[2] the flows index (ZSET id -> created), then 3 per candidate step (below): its queue list, that
 -- queue's wake-up marker list (`pipeline.producer.wake`), its recent-jobs index; last, when creating with an
@@ -65,6 +66,36 @@ local function store(key, value, expires)
   return 1
 end
 
+-- record(M, node, value, job, step, item): record a node's result, the first time only (HSETNX); returns 1 when
+-- this call recorded it (else 0), whether its step is complete (all its nodes recorded), and when the step was
+-- queued (its `on:` field) if this call recorded its last node (else '').
+local function record(M, node, value, job, step, item)
+  local recorded = redis.call('HSETNX', M .. ':results', node, value)
+  local complete, since = true, ''
+  if recorded == 1 then
+    redis.call('HSET', M .. ':tasks', node, job)
+    redis.call('SREM', M .. ':failed', node)
+    redis.call('HINCRBY', M, 'done', 1)
+    if item then complete = redis.call('HINCRBY', M, 'more:' .. step, -1) == 0 end
+    if complete then since = redis.call('HGET', M, 'on:' .. step) or '' end
+  elseif item then
+    complete = redis.call('HGET', M, 'more:' .. step) == '0'
+  end
+  return recorded, complete, since
+end
+
+-- finish(M, state, now, ttl): a running flow whose steps are all queued and whose queued nodes are all recorded
+-- succeeds (at `now`); every key of the flow gets `ttl` seconds more to live. Returns the flow's state.
+local function finish(M, state, now, ttl)
+  if state == 'running' and tonumber(redis.call('HGET', M, 'left')) == 0
+      and redis.call('HGET', M, 'done') == redis.call('HGET', M, 'total') then
+    state = 'succeeded'
+    redis.call('HSET', M, 'state', state, 'finished', now)
+  end
+  for _, suffix in ipairs({'', ':results', ':tasks', ':failed'}) do redis.call('EXPIRE', M .. suffix, ttl) end
+  return state
+end
+
 local M = KEYS[1]
 local node, value, job, now, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local prefix, keep, step, item = ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9] == '1'
@@ -99,16 +130,7 @@ else
     stored = -1
     if held(KEYS[#KEYS], ARGV[19], ARGV[20]) then stored = store(KEYS[#KEYS - 1], ARGV[17], ARGV[18]) end
   end
-  recorded = redis.call('HSETNX', M .. ':results', node, value)
-  if recorded == 1 then
-    redis.call('HSET', M .. ':tasks', node, job)
-    redis.call('SREM', M .. ':failed', node)
-    redis.call('HINCRBY', M, 'done', 1)
-    if item then complete = redis.call('HINCRBY', M, 'more:' .. step, -1) == 0 end
-    if complete then since = redis.call('HGET', M, 'on:' .. step) or '' end
-  elseif item then
-    complete = redis.call('HGET', M, 'more:' .. step) == '0'
-  end
+  recorded, complete, since = record(M, node, value, job, step, item)
 end
 at = at + 2 * w
 local queued = {}
@@ -142,12 +164,7 @@ for c = 1, m do
   end
   at = first + 3 * k + events
 end
-if state == 'running' and tonumber(redis.call('HGET', M, 'left')) == 0
-    and redis.call('HGET', M, 'done') == redis.call('HGET', M, 'total') then
-  state = 'succeeded'
-  redis.call('HSET', M, 'state', state, 'finished', now)
-end
-for _, suffix in ipairs({'', ':results', ':tasks', ':failed'}) do redis.call('EXPIRE', M .. suffix, ttl) end
+state = finish(M, state, now, ttl)
 local reply = {recorded, state, complete and 1 or 0, since, '', stored}
 for _, name in ipairs(queued) do reply[#reply + 1] = name end
 return reply

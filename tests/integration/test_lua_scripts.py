@@ -239,6 +239,9 @@ def test_every_script_that_stores_a_result_has_the_same_store_and_held_functions
     for function in ("store", "held"):
         copies = {name: _function(name, function) for name in ("store", "settle", "fetch", "flow_advance")}
         assert len(set(copies.values())) == 1, copies
+    for function in ("record", "finish"):  # a flow's node, recorded by the fetch as by flow_advance.lua
+        copies = {name: _function(name, function) for name in ("fetch", "flow_advance")}
+        assert len(set(copies.values())) == 1, copies
 
 
 def _lease(client: redis.Redis, tags: dict[str, str]) -> None:
@@ -332,11 +335,41 @@ def test_renew_and_release_touch_only_the_owners_leases_on_redis_clock(client: r
 
 
 def _fetch(client: redis.Redis, queues: list[str], untracked: str, count: int = 10, cap: int = 0) -> list[object]:
+    """`fetch.lua`'s reply, less its (empty) third field, the answers to nodes (none carried here)."""
     keys = ["unacked", "unacked_index", "pipeline:lease", "pipeline:deliveries", *queues, "test:paused"]
-    args = [30, "me", "node", "x:", "hist:", 20, 60, untracked, count, 0, cap, GROUP_KEY_PREFIX]
+    args = [30, "me", "node", "x:", "hist:", 20, 60, untracked, count, 0, cap, GROUP_KEY_PREFIX, 0]
     reply = script("fetch")(keys=keys, args=args, client=client)
-    assert isinstance(reply, list)
-    return reply
+    assert isinstance(reply, list) and reply[2] == []
+    return [*reply[:2], *reply[3:]]
+
+
+def test_fetch_records_a_carried_node_as_flow_advance_does_after_its_results_and_acknowledgements(
+    client: redis.Redis,
+) -> None:
+    """A solo worker's fan-out item: its node is recorded by the fetch that stores its result (as `flow_advance.lua`
+    records an item offering no step), answered as flow_advance.lua answers; once only; a node of no flow is
+    answered as such."""
+    _lease(client, {"mine": "me"})
+    client.hset("pipeline:flow:{f1}", mapping={"state": "running", "left": 0, "total": 2, "done": 1, "more:split": 1})
+    client.hset("pipeline:flow:{f1}", "on:split", "900.5")
+    client.lpush("jobs", _envelope("job-1"))
+    result = ('{"status": "SUCCESS"}', 60, "mine")
+    node = ["split[1]", '{"ok": true}', "job-x", "split", "1000.0", 60]
+    keys = ["unacked", "unacked_index", "pipeline:lease", "pipeline:deliveries", "jobs", "result-1"]
+    keys += ["pipeline:flow:{f1}", "pipeline:flow:{gone}", "test:paused"]
+    args = [30, "me", "node", "x:", "hist:", 20, 60, "0", 10, 1, 0, GROUP_KEY_PREFIX, 2, *result]
+    args += [*node, *["split[0]", "{}", "job-y", "split", "1000.0", 60], "mine"]
+    reply = script("fetch")(keys=keys, args=args, client=client)
+    assert reply[:3] == [[], [], [1, b"succeeded", 1, b"900.5", 0, b"", 0, b""]]
+    assert reply[3:5] == [b"jobs", b"job-1"]
+    assert client.hget("pipeline:flow:{f1}:results", "split[1]") == b'{"ok": true}'
+    assert client.hget("pipeline:flow:{f1}:tasks", "split[1]") == b"job-x"
+    assert client.hmget("pipeline:flow:{f1}", ["state", "finished", "more:split"]) == [b"succeeded", b"1000.0", b"0"]
+    assert client.ttl("pipeline:flow:{f1}:results") > 0 and not client.exists("pipeline:flow:{gone}")
+    assert client.get("result-1") == b'{"status": "SUCCESS"}' and not client.hexists("pipeline:lease", "mine")
+    args[12] = 1
+    again = script("fetch")(keys=[*keys[:7], "test:paused"], args=[*args[:-7], "x"], client=client)
+    assert again[2] == [0, b"succeeded", 1, b""]  # recorded before: nothing changes
 
 
 def _envelope(tag: str) -> str:
