@@ -20,8 +20,9 @@
 -- store.lua does and fenced the same way (stored only while ARGV[20] holds the job's lease ARGV[19]): the job's
 -- result costs no call of its own (`pipeline.flows.steps`). The node is recorded either way, as without a result.
 -- The `held` and `store` functions are store.lua's, written out; `record` and `finish` are written out in fetch.lua,
--- which records a solo worker's fan-out items with their acknowledgements (`pipeline.delivery.acks`). A result is stored before anything else is written:
--- `store` deletes first, so a full Redis (maxmemory) lets the call go on.
+-- which records a solo worker's fan-out items with their acknowledgements (`pipeline.delivery.acks`). The result is
+-- stored after the node is recorded: at maxmemory the call is refused as a whole (its first write may grow memory),
+-- as it was without a result, and the job retries.
 -- KEYS[1] M, KEYS[2] the flows index (ZSET id -> created), then 3 per candidate step (below): its queue list, that
 -- queue's wake-up marker list (`pipeline.producer.wake`), its recent-jobs index; last, when creating with an
 -- idempotency key, the key's holder (`pipeline:flow-start:<name>:<key>`, STRING: the id of the flow that claimed it),
@@ -126,11 +127,11 @@ if node == '' then
 else
   state = redis.call('HGET', M, 'state')
   if not state then return {0, '', 0, '', '', ''} end
+  recorded, complete, since = record(M, node, value, job, step, item)
   if ARGV[17] ~= '' then
     stored = -1
     if held(KEYS[#KEYS], ARGV[19], ARGV[20]) then stored = store(KEYS[#KEYS - 1], ARGV[17], ARGV[18]) end
   end
-  recorded, complete, since = record(M, node, value, job, step, item)
 end
 at = at + 2 * w
 local queued = {}

@@ -318,6 +318,22 @@ def test_advance_stores_the_jobs_result_fenced_and_records_the_node_either_way(c
     assert _advance_item(client, "split[0]", ("r0", success, "mine", "me"))[:6] == [0, b"running", 1, b"", b"", 0]
 
 
+def test_advance_with_a_result_is_refused_as_a_whole_at_maxmemory(client: redis.Redis) -> None:
+    """Storing the job's result does not let a flow's advance past maxmemory: its first write is the node's record,
+    refused on a full Redis (nothing written, the job retries), as without a result."""
+    _lease(client, {"mine": "me"})
+    client.hset("pipeline:flow:{f1}", mapping={"state": "running", "left": 1, "total": 2, "done": 0, "more:split": 2})
+    client.set("r0", '{"status": "STARTED"}')
+    client.rpush("filler", *("x" * 10_000 + str(i) for i in range(100)))
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - 256 * 1024)
+    try:
+        with pytest.raises(redis.exceptions.ResponseError, match="maxmemory"):
+            _advance_item(client, "split[0]", ("r0", '{"status": "SUCCESS"}', "mine", "me"))
+    finally:
+        client.config_set("maxmemory", 0)
+    assert client.get("r0") == b'{"status": "STARTED"}' and not client.exists("pipeline:flow:{f1}:results")
+
+
 def test_renew_and_release_touch_only_the_owners_leases_on_redis_clock(client: redis.Redis) -> None:
     """The new expiry is Redis's TIME plus the lease: whatever the caller's clock says."""
     for tag, owner in (("mine", "me"), ("theirs", "peer")):
