@@ -18,6 +18,9 @@ backend), and the same `store` function
 (written out in the delivery layer's scripts) then runs inside the script that acknowledges the job, so the result
 and the acknowledgement land together, in one round trip and atomically.
 
+A flow's step stores its SUCCESS with the call that records its node instead (`success_to_store`, then
+`mark_stored`: the backend's own write of that SUCCESS is skipped), when the backend is on the broker's Redis.
+
 Outside the Celery, kombu and redis-py versions this was verified on (`pipeline.compat.versions`), each backend
 takes Celery's own `_store_result`, `_get_result_meta` and `encode` (decided once per backend), and no carrier
 is asked.
@@ -34,6 +37,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from celery import states
+from celery.app import task as celery_task
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
 from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 from celery.exceptions import BackendStoreError
@@ -52,6 +56,9 @@ log = logging.getLogger(__name__)
 #: kombu's JSON encoder (`kombu.utils.json.dumps` builds one per call, with these same defaults).
 _JSON = kombu_json.JSONEncoder()
 
+#: The request attribute saying the job's SUCCESS was stored with another write (`mark_stored`).
+_STORED = "pipeline_result_stored"
+
 #: A stored result as a carrier takes it: the task's key, the encoded meta, its expiry in seconds (0: none), and the
 #: delivery tag of the job ('' when it was not a leased delivery: stored unfenced).
 Stored = tuple[bytes, Any, int, str]
@@ -69,6 +76,12 @@ def lease_of(request: Any) -> tuple[str, str]:
     if not tag or not owner:
         return "", ""
     return str(tag), str(owner)
+
+
+def _ignored(task: Any, request: Any) -> bool:
+    """Whether Celery stores no result for `request`'s job (the request's `ignore_result`, else the task's)."""
+    actual = getattr(celery_task, "get_actual_ignore_result", None)  # Celery 5.5+: celery.app.task's own rule
+    return bool(actual(task, request) if actual is not None else task.ignore_result)
 
 
 class OneTripStore:
@@ -95,6 +108,8 @@ class OneTripStore:
     ) -> Any:
         if not self._fast():
             return super()._store_result(task_id, result, state, traceback, request, **kwargs)  # type: ignore[misc]  # the Celery backend it is mixed into
+        if state == states.SUCCESS and getattr(request, _STORED, False):
+            return result
         meta = self._get_result_meta(result=result, state=state, traceback=traceback, request=request)
         meta["task_id"] = bytes_to_str(task_id)
         value = self.encode(meta)
@@ -108,6 +123,30 @@ class OneTripStore:
             return result
         self.ensure(self._store_once, (key, value, int(expires or 0), tag, owner))
         return result
+
+    def success_to_store(self: Any, task: Any, result: Any) -> tuple[str, str, int, str, str] | None:
+        """The SUCCESS of `task`'s current job as `_store_result` would store it, for a script that stores it with
+        writes of its own (fenced the same way): (the task's key, the encoded meta, its expiry in seconds (0: none),
+        the delivery tag and lease owner, both '' when not leased). None when it is stored its own way: unverified
+        versions, a result store on another Redis than the broker's, results ignored, a value too large."""
+        settings = get_settings()
+        request = task.request
+        if not self._fast() or settings.result_url != settings.broker_url or _ignored(task, request):
+            return None
+        task_id = str(request.id)
+        meta = self._get_result_meta(result=result, state=states.SUCCESS, traceback=None, request=request)
+        meta["task_id"] = bytes_to_str(task_id)
+        value = self.encode(meta)
+        if not isinstance(value, str) or len(value) > self._MAX_STR_VALUE_SIZE:
+            return None
+        tag, owner = lease_of(request)
+        return bytes_to_str(self.get_key_for_task(task_id)), value, int(self.expires or 0), tag, owner
+
+    @staticmethod
+    def mark_stored(request: Any) -> None:
+        """The SUCCESS `success_to_store` gave for `request`'s job was stored (or fenced): the backend's own write of
+        it is skipped."""
+        setattr(request, _STORED, True)
 
     def encode(self: Any, data: Any) -> Any:
         """Celery's `Backend.encode`: the same text, without kombu's registry lookup, its error-wrapping context

@@ -17,6 +17,14 @@ short job costs one round trip less, and its result and acknowledgement land tog
 result that would be stored by a chord part, or outside a delivery on the event loop's thread (any other
 pool), is stored at once, as before.
 
+A flow's fan-out item hands its node the same way (`carry_node`, installed in `pipeline.flows.record.CARRIERS`): the
+next fetch records it (`fetch.lua`, as `flow_advance.lua` would), so an item costs no round trip of its own either.
+Its job's acknowledgement is held back until the answer came: `Carried.answered` then queues what the item's
+complete step lets run (the join), and only then is the acknowledgement deferred again, for the fetch after. A node
+whose call got no answer (or whose `answered` raised) leaves its job unacknowledged and its lease given up
+(`Leases.drop`): the job is delivered again, and finds its node recorded (nothing is run again) or runs again. At a
+tick with no fetch coming, the nodes are recorded by calls of their own first (`Carried.record_now`).
+
 Celery makes every acknowledgement in the event loop's next iteration (`Consumer.call_soon_ack`). A prefork
 worker's reach Redis a loop iteration or two after the job's end; a solo worker runs each job inside the
 delivery (`pipeline.delivery.fetch.deliver`), so the acknowledgements of a fetched batch, and its results, are
@@ -30,6 +38,7 @@ acknowledgement of a removed delivery removes nothing, and is logged as fenced).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,7 +47,11 @@ from typing import Any
 import redis
 from kombu.asynchronous import get_event_loop
 
-from pipeline.compat.results import OneTripStore, Stored
+from pipeline.compat.results import OneTripStore, Stored, lease_of
+from pipeline.flows import record
+from pipeline.flows.record import Carried
+
+log = logging.getLogger(__name__)
 
 #: The QoS whose delivery runs on this thread now (`delivering`), per thread: a solo worker's job hands its result
 #: to the delivery it runs in, never to another worker's.
@@ -59,12 +72,24 @@ class DeferredAcks:
     channel: Any
     _deferred_acks: list[str] | None = None
     _deferred_results: list[Stored] | None = None
+    #: Nodes for the next call to record, each with its job's delivery tag.
+    _deferred_nodes: list[tuple[Carried, str]] | None = None
+    #: Tags whose node is carried and not answered yet -> whether their job was acknowledged meanwhile.
+    _node_waits: dict[str, bool] | None = None
+    #: Tags whose node had no answer and whose lease was given up: their acknowledgement is never sent.
+    _given_up: set[str] | None = None
     _ack_client: Any = None
 
     def _fenced_ack(self, delivery_tag: str) -> None:
         raise NotImplementedError
 
     def ack_now_or_defer(self, delivery_tag: str) -> None:
+        if self._node_waits and delivery_tag in self._node_waits:
+            self._node_waits[delivery_tag] = True  # sent once its node's answer came (`_node_done`)
+            return
+        if self._given_up and delivery_tag in self._given_up:
+            self._given_up.discard(delivery_tag)  # its job is delivered again
+            return
         hub = loop_hub()
         if hub is None:
             self._fenced_ack(delivery_tag)
@@ -85,14 +110,68 @@ class DeferredAcks:
         hub.on_tick.add(self.flush_acks)
         return True
 
-    def has_deferred(self) -> bool:
-        return bool(self._deferred_acks or self._deferred_results)
+    def carry_node(self, node: Carried, request: Any) -> bool:
+        """Keep a fan-out item's node for the next call to record (on the loop's thread, for a leased delivery)."""
+        hub = loop_hub()
+        tag, _owner = lease_of(request)
+        if hub is None or not tag:
+            return False
+        if self._deferred_nodes is None:
+            self._deferred_nodes = []
+        if self._node_waits is None:
+            self._node_waits = {}
+        self._deferred_nodes.append((node, tag))
+        self._node_waits[tag] = False
+        hub.on_tick.add(self.flush_acks)
+        return True
 
-    def take_acks(self) -> tuple[list[str], list[Stored]]:
-        """The deferred acknowledgements and results, for a fetch to carry."""
+    def fetched(self, tag: str) -> None:
+        """Delivery `tag` was fetched again (its lease given up before): its next acknowledgement is sent."""
+        if self._given_up:
+            self._given_up.discard(tag)
+
+    def has_deferred(self) -> bool:
+        return bool(self._deferred_acks or self._deferred_results or self._deferred_nodes)
+
+    def take_acks(self) -> tuple[list[str], list[Stored], list[tuple[Carried, str]]]:
+        """The deferred acknowledgements, results and nodes, for a fetch to carry."""
         tags, self._deferred_acks = self._deferred_acks or [], None
         results, self._deferred_results = self._deferred_results or [], None
-        return tags, results
+        nodes, self._deferred_nodes = self._deferred_nodes or [], None
+        return tags, results, nodes
+
+    def nodes_answered(self, nodes: list[tuple[Carried, str]], answers: list[Any]) -> None:
+        """The call that carried `nodes` answered (4 fields each): each node's `answered`, then its job's
+        acknowledgement."""
+        for i, (node, tag) in enumerate(nodes):
+            done = Carried.answer(answers[4 * i : 4 * i + 4])
+            self._node_done(node, tag, lambda node=node, done=done: node.answered(done))
+
+    def nodes_lost(self, nodes: list[tuple[Carried, str]]) -> None:
+        """The call that carried `nodes` got no answer: their jobs are given up, delivered again."""
+        for node, tag in nodes:
+            self._give_up(node, tag, None)
+
+    def _record_now(self, nodes: list[tuple[Carried, str]]) -> None:
+        for node, tag in nodes:
+            self._node_done(node, tag, lambda node=node: node.answered(node.record_now()))
+
+    def _node_done(self, node: Carried, tag: str, then: Any) -> None:
+        try:
+            then()
+        except Exception as exc:  # noqa: BLE001  # Redis away, a publish refused: the job's next delivery does it
+            self._give_up(node, tag, exc)
+            return
+        if (self._node_waits or {}).pop(tag, False):
+            self.ack_now_or_defer(tag)
+
+    def _give_up(self, node: Carried, tag: str, exc: BaseException | None) -> None:
+        if not (self._node_waits or {}).pop(tag, False):
+            if self._given_up is None:
+                self._given_up = set()
+            self._given_up.add(tag)  # acknowledged later: not sent
+        self.channel.leases.drop([tag])
+        log.warning("flow %s: %s not known to be recorded (%r); its job runs again", node.flow_id, node.node, exc)
 
     def flush_acks(self, carry: bool = True) -> None:
         """Write the deferred results and acknowledgements in one fenced call, unless (`carry`) a fetch can carry
@@ -103,7 +182,9 @@ class DeferredAcks:
         hub: Any = get_event_loop()
         if hub is not None:
             hub.on_tick.discard(self.flush_acks)
-        tags, results = self.take_acks()
+        tags, results, nodes = self.take_acks()
+        if nodes:
+            self._record_now(nodes)  # their acknowledgements are deferred again: the next tick writes them
         if not tags and not results:
             return
         try:
@@ -140,7 +221,14 @@ def carry(stored: Stored, request: Any) -> bool:
     return qos.carry_result(stored)
 
 
+def carry_node(node: Carried, request: Any) -> bool:
+    """The flows' carrier (`pipeline.flows.record.CARRIERS`): True when a delivery on this thread took the node."""
+    qos: DeferredAcks | None = getattr(_current, "qos", None)
+    return qos is not None and qos.carry_node(node, request)
+
+
 def enable_carried_results() -> None:
     """In a solo worker (or the asyncio pool's, whose async jobs go on `delivering` their QoS again): its jobs'
-    results are stored with their acknowledgements."""
+    results are stored with their acknowledgements, and its fan-out items' nodes recorded by the same calls."""
     OneTripStore.carrier = staticmethod(carry)  # a plain function, not a method of the backend
+    record.CARRIERS[:] = [carry_node]

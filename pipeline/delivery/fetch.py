@@ -46,6 +46,7 @@ from pipeline.constants import (
 from pipeline.delivery import acks, cancelled
 from pipeline.delivery.lease import HISTORY_PREFIX
 from pipeline.dlq import elements as undecodable
+from pipeline.flows.record import Carried
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,10 @@ DELIVERY_LOG_MAX = 20
 DELIVERY_LOG_TTL_S = 7 * 86400
 #: Messages one fetch takes at most when the channel has no prefetch limit.
 FETCH_MAX = 32
-#: Fields per fetched element in the script's reply, and where the first element starts (after the fenced tags and
-#: the paused queues).
+#: Fields per fetched element in the script's reply, and where the first element starts (after the fenced tags, the
+#: paused queues and the carried nodes' answers).
 FIELDS = 5
-FIRST = 2
+FIRST = 3
 #: A job of a batch that starts longer than this after the batch was fetched (or its queue last found running) is
 #: started only if its queue is still not paused (seconds; `pipeline.scheduling.pause`).
 PAUSE_RECHECK_S = 0.1
@@ -81,15 +82,22 @@ def batch_size(channel: Any) -> int:
 
 
 def args(
-    channel: Any, queues: list[str], count: int, acks: list[str] | None = None, results: list[Stored] | None = None
+    channel: Any,
+    queues: list[str],
+    count: int,
+    acks: list[str] | None = None,
+    results: list[Stored] | None = None,
+    nodes: list[tuple[Carried, str]] | None = None,
 ) -> list[Any]:
     """numkeys, KEYS and ARGV of `fetch.lua` for `queues` (kombu's key order), taking at most `count` messages after
-    storing `results` and acknowledging `acks`."""
+    storing `results`, acknowledging `acks` and recording `nodes` (fan-out items of flows, with their jobs' tags)."""
     untracked = channel.untracked
     steps = [(channel._q_for_pri(queue, pri), queue in untracked) for pri in channel.priority_steps for queue in queues]
     keys = [key for key, _untracked in steps]
     results = results or []
+    nodes = nodes or []
     keys += [key for key, _value, _expires, _tag in results]
+    keys += [node.key() for node, _tag in nodes]
     keys.append(PAUSED_KEY)
     return [
         4 + len(keys),
@@ -110,7 +118,9 @@ def args(
         len(results),
         get_settings().group_concurrency,
         GROUP_KEY_PREFIX,
+        len(nodes),
         *(x for _key, value, expires, tag in results for x in (value, expires, tag)),
+        *(x for node, _tag in nodes for x in node.args()),
         *(acks or ()),
     ]
 
@@ -126,7 +136,7 @@ def elements(reply: list[Any]) -> list[tuple[str, str, int, bytes, int]]:
 
 def paused(reply: list[Any]) -> set[str]:
     """The consumed queues the fetch found paused (`pipeline.scheduling.pause`)."""
-    return {bytes_to_str(queue) for queue in reply[1]} if len(reply) >= FIRST else set()
+    return {bytes_to_str(queue) for queue in reply[1]} if len(reply) >= 2 else set()
 
 
 def acknowledged(channel: Any, reply: list[Any], acks: list[str]) -> None:
@@ -163,6 +173,8 @@ def accept(channel: Any, key: str, tag: str, count: int, item: bytes, kind: int,
         headers[HEADER_DELIVERY_COUNT] = count
         headers[HEADER_LEASE_OWNER] = leases.owner()  # what a result store checks the lease against
     leases.hold(tag)
+    if isinstance(channel.qos, acks.DeferredAcks):
+        channel.qos.fetched(tag)
     return payload
 
 

@@ -58,6 +58,7 @@ from pipeline.constants import LEASE_KEY
 from pipeline.delivery import acks, fetch, full, replicas, waking
 from pipeline.delivery.lease import Leases
 from pipeline.dlq import elements as undecodable
+from pipeline.flows.record import Carried
 from pipeline.lua import script, sha
 from pipeline.lua import source as lua_source
 from pipeline.observability import metrics
@@ -246,7 +247,8 @@ class _Leased(waking.Waking, marking.Marked, full.FullRedis):
     connection: Any
     _waiting = False  # the command in flight is a wait, not a fetch
     _empty = False  # the last fetch found nothing: wait before the next one
-    _carried: tuple[list[str], list[Stored]] | None = None  # acknowledgements and results the fetch in flight carries
+    # acknowledgements, results and flow nodes the fetch in flight carries
+    _carried: tuple[list[str], list[Stored], list[tuple[Carried, str]]] | None = None
     paused: frozenset[str] | set[str] = frozenset()  # consumed queues the last fetch found paused
     _replicas_due = False  # a WAIT was sent after the fetch in flight: its reply is read after the fetch's
 
@@ -258,11 +260,12 @@ class _Leased(waking.Waking, marking.Marked, full.FullRedis):
             return not self._waiting
         return not self._empty and bool(self.qos.can_consume())
 
-    def _settle_carried(self, exc: BaseException) -> None:
-        """The fetch carrying acknowledgements (and results) got no reply: they may not have been applied."""
+    def _settle_carried(self: Any, exc: BaseException) -> None:
+        """The fetch carrying acknowledgements (and results, nodes) got no reply: they may not have been applied."""
         carried, self._carried = self._carried, None
         if carried:
             self.leases.remember(carried[0], exc, carried[1])
+            self.qos.nodes_lost(carried[2])
 
     def _connparams(self, asynchronous: bool = False) -> Any:
         if self.connection is None or self.connection.client is None:  # closed: kombu cleared it
@@ -279,9 +282,10 @@ class _Leased(waking.Waking, marking.Marked, full.FullRedis):
         else:
             if self._carried:  # the last fetch's reply never came: what it carried may not be applied
                 self._settle_carried(redis.exceptions.ConnectionError("no reply to the last fetch"))
-            self._carried = tags, results = self.qos.take_acks()
+            self._carried = tags, results, nodes = self.qos.take_acks()
             self.leases.settling(tags)  # the script below removes their leases: not lost to a renewal meanwhile
-            command = ["EVALSHA", sha(fetch.FETCH), *fetch.args(self, queues, fetch.batch_size(self), tags, results)]
+            count = fetch.batch_size(self)
+            command = ["EVALSHA", sha(fetch.FETCH), *fetch.args(self, queues, count, tags, results, nodes)]
             self._waiting = False
         self._in_poll = self.client.connection
         self._brpop_sent_at = time.monotonic()
@@ -323,6 +327,8 @@ class _Leased(waking.Waking, marking.Marked, full.FullRedis):
                 raise Empty()
             carried, self._carried = self._carried, None
             fetch.acknowledged(self, reply, carried[0] if carried else [])
+            if carried and carried[2]:  # before the next jobs run: a join a node lets run is queued first
+                self.qos.nodes_answered(carried[2], reply[2])
             if len(reply) <= fetch.FIRST:
                 self._empty = True
                 raise Empty()

@@ -27,11 +27,11 @@ import redis
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from pipeline.config import get_settings
-from pipeline.constants import FLOW_IDEMPOTENCY_KEY, FLOWS_INDEX_KEY, JOB_RECORD_KEY, RECENT_JOBS_KEY
+from pipeline.constants import FLOW_IDEMPOTENCY_KEY, FLOWS_INDEX_KEY, JOB_RECORD_KEY, LEASE_KEY, RECENT_JOBS_KEY
 from pipeline.errors import PayloadInvalid
 from pipeline.flows import record
 from pipeline.flows.definition import FLOWS, Flow, Step
-from pipeline.flows.record import Advanced, Ref
+from pipeline.flows.record import Advanced, JobResult, Ref
 from pipeline.producer import write
 from pipeline.producer.client import producer_redis
 from pipeline.queues import wake
@@ -135,10 +135,14 @@ def _call(
     pairs: list[str],
     offers: list[Queued],
     holder: str | None = None,
+    job: JobResult | None = None,
 ) -> Advanced:
-    """One `flow_advance.lua` call; `holder`: creating, the Redis key of the start's idempotency key."""
+    """One `flow_advance.lua` call; `holder`: creating, the Redis key of the start's idempotency key; `job`: the
+    node's job's result, stored by the same call."""
     settings = get_settings()
     keys = [key for q in offers for key in q.redis_keys()] + ([holder] if holder else [])
+    if job is not None:
+        keys += [job.key, LEASE_KEY]
     args = [
         *head[:3],
         repr(time.time()),
@@ -150,6 +154,7 @@ def _call(
         len(offers),
         settings.recent_jobs_max,
         settings.enqueue_idempotency_ttl if holder else "",
+        *((job.meta, job.expires, job.tag, job.owner) if job is not None else ("", 0, "", "")),
         *pairs,
         *[a for q in offers for a in q.args()],
     ]
@@ -177,23 +182,51 @@ def start(flow: Flow[Any] | str, input: BaseModel | Mapping[str, Any], *, idempo
     return created.first or flow_id
 
 
-def advance(flow: Flow[Any], ref: Ref, task_id: str, result: dict[str, Any], flow_input: str | None) -> Advanced:
+def advance(
+    flow: Flow[Any],
+    ref: Ref,
+    task_id: str,
+    result: dict[str, Any],
+    flow_input: str | None,
+    job: JobResult | None = None,
+) -> Advanced:
     """Record node `ref`'s `result` (its job `task_id` succeeded) and queue the steps its step lets run (see
     `flow_advance.lua`). `flow_input`: the flow's input (JSON), needed when a step after this one is built here.
+    `job`: the job's SUCCESS for the result backend, stored by the (first) call that records the node.
 
     A fan-out item is recorded without offering the next steps' jobs (most items do not complete their step); the
     call that finds its step complete offers them in a second call. A job redelivered between the two calls finds its
     node recorded and makes both again: the next steps are queued once either way."""
     step = flow.steps[ref.step]
     client = producer_redis()
-    head = [ref.node, json.dumps(result), task_id, ref.step, "1" if ref.item is not None else "", ref.id, flow.name, 0]
+    head = _head(flow, ref, task_id, result)
     if ref.item is not None:
-        first = _call(client, ref.id, head, [], [])
-        if not (first.complete and first.state == "running" and step.children):
-            return first
-        then = _call(client, ref.id, head, [], _offers(flow, ref, step, result, flow_input))
-        return Advanced(first.recorded, then.state, then.complete, then.queued, since=first.since)
-    return _call(client, ref.id, head, [], _offers(flow, ref, step, result, flow_input))
+        first = _call(client, ref.id, head, [], [], job=job)
+        return offer_next(flow, ref, task_id, result, flow_input, first)
+    return _call(client, ref.id, head, [], _offers(flow, ref, step, result, flow_input), job=job)
+
+
+def record_item(flow: Flow[Any], ref: Ref, task_id: str, result: dict[str, Any]) -> Advanced:
+    """Record fan-out item `ref`'s `result`, offering no step (`advance`'s first call)."""
+    return _call(producer_redis(), ref.id, _head(flow, ref, task_id, result), [], [])
+
+
+def offer_next(
+    flow: Flow[Any], ref: Ref, task_id: str, result: dict[str, Any], flow_input: str | None, first: Advanced
+) -> Advanced:
+    """After fan-out item `ref` was recorded (`first`: what that call answered): when its step is complete, the call
+    that offers the jobs of the steps after it; what both calls answered together."""
+    step = flow.steps[ref.step]
+    if not (first.complete and first.state == "running" and step.children):
+        return first
+    offers = _offers(flow, ref, step, result, flow_input)
+    then = _call(producer_redis(), ref.id, _head(flow, ref, task_id, result), [], offers)
+    return Advanced(first.recorded, then.state, then.complete, then.queued, since=first.since, stored=first.stored)
+
+
+def _head(flow: Flow[Any], ref: Ref, task_id: str, result: dict[str, Any]) -> list[Any]:
+    """ARGV 1-3 and 8-12 of `flow_advance.lua` for node `ref`."""
+    return [ref.node, json.dumps(result), task_id, ref.step, "1" if ref.item is not None else "", ref.id, flow.name, 0]
 
 
 def _offers(flow: Flow[Any], ref: Ref, step: Step, result: dict[str, Any], flow_input: str | None) -> list[Queued]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +89,9 @@ class Advanced:
     since: float | None = None
     #: Creating with an idempotency key an earlier start claimed: that flow's id (nothing was written).
     first: str | None = None
+    #: The job's result given to store (`JobResult`): 1 stored, 0 a final state was there, -1 fenced; None: none
+    #: given, or no such flow (nothing stored).
+    stored: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -103,7 +106,7 @@ def advance(client: redis.Redis, flow_id: str, keys: Sequence[str], args: Sequen
     reply, reached = run_script_waited(client, "flow_advance", [key(flow_id), *keys], list(args))
     if reached is not None:
         check_replicas(reached)
-    recorded, state, complete, since, first, *queued = reply
+    recorded, state, complete, since, first, stored, *queued = reply
     return Advanced(
         bool(recorded),
         text(state),
@@ -111,7 +114,60 @@ def advance(client: redis.Redis, flow_id: str, keys: Sequence[str], args: Sequen
         [text(q) for q in queued],
         since=float(since) if since else None,
         first=text(first) if first else None,
+        stored=int(stored) if stored not in (b"", "") else None,
     )
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """A step's job's SUCCESS as its result backend stores it (`OneTripStore.success_to_store`), for the call that
+    records the node to store too: the task's key, the encoded meta, its expiry in seconds (0: none), and the job's
+    delivery tag and lease owner (both '' when it was not a leased delivery: stored unfenced)."""
+
+    key: str
+    meta: str
+    expires: int
+    tag: str
+    owner: str
+
+
+@dataclass(frozen=True)
+class Carried:
+    """A fan-out item's node, handed to the call that carries its job's result and acknowledgement (a solo worker's
+    next fetch: `pipeline.delivery.acks`) to record, as `flow_advance.lua` records an item offering no step."""
+
+    flow_id: str
+    node: str
+    step: str
+    #: The node's result (JSON).
+    result: str
+    job_id: str
+    #: When the job finished (epoch s): the flow's `finished`, if the record finishes it.
+    at: float
+    #: Called on the worker's event loop with what the record answered, before the job is acknowledged: it queues
+    #: what the node's complete step lets run. When it raises, or no answer came, the job is not acknowledged here
+    #: (it is delivered again, and finds its node recorded or not).
+    answered: Callable[[Advanced], None]
+    #: Records the node by a call of its own (`flow_advance.lua`), when no fetch is about to carry it.
+    record_now: Callable[[], Advanced]
+
+    def key(self) -> str:
+        return key(self.flow_id)
+
+    def args(self) -> list[Any]:
+        """The node's fields in `fetch.lua`'s ARGV."""
+        return [self.node, self.result, self.job_id, self.step, repr(self.at), ttl()]
+
+    @staticmethod
+    def answer(fields: Sequence[Any]) -> Advanced:
+        """A record's answer (`fetch.lua`: 4 fields per node) as `flow_advance.lua`'s."""
+        recorded, state, complete, since = fields
+        return Advanced(bool(recorded), text(state), bool(complete), [], since=float(since) if since else None)
+
+
+#: Takes a fan-out item's node (`Carried`) for the call that will acknowledge the job `request` runs, to record it
+#: there; True when it did. A solo worker's delivery layer installs one (`pipeline.delivery.acks`).
+CARRIERS: list[Callable[[Carried, Any], bool]] = []
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,14 @@ A step is an ordinary typed job whose message carries HEADER_FLOW. Around its ru
    retries with backoff, dead-lettering (its entry names the flow and the step, and the flow is failed there:
    `pipeline.dlq.capture`).
 3. When it succeeds, `flow_advance.lua` records its result and queues the steps that waited on it last, before the
-   job's own result is stored and its message acknowledged. A job redelivered after this call finds its node
-   recorded (1.) and changes nothing, so each step is queued once.
+   job's message is acknowledged. The same call stores the job's own result (its SUCCESS, as the result backend
+   would, fenced by the job's lease; the backend's own write of it is then skipped), when the backend hands it over
+   (`success_to_store`: on the broker's Redis, verified versions, results not ignored): a step's job costs no
+   round trip for its result. A job redelivered after this call finds its node recorded (1.) and changes nothing,
+   so each step is queued once. A fan-out item run by a worker that carries its jobs' results and acknowledgements
+   on its next fetch (solo, asyncio: `record.CARRIERS`) makes no call here: the fetch records its node with its
+   result, and the item's job is acknowledged only after that answer came and, when the item completed its step,
+   the steps after it were offered (`launch.offer_next`, on the worker's event loop).
 
 The flow metrics (`pipeline.observability.flow_metrics`) are counted here: a job's first run as it starts, its
 success when 3. recorded it (and the step's duration, the flow's success, when it was the last).
@@ -41,7 +47,7 @@ from pipeline.constants import HEADER_DELIVERY_COUNT
 from pipeline.errors import BrokerWriteRefused, JobCancelled, PayloadInvalid, PermanentError
 from pipeline.flows import launch, record
 from pipeline.flows.definition import FLOWS, Flow, Step
-from pipeline.flows.record import Begun, Ref
+from pipeline.flows.record import Advanced, Begun, Carried, JobResult, Ref
 from pipeline.observability import flow_metrics
 from pipeline.producer.client import producer_redis
 from pipeline.task import PipelineTask, request_header
@@ -87,15 +93,49 @@ def run(task: PipelineTask, header: Any, raw: Any, run_job: Callable[[Any], dict
         raise JobCancelled(task_id)
     else:
         result = run_job(_join_payload(flow, step, began) if joins else raw)
+    if ref.item is not None and _carried(task, flow, ref, result, began.input):
+        return result
+    job = _job_result(task, result)
     try:
-        done = _patiently(lambda: launch.advance(flow, ref, task_id, result, began.input))
+        done = _patiently(lambda: launch.advance(flow, ref, task_id, result, began.input, job))
     except (redis.RedisError, OperationalError, BrokerWriteRefused) as exc:  # the next attempt records it, or finds it
         raise task.retry_transient(exc) from exc
+    if job is not None and done.stored is not None:
+        task.backend.mark_stored(task.request)  # type: ignore[attr-defined]  # it handed the result over: it has this
+    _advanced(ref, done)
+    return result
+
+
+def _advanced(ref: Ref, done: Advanced) -> None:
+    """Log and count what the node's record did."""
     if done.recorded:
         log.info("flow %s %s: %s succeeded (flow %s)%s", ref.flow, ref.id, ref.node, done.state, _queued(done.queued))
         took = time.time() - done.since if done.since is not None else None
         flow_metrics.step_succeeded(ref.flow, ref.step, took, done.finished)
-    return result
+
+
+def _carried(task: PipelineTask, flow: Flow[Any], ref: Ref, result: dict[str, Any], flow_input: str | None) -> bool:
+    """Hand fan-out item `ref`'s node to the call that acknowledges its job (see 3.), when the worker carries nodes
+    (a solo worker's delivery layer: `record.CARRIERS`) and the job is acknowledged after it ran."""
+    if not record.CARRIERS or not task.acks_late:
+        return False
+    task_id = str(task.request.id)
+
+    def answered(first: Advanced) -> None:
+        _advanced(ref, _patiently(lambda: launch.offer_next(flow, ref, task_id, result, flow_input, first)))
+
+    def record_now() -> Advanced:
+        return launch.record_item(flow, ref, task_id, result)
+
+    node = Carried(ref.id, ref.node, ref.step, json.dumps(result), task_id, time.time(), answered, record_now)
+    return record.CARRIERS[0](node, task.request)
+
+
+def _job_result(task: PipelineTask, result: dict[str, Any]) -> JobResult | None:
+    """The job's SUCCESS for the advance to store, when its result backend hands it over (see 3.)."""
+    prepare = getattr(task.backend, "success_to_store", None)
+    given = prepare(task, result) if prepare is not None else None
+    return JobResult(*given) if given is not None else None
 
 
 def _queued(steps: list[str]) -> str:

@@ -1,4 +1,5 @@
--- The worker's fetch: settle what the last batch left (results, then fenced acknowledgements, as settle.lua), then
+-- The worker's fetch: settle what the last batch left (results, then fenced acknowledgements, as settle.lua, then
+-- fan-out items' nodes of flows), then
 -- pop up to ARGV[9] messages over the consumed keys in kombu's order and record each as held by this worker, in
 -- the same step: kombu's unacked record and index entry (as kombu's QoS.append writes them), the lease owner, the
 -- delivery count and a bounded delivery history. An element of a queue consumed without acknowledgement (Celery's
@@ -6,13 +7,20 @@
 -- The lease expiry (the index score) is Redis's clock (TIME) plus the lease: a sweep judges every lease on it.
 -- KEYS[1] unacked, KEYS[2] unacked_index, KEYS[3] pipeline:lease, KEYS[4] pipeline:deliveries, KEYS[5..] the queue
 -- keys in kombu's order (priority steps, then queues), then the task key of each result to store (n of them), then
--- last the set of paused queue names (`pipeline:paused`).
+-- the hash of the flow of each node to record (r of them: `pipeline:flow:{<id>}`), then last the set of paused queue
+-- names (`pipeline:paused`).
 -- ARGV[1] the lease (seconds), ARGV[2] the owner, ARGV[3] the worker's node name, ARGV[4] a fresh tag prefix for
 -- elements that are not message envelopes, ARGV[5] the delivery history's key prefix, ARGV[6] its length,
 -- ARGV[7] its TTL (seconds), ARGV[8] one character per queue key, '1' where the key is consumed without
 -- acknowledgement, ARGV[9] how many elements to take at most, ARGV[10] the number of results n, ARGV[11]
--- GROUP_CONCURRENCY (0: no cap), ARGV[12] the groups' key prefix P, ARGV[13..12+3n] n triples (encoded result meta,
--- expiry, the job's delivery tag or ''), ARGV[13+3n..] the tags to acknowledge.
+-- GROUP_CONCURRENCY (0: no cap), ARGV[12] the groups' key prefix P, ARGV[13] the number of nodes r,
+-- ARGV[14..13+3n] n triples (encoded result meta, expiry, the job's delivery tag or ''), then r sextuples (a fan-out
+-- item's node, its result (JSON), its job's id, its step, now (epoch s), the flow keys' ttl (s)), then the tags to
+-- acknowledge.
+-- A node is recorded as flow_advance.lua records a fan-out item offering no step (the `record` and `finish` functions
+-- are its own, written out), after the results and acknowledgements: a solo worker's item costs no call of its own
+-- (`pipeline.delivery.acks`). The caller acknowledges an item's job in a later call, once it has seen the answer
+-- (and queued what the item's complete step lets run).
 -- Groups (`pipeline.fairness.groups`): for a queue key K, P..'ring:'..K lists the groups with jobs ready (each
 -- once), P..'jobs:'..K..':'..G holds group G's jobs, P..'state:'..K maps a group to 'r' (in the ring) or 'c'
 -- (capped), P..'capped:'..K lists the capped groups, P..'leases:'..G the delivery tags of G's running jobs (checked
@@ -22,7 +30,9 @@
 -- group's slot from this fetch until its lease ends. Within a key, jobs are taken round-robin over the groups, the
 -- plain (ungrouped) jobs taking every other turn; a message with a group that reaches the plain list (a retry, a
 -- restore, a delayed release, a foreign client) is moved to its group when popped.
--- Returns {the tags whose acknowledgement was fenced}, {the consumed queues that are paused}, then 5 fields per
+-- Returns {the tags whose acknowledgement was fenced}, {the consumed queues that are paused}, {4 fields per node, as
+-- flow_advance.lua answers: 1 when this call recorded it, the flow's state ('' for no such flow), 1 when its step is
+-- complete, when its step was queued if this call recorded the step's last node (else '')}, then 5 fields per
 -- element, oldest first: key, tag (or ''), delivery count (0: not recorded), the element, its kind (0 a message
 -- envelope, 1 not an envelope: dead-lettered by the worker, 2 not recorded: from a queue consumed without
 -- acknowledgement, 3 a cancelled job's message: popped and acknowledged here, to be dropped unrun).
@@ -53,17 +63,48 @@ local function store(key, value, expires)
   return 1
 end
 
+-- record(M, node, value, job, step, item): record a node's result, the first time only (HSETNX); returns 1 when
+-- this call recorded it (else 0), whether its step is complete (all its nodes recorded), and when the step was
+-- queued (its `on:` field) if this call recorded its last node (else '').
+local function record(M, node, value, job, step, item)
+  local recorded = redis.call('HSETNX', M .. ':results', node, value)
+  local complete, since = true, ''
+  if recorded == 1 then
+    redis.call('HSET', M .. ':tasks', node, job)
+    redis.call('SREM', M .. ':failed', node)
+    redis.call('HINCRBY', M, 'done', 1)
+    if item then complete = redis.call('HINCRBY', M, 'more:' .. step, -1) == 0 end
+    if complete then since = redis.call('HGET', M, 'on:' .. step) or '' end
+  elseif item then
+    complete = redis.call('HGET', M, 'more:' .. step) == '0'
+  end
+  return recorded, complete, since
+end
+
+-- finish(M, state, now, ttl): a running flow whose steps are all queued and whose queued nodes are all recorded
+-- succeeds (at `now`); every key of the flow gets `ttl` seconds more to live. Returns the flow's state.
+local function finish(M, state, now, ttl)
+  if state == 'running' and tonumber(redis.call('HGET', M, 'left')) == 0
+      and redis.call('HGET', M, 'done') == redis.call('HGET', M, 'total') then
+    state = 'succeeded'
+    redis.call('HSET', M, 'state', state, 'finished', now)
+  end
+  for _, suffix in ipairs({'', ':results', ':tasks', ':failed'}) do redis.call('EXPIRE', M .. suffix, ttl) end
+  return state
+end
+
 local nres = tonumber(ARGV[10])
-local first_result_key = #KEYS - nres - 1
+local nnodes = tonumber(ARGV[13])
+local first_result_key = #KEYS - nres - nnodes - 1
 for r = 1, nres do
-  local at = 12 + 3 * (r - 1)
+  local at = 13 + 3 * (r - 1)
   if held(KEYS[3], ARGV[at + 3], ARGV[2]) then
     store(KEYS[first_result_key + r], ARGV[at + 1], ARGV[at + 2])
   end
 end
 
 local fenced = {}
-for i = 13 + 3 * nres, #ARGV do
+for i = 14 + 3 * nres + 6 * nnodes, #ARGV do
   local tag = ARGV[i]
   if redis.call('HGET', KEYS[3], tag) == ARGV[2] then
     redis.call('ZREM', KEYS[2], tag)
@@ -73,6 +114,21 @@ for i = 13 + 3 * nres, #ARGV do
     redis.call('DEL', ARGV[5] .. tag)
   else
     fenced[#fenced + 1] = tag
+  end
+end
+
+-- The nodes, after the writes that free memory (at maxmemory the script's first write must free some).
+local answers = {}
+for r = 1, nnodes do
+  local at = 13 + 3 * nres + 6 * (r - 1)
+  local M = KEYS[first_result_key + nres + r]
+  local state = redis.call('HGET', M, 'state')
+  if state then
+    local recorded, complete, since = record(M, ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4], true)
+    state = finish(M, state, ARGV[at + 5], tonumber(ARGV[at + 6]))
+    for _, v in ipairs({recorded, state, complete and 1 or 0, since}) do answers[#answers + 1] = v end
+  else
+    for _, v in ipairs({0, '', 0, ''}) do answers[#answers + 1] = v end
   end
 end
 
@@ -93,7 +149,7 @@ if redis.call('SCARD', pause_key) > 0 then
   end
 end
 
-local out = {fenced, paused}
+local out = {fenced, paused, answers}
 local want = tonumber(ARGV[9])
 local taken = 0
 local t = redis.call('TIME')

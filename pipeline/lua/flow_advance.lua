@@ -16,37 +16,104 @@
 --   M:failed   SET   nodes whose job was dead-lettered and not replayed since (`pipeline.flows.record.failed`)
 --   M:wait:<s> SET   the steps step s still waits on; the call that removes the last one queues s
 -- Every key of the flow gets ARGV[5] seconds more to live on each call.
+-- The call that records a node may also store its job's SUCCESS in the result backend (ARGV[17] not ''), as
+-- store.lua does and fenced the same way (stored only while ARGV[20] holds the job's lease ARGV[19]): the job's
+-- result costs no call of its own (`pipeline.flows.steps`). The node is recorded either way, as without a result.
+-- The `held` and `store` functions are store.lua's, written out; `record` and `finish` are written out in fetch.lua,
+-- which records a solo worker's fan-out items with their acknowledgements (`pipeline.delivery.acks`). The result is
+-- stored after the node is recorded: at maxmemory the call is refused as a whole (its first write may grow memory),
+-- as it was without a result, and the job retries.
 -- KEYS[1] M, KEYS[2] the flows index (ZSET id -> created), then 3 per candidate step (below): its queue list, that
 -- queue's wake-up marker list (`pipeline.queues.wake`), its recent-jobs index; last, when creating with an
--- idempotency key, the key's holder (`pipeline:flow-start:<name>:<key>`, STRING: the id of the flow that claimed it).
+-- idempotency key, the key's holder (`pipeline:flow-start:<name>:<key>`, STRING: the id of the flow that claimed it),
+-- or, when storing the job's result, its task key and pipeline:lease.
 -- ARGV[1] node ('' to create), ARGV[2] its result (creating: the input), ARGV[3] the node's job id, ARGV[4] now,
 -- ARGV[5] ttl (s) of the flow's keys and of the queued jobs' records, ARGV[6] the job record key prefix, ARGV[7] the
 -- recent-jobs index size, ARGV[8] the node's step, ARGV[9] '1' when the node is a fan-out item, ARGV[10] the flow id,
 -- ARGV[11] its name, ARGV[12] its number of steps, ARGV[13] w, ARGV[14] m, ARGV[15] the flows index size, ARGV[16]
--- the idempotency key holder's ttl (s) when creating with a key (else ''), then w
+-- the idempotency key holder's ttl (s) when creating with a key (else ''), ARGV[17] the job's encoded result meta to
+-- store ('' for none), ARGV[18] its expiry in seconds (0: none), ARGV[19] the job's delivery tag ('': stored
+-- unfenced), ARGV[20] the lease owner that must hold it, then w
 -- pairs (step, a step it waits on) (creating), then m candidates: steps that may be queued now (creating: the first
 -- steps; else the node's step's children), each as: its step, its node count k, '1' if a fan-out step, its jobs'
 -- record, an event channel ('' for none), then k nodes, k job ids, k messages, and k events when there is a channel.
 -- Returns {1 when this call recorded the node or created the flow (else 0: recorded before, or no such flow), the
 -- flow's state ('' for no such flow), 1 when the node's step is complete (all its nodes recorded), when the node's
 -- step was queued (its `on:` field) if this call recorded its last node (else ''), '' (creating with an idempotency
--- key an earlier start holds: that flow's id, and nothing is written), then the steps it queued}.
+-- key an earlier start holds: that flow's id, and nothing is written), what became of the job's result (1 stored, 0 a
+-- SUCCESS or REVOKED was there, -1 fenced; '' none given, or no such flow), then the steps it queued}.
+
+-- held(lease, tag, owner): whether the result of delivery `tag` may be stored by `owner`.
+local function held(lease, tag, owner)
+  return tag == '' or redis.call('HGET', lease, tag) == owner
+end
+
+-- store(key, value, expires): the result backend's write, leaving a stored SUCCESS or REVOKED (cancelled) alone.
+local function store(key, value, expires)
+  local current = redis.call('GET', key)
+  if current then
+    local ok, meta = pcall(cjson.decode, current)
+    if ok and type(meta) == 'table' and (meta['status'] == 'SUCCESS' or meta['status'] == 'REVOKED') then
+      return 0
+    end
+  end
+  redis.call('DEL', key)
+  if tonumber(expires) > 0 then
+    redis.call('SETEX', key, expires, value)
+  else
+    redis.call('SET', key, value)
+  end
+  redis.call('PUBLISH', key, value)
+  return 1
+end
+
+-- record(M, node, value, job, step, item): record a node's result, the first time only (HSETNX); returns 1 when
+-- this call recorded it (else 0), whether its step is complete (all its nodes recorded), and when the step was
+-- queued (its `on:` field) if this call recorded its last node (else '').
+local function record(M, node, value, job, step, item)
+  local recorded = redis.call('HSETNX', M .. ':results', node, value)
+  local complete, since = true, ''
+  if recorded == 1 then
+    redis.call('HSET', M .. ':tasks', node, job)
+    redis.call('SREM', M .. ':failed', node)
+    redis.call('HINCRBY', M, 'done', 1)
+    if item then complete = redis.call('HINCRBY', M, 'more:' .. step, -1) == 0 end
+    if complete then since = redis.call('HGET', M, 'on:' .. step) or '' end
+  elseif item then
+    complete = redis.call('HGET', M, 'more:' .. step) == '0'
+  end
+  return recorded, complete, since
+end
+
+-- finish(M, state, now, ttl): a running flow whose steps are all queued and whose queued nodes are all recorded
+-- succeeds (at `now`); every key of the flow gets `ttl` seconds more to live. Returns the flow's state.
+local function finish(M, state, now, ttl)
+  if state == 'running' and tonumber(redis.call('HGET', M, 'left')) == 0
+      and redis.call('HGET', M, 'done') == redis.call('HGET', M, 'total') then
+    state = 'succeeded'
+    redis.call('HSET', M, 'state', state, 'finished', now)
+  end
+  for _, suffix in ipairs({'', ':results', ':tasks', ':failed'}) do redis.call('EXPIRE', M .. suffix, ttl) end
+  return state
+end
+
 local M = KEYS[1]
 local node, value, job, now, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local prefix, keep, step, item = ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9] == '1'
 local w, m = tonumber(ARGV[13]), tonumber(ARGV[14])
-local at = 17
+local at = 21
 local keyed = ARGV[16] ~= ''
 local complete = true
 local since = ''
 local recorded = 1
+local stored = ''
 local state
 if node == '' then
   if keyed then
     local first = redis.call('GET', KEYS[#KEYS])
-    if first then return {0, '', 0, '', first} end
+    if first then return {0, '', 0, '', first, ''} end
   end
-  if redis.call('EXISTS', M) == 1 then return {0, redis.call('HGET', M, 'state'), 0, '', ''} end
+  if redis.call('EXISTS', M) == 1 then return {0, redis.call('HGET', M, 'state'), 0, '', '', ''} end
   if keyed then redis.call('SET', KEYS[#KEYS], ARGV[10], 'EX', ARGV[16]) end
   state = 'running'
   redis.call('HSET', M, 'name', ARGV[11], 'input', value, 'created', now, 'state', state, 'left', ARGV[12],
@@ -59,16 +126,11 @@ if node == '' then
   redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[15]) - 1)
 else
   state = redis.call('HGET', M, 'state')
-  if not state then return {0, '', 0, '', ''} end
-  recorded = redis.call('HSETNX', M .. ':results', node, value)
-  if recorded == 1 then
-    redis.call('HSET', M .. ':tasks', node, job)
-    redis.call('SREM', M .. ':failed', node)
-    redis.call('HINCRBY', M, 'done', 1)
-    if item then complete = redis.call('HINCRBY', M, 'more:' .. step, -1) == 0 end
-    if complete then since = redis.call('HGET', M, 'on:' .. step) or '' end
-  elseif item then
-    complete = redis.call('HGET', M, 'more:' .. step) == '0'
+  if not state then return {0, '', 0, '', '', ''} end
+  recorded, complete, since = record(M, node, value, job, step, item)
+  if ARGV[17] ~= '' then
+    stored = -1
+    if held(KEYS[#KEYS], ARGV[19], ARGV[20]) then stored = store(KEYS[#KEYS - 1], ARGV[17], ARGV[18]) end
   end
 end
 at = at + 2 * w
@@ -103,12 +165,7 @@ for c = 1, m do
   end
   at = first + 3 * k + events
 end
-if state == 'running' and tonumber(redis.call('HGET', M, 'left')) == 0
-    and redis.call('HGET', M, 'done') == redis.call('HGET', M, 'total') then
-  state = 'succeeded'
-  redis.call('HSET', M, 'state', state, 'finished', now)
-end
-for _, suffix in ipairs({'', ':results', ':tasks', ':failed'}) do redis.call('EXPIRE', M .. suffix, ttl) end
-local reply = {recorded, state, complete and 1 or 0, since, ''}
+state = finish(M, state, now, ttl)
+local reply = {recorded, state, complete and 1 or 0, since, '', stored}
 for _, name in ipairs(queued) do reply[#reply + 1] = name end
 return reply

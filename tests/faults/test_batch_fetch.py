@@ -12,15 +12,17 @@ import contextlib
 import json
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.asynchronous import Hub, set_event_loop
 
-from pipeline.constants import DELIVERIES_KEY, HEADER_DELIVERY_COUNT, LEASE_KEY
+from pipeline.constants import DELIVERIES_KEY, HEADER_DELIVERY_COUNT, HEADER_LEASE_OWNER, LEASE_KEY
 from pipeline.delivery import acks, fetch
 from pipeline.delivery.lease import Leases
+from pipeline.flows.record import Advanced, Carried
 from pipeline.lua import source
 from tests.support.compat import verified_as_installed
 from tests.support.dlq import dead_lettered_as_undecodable
@@ -246,3 +248,57 @@ def test_results_held_for_an_acknowledgement_that_failed_are_stored_before_it_on
     leases.renew_once(client)
     assert carried_backend.get_task_meta("job-x", cache=False)["result"] == 1
     assert not client.hexists("unacked", "tag-x") and leases.held() == set() and leases.pending_acks() == 0
+
+
+def _item(flow_id: str, i: int, message: Any, answers: list[Advanced], fails: bool = False) -> bool:
+    """What a solo worker's fan-out item does as its job ends (`pipeline.flows.steps`): hand its node over."""
+
+    def answered(done: Advanced) -> None:
+        if fails:
+            raise ConnectionError("the join could not be offered")
+        answers.append(done)
+
+    def record_now() -> Advanced:
+        raise AssertionError("recorded by a call of its own: a fetch was coming")
+
+    node = Carried(flow_id, f"split[{i}]", "split", json.dumps({"i": i}), f"job-{i}", 1000.0, answered, record_now)
+    request = SimpleNamespace(delivery_info={"delivery_tag": message.delivery_tag}, **{HEADER_LEASE_OWNER: "me"})
+    return acks.carry_node(node, request)
+
+
+def test_a_fan_out_items_node_rides_the_next_fetch_and_its_job_is_acknowledged_after_the_answer(
+    own_redis: RedisServer, conn: Connection, name: str, loop: Hub, leases: Leases
+) -> None:
+    """As in a solo worker: each item's node is recorded by the next fetch (no call of its own); its job's
+    acknowledgement waits for that answer (which queues the join when the item completed its step) and goes with
+    the call after. A node whose answer could not be acted on leaves its job unacknowledged, its lease given up."""
+    client = own_redis.client()
+    flow = "pipeline:flow:{f1}"
+    client.hset(flow, mapping={"state": "running", "left": 1, "total": 3, "done": 0, "more:split": 3})
+    _publish(conn, name, [{"n": n} for n in range(4)])
+    got: list[Any] = []
+    answers: list[Advanced] = []
+
+    def run(body: Any, message: Any) -> None:  # what Celery's solo pool does inside the delivery
+        got.append(message)
+        if body["n"] < 3:
+            assert _item("f1", body["n"], message, answers, fails=body["n"] == 2)
+        message.ack()
+
+    with _consumer(conn, name, 2, got, run) as consumer:
+        qos = consumer.channel.qos
+        _drain_once(conn)
+        assert len(got) == 2 and client.hlen(f"{flow}:results") == 0  # nothing recorded yet
+        qos.flush_acks()  # a fetch is coming: it carries them
+        assert all(client.hexists("unacked", m.delivery_tag) for m in got)
+        _drain_once(conn)  # records both nodes, takes two more; the items' jobs are not acknowledged by it
+        assert len(got) == 4 and client.hlen(f"{flow}:results") == 2
+        assert [(a.recorded, a.state, a.complete) for a in answers] == [(True, "running", False)] * 2
+        assert all(client.hexists("unacked", m.delivery_tag) for m in got[:2])
+        # The next fetch: the items' acknowledgements, now that they are recorded, and item 2's node: recorded, its
+        # step complete; acting on that answer fails, so item 2 is given up, not acknowledged.
+        _drain_once(conn)
+        assert client.hget(flow, "more:split") == b"0" and len(answers) == 2
+        qos.flush_acks(carry=False)
+        assert [client.hexists("unacked", m.delivery_tag) for m in got] == [False, False, True, False]
+        assert got[2].delivery_tag not in leases.held()  # given up: a sweep restores it, its next delivery finds it

@@ -129,6 +129,10 @@ def discard(workers: list[Worker]) -> None:
         worker.wait(10)
 
 
+def _finished(rig: Rig, key: str) -> int:
+    return sum(r["event"] == "finish" for r in rig.runs(key))
+
+
 def started_on(rig: Rig, key: str, worker: Worker) -> set[str]:
     """The items (task ids) that started on `worker`."""
     return {r["task_id"] for r in rig.runs(key) if r["event"] == "start" and r["node"].startswith(f"{worker.name}@")}
@@ -149,13 +153,20 @@ def test_parents_finishing_at_the_same_instant_on_two_workers_queue_the_join_onc
     discard([a, b])
 
 
+#: Each pool, with how many items its two workers run at once. A solo worker records its items' nodes with the
+#: next fetch (`pipeline.delivery.acks`), a prefork child with its job's result (`flow_advance.lua`).
+POOLS = [("prefork", 4), ("solo", 2)]
+
+
+@pytest.mark.parametrize(("pool", "running"), POOLS)
 def test_a_worker_killed_with_items_in_flight_leaves_them_to_its_peer_and_the_join_runs_once(
-    rig: Rig, make_worker: Any
+    rig: Rig, make_worker: Any, pool: str, running: int
 ) -> None:
     key, n = uuid.uuid4().hex, 10
-    victim, peer = start_workers(make_worker, [f"kill-a-{key[:6]}", f"kill-b-{key[:6]}"], rig.env, queues=QUEUE)
+    names = [f"kill-a-{key[:6]}", f"kill-b-{key[:6]}"]
+    victim, peer = start_workers(make_worker, names, rig.env, queues=QUEUE, pool=pool)
     flow_id = rig.flows.start("test_fan", {"key": key, "n": n, "ends": "release"})
-    wait_for(lambda: len(started_on(rig, key, victim)) >= 2, 30, 0.02, what="two items running on the victim")
+    wait_for(lambda: len(started_on(rig, key, victim)) >= running // 2, 30, 0.02, what="items running on the victim")
     in_flight = started_on(rig, key, victim)
     victim.kill_group(signal.SIGKILL)
     victim.wait(10)
@@ -168,21 +179,24 @@ def test_a_worker_killed_with_items_in_flight_leaves_them_to_its_peer_and_the_jo
     discard([peer])
 
 
-def test_a_redis_restart_in_the_middle_of_the_fan_out_queues_the_join_once(rig: Rig, make_worker: Any) -> None:
-    """Four items are running when Redis stops; they finish while it is down and their advance waits for Redis (its
-    calls are retried for up to 30 s); the rest, dropped with the connection or still queued, run after the restart.
-    A pool process's first advance builds the join's message template with a publish through kombu, which raises
-    kombu's own `OperationalError` while Redis is down: that too is waited out, not dead-lettered."""
+@pytest.mark.parametrize(("pool", "running"), POOLS)
+def test_a_redis_restart_in_the_middle_of_the_fan_out_queues_the_join_once(
+    rig: Rig, make_worker: Any, pool: str, running: int
+) -> None:
+    """Items are running when Redis stops (four on prefork, two on solo); they finish while it is down and their
+    advance waits for Redis (its calls are retried for up to 30 s; a solo worker's nodes ride a fetch that gets no
+    answer: their jobs are delivered again); the rest, dropped with the connection or still queued, run after the
+    restart. A pool process's first advance builds the join's message template with a publish through kombu, which
+    raises kombu's own `OperationalError` while Redis is down: that too is waited out, not dead-lettered."""
     key, n = uuid.uuid4().hex, 16
-    workers = start_workers(make_worker, [f"restart-a-{key[:6]}", f"restart-b-{key[:6]}"], rig.env, queues=QUEUE)
+    names = [f"restart-a-{key[:6]}", f"restart-b-{key[:6]}"]
+    workers = start_workers(make_worker, names, rig.env, queues=QUEUE, pool=pool)
     flow_id = rig.flows.start("test_fan", {"key": key, "n": n, "ends": "release"})
-    wait_for(lambda: len(rig.runs(key)) >= 4, 30, 0.02, what="four items running")
+    wait_for(lambda: len(rig.runs(key)) >= running, 30, 0.02, what="items running")
     rig.broker.stop()
     try:
         rig.ledger.client().set(f"test:release:{key}", "1")
-        wait_for(
-            lambda: sum(r["event"] == "finish" for r in rig.runs(key)) >= 4, 30, 0.05, what="items ending in the outage"
-        )
+        wait_for(lambda: _finished(rig, key) >= running, 30, 0.05, what="items ending in the outage")
         time.sleep(OUTAGE_AFTER_S)  # the outage itself, not a wait for an outcome: their advance waits for Redis
     finally:
         rig.broker.start()

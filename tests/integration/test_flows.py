@@ -171,3 +171,7 @@ def test_a_flow_records_each_step_as_the_job_it_runs(redis_server: RedisServer) 
     first = _step(done, "first").items[0]
     stored = json.loads(redis_server.client().hget(f"pipeline:flow:{{{flow_id}}}:results", "first"))
     assert stored["key"] == key and first.state is JobState.SUCCEEDED
+    # the job's own result, stored by the call that recorded its node: Celery's meta, as any job's
+    meta = json.loads(redis_server.client().get(f"celery-task-meta-{first.id}"))
+    assert (meta["status"], meta["result"], meta["task_id"]) == ("SUCCESS", stored, first.id)
+    assert redis_server.client().ttl(f"celery-task-meta-{first.id}") > 0

@@ -237,7 +237,10 @@ def test_every_script_that_stores_a_result_has_the_same_store_and_held_functions
     """`store` (the result backend's write, leaving a stored SUCCESS alone) and `held` (its lease check) are written
     out in each script that stores results, never assembled at run time: the copies must not drift."""
     for function in ("store", "held"):
-        copies = {name: _function(name, function) for name in ("store", "settle", "fetch")}
+        copies = {name: _function(name, function) for name in ("store", "settle", "fetch", "flow_advance")}
+        assert len(set(copies.values())) == 1, copies
+    for function in ("record", "finish"):  # a flow's node, recorded by the fetch as by flow_advance.lua
+        copies = {name: _function(name, function) for name in ("fetch", "flow_advance")}
         assert len(set(copies.values())) == 1, copies
 
 
@@ -286,6 +289,51 @@ def test_store_is_fenced_by_the_jobs_lease(client: redis.Redis) -> None:
     assert client.get("r1") == b'{"status": "STARTED"}' and client.get("r2") is None and client.ttl("r3") > 0
 
 
+def _advance_item(client: redis.Redis, node: str, result: tuple[str, str, str, str]) -> list[object]:
+    """`flow_advance.lua` recording item `node` of step `split` of flow `f1`, storing its job's result `result`
+    (task key, meta, delivery tag, owner) in the same call; no step offered."""
+    key, meta, tag, owner = result
+    head = [node, '{"ok": true}', f"job-{node}", 1000.0, 60, "rec:", 100, "split", "1", "f1", "fan", 2]
+    args = [*head, 0, 0, 100, "", meta, 0, tag, owner]
+    keys = ["pipeline:flow:{f1}", "flows", key, "pipeline:lease"]
+    return list(script("flow_advance")(keys=keys, args=args, client=client))
+
+
+def test_advance_stores_the_jobs_result_fenced_and_records_the_node_either_way(client: redis.Redis) -> None:
+    """The call that records a node stores its job's SUCCESS as store.lua would (a final state left alone), only while
+    the owner holds the job's lease; the node is recorded whatever became of the result."""
+    _lease(client, {"mine": "me", "theirs": "peer"})
+    client.hset("pipeline:flow:{f1}", mapping={"state": "running", "left": 1, "total": 3, "done": 0, "more:split": 3})
+    success = '{"status": "SUCCESS", "result": {"ok": true}}'
+    reply = _advance_item(client, "split[0]", ("r0", success, "mine", "me"))
+    assert reply[:6] == [1, b"running", 0, b"", b"", 1]
+    assert client.get("r0") == success.encode()
+    reply = _advance_item(client, "split[1]", ("r1", success, "theirs", "me"))
+    assert reply[:6] == [1, b"running", 0, b"", b"", -1]  # fenced: a peer holds the job; its node is recorded still
+    assert client.get("r1") is None
+    client.set("r2", '{"status": "REVOKED"}')
+    assert _advance_item(client, "split[2]", ("r2", success, "", ""))[:6] == [1, b"running", 1, b"", b"", 0]
+    assert client.get("r2") == b'{"status": "REVOKED"}'
+    assert client.hgetall("pipeline:flow:{f1}:results").keys() == {b"split[0]", b"split[1]", b"split[2]"}
+    assert _advance_item(client, "split[0]", ("r0", success, "mine", "me"))[:6] == [0, b"running", 1, b"", b"", 0]
+
+
+def test_advance_with_a_result_is_refused_as_a_whole_at_maxmemory(client: redis.Redis) -> None:
+    """Storing the job's result does not let a flow's advance past maxmemory: its first write is the node's record,
+    refused on a full Redis (nothing written, the job retries), as without a result."""
+    _lease(client, {"mine": "me"})
+    client.hset("pipeline:flow:{f1}", mapping={"state": "running", "left": 1, "total": 2, "done": 0, "more:split": 2})
+    client.set("r0", '{"status": "STARTED"}')
+    client.rpush("filler", *("x" * 10_000 + str(i) for i in range(100)))
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - 256 * 1024)
+    try:
+        with pytest.raises(redis.exceptions.ResponseError, match="maxmemory"):
+            _advance_item(client, "split[0]", ("r0", '{"status": "SUCCESS"}', "mine", "me"))
+    finally:
+        client.config_set("maxmemory", 0)
+    assert client.get("r0") == b'{"status": "STARTED"}' and not client.exists("pipeline:flow:{f1}:results")
+
+
 def test_renew_and_release_touch_only_the_owners_leases_on_redis_clock(client: redis.Redis) -> None:
     """The new expiry is Redis's TIME plus the lease: whatever the caller's clock says."""
     for tag, owner in (("mine", "me"), ("theirs", "peer")):
@@ -303,11 +351,41 @@ def test_renew_and_release_touch_only_the_owners_leases_on_redis_clock(client: r
 
 
 def _fetch(client: redis.Redis, queues: list[str], untracked: str, count: int = 10, cap: int = 0) -> list[object]:
+    """`fetch.lua`'s reply, less its (empty) third field, the answers to nodes (none carried here)."""
     keys = ["unacked", "unacked_index", "pipeline:lease", "pipeline:deliveries", *queues, "test:paused"]
-    args = [30, "me", "node", "x:", "hist:", 20, 60, untracked, count, 0, cap, GROUP_KEY_PREFIX]
+    args = [30, "me", "node", "x:", "hist:", 20, 60, untracked, count, 0, cap, GROUP_KEY_PREFIX, 0]
     reply = script("fetch")(keys=keys, args=args, client=client)
-    assert isinstance(reply, list)
-    return reply
+    assert isinstance(reply, list) and reply[2] == []
+    return [*reply[:2], *reply[3:]]
+
+
+def test_fetch_records_a_carried_node_as_flow_advance_does_after_its_results_and_acknowledgements(
+    client: redis.Redis,
+) -> None:
+    """A solo worker's fan-out item: its node is recorded by the fetch that stores its result (as `flow_advance.lua`
+    records an item offering no step), answered as flow_advance.lua answers; once only; a node of no flow is
+    answered as such."""
+    _lease(client, {"mine": "me"})
+    client.hset("pipeline:flow:{f1}", mapping={"state": "running", "left": 0, "total": 2, "done": 1, "more:split": 1})
+    client.hset("pipeline:flow:{f1}", "on:split", "900.5")
+    client.lpush("jobs", _envelope("job-1"))
+    result = ('{"status": "SUCCESS"}', 60, "mine")
+    node = ["split[1]", '{"ok": true}', "job-x", "split", "1000.0", 60]
+    keys = ["unacked", "unacked_index", "pipeline:lease", "pipeline:deliveries", "jobs", "result-1"]
+    keys += ["pipeline:flow:{f1}", "pipeline:flow:{gone}", "test:paused"]
+    args = [30, "me", "node", "x:", "hist:", 20, 60, "0", 10, 1, 0, GROUP_KEY_PREFIX, 2, *result]
+    args += [*node, *["split[0]", "{}", "job-y", "split", "1000.0", 60], "mine"]
+    reply = script("fetch")(keys=keys, args=args, client=client)
+    assert reply[:3] == [[], [], [1, b"succeeded", 1, b"900.5", 0, b"", 0, b""]]
+    assert reply[3:5] == [b"jobs", b"job-1"]
+    assert client.hget("pipeline:flow:{f1}:results", "split[1]") == b'{"ok": true}'
+    assert client.hget("pipeline:flow:{f1}:tasks", "split[1]") == b"job-x"
+    assert client.hmget("pipeline:flow:{f1}", ["state", "finished", "more:split"]) == [b"succeeded", b"1000.0", b"0"]
+    assert client.ttl("pipeline:flow:{f1}:results") > 0 and not client.exists("pipeline:flow:{gone}")
+    assert client.get("result-1") == b'{"status": "SUCCESS"}' and not client.hexists("pipeline:lease", "mine")
+    args[12] = 1
+    again = script("fetch")(keys=[*keys[:7], "test:paused"], args=[*args[:-7], "x"], client=client)
+    assert again[2] == [0, b"succeeded", 1, b""]  # recorded before: nothing changes
 
 
 def _envelope(tag: str) -> str:
