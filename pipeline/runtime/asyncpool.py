@@ -11,8 +11,8 @@ Where a job waits differs:
   worker, which hands the coroutine to the process's asyncio loop and goes on with other jobs. That loop has no
   thread of its own: the worker's event loop (kombu's hub) steps it (`run_once`) when its selector has events, at its
   next timer and after a job handed it a coroutine. Once a coroutine has ended, outside the loop's iteration, the
-  worker switches into its greenlet with the result or the exception, and the trace goes on from there. Celery's request context is per greenlet
-  (`celery.utils.threads` keys it by greenlet when greenlet is installed), so each job sees its own `task.request`;
+  worker switches into its greenlet with the result or the exception, and the trace goes on. Celery's request
+  context is per greenlet (`celery.utils.threads` keys it so), so each job sees its own `task.request`;
 * a plain (sync) task runs at once, in the main thread, exactly as in the solo pool (its time limits from the
   SIGALRM timer, a cancel raised in it): keep those short; long sync work belongs on the CPU profile.
 
