@@ -21,9 +21,12 @@ A flow's fan-out item hands its node the same way (`carry_node`, installed in `p
 next fetch records it (`fetch.lua`, as `flow_advance.lua` would), so an item costs no round trip of its own either.
 Its job's acknowledgement is held back until the answer came: `Carried.answered` then queues what the item's
 complete step lets run (the join), and only then is the acknowledgement deferred again, for the fetch after. A node
-whose call got no answer (or whose `answered` raised) leaves its job unacknowledged and its lease given up
-(`Leases.drop`): the job is delivered again, and finds its node recorded (nothing is run again) or runs again. At a
-tick with no fetch coming, the nodes are recorded by calls of their own first (`Carried.record_now`).
+whose call got no answer (Redis restarted, the connection dropped) is recorded by a call of its own, which waits
+for Redis as a prefork item's advance does (`Carried.record_now`: a node the lost call did record stays as it is), so
+a finished item is not run again. Only a node that still cannot be recorded, or whose `answered` raised, leaves its
+job unacknowledged and its lease given up (`Leases.drop`): the job is delivered again, and finds its node recorded
+(nothing is run again) or runs again. At a tick with no fetch coming, the nodes are recorded by calls of their own
+first (`Carried.record_now`).
 
 Celery makes every acknowledgement in the event loop's next iteration (`Consumer.call_soon_ack`). A prefork
 worker's reach Redis a loop iteration or two after the job's end; a solo worker runs each job inside the
@@ -148,9 +151,10 @@ class DeferredAcks:
             self._node_done(node, tag, lambda node=node, done=done: node.answered(done))
 
     def nodes_lost(self, nodes: list[tuple[Carried, str]]) -> None:
-        """The call that carried `nodes` got no answer: their jobs are given up, delivered again."""
-        for node, tag in nodes:
-            self._give_up(node, tag, None)
+        """The call that carried `nodes` got no answer (it may not have run): each is recorded by a call of its own,
+        which waits for Redis (a node recorded already stays as it is), then its job is acknowledged; only a node
+        that still cannot be recorded has its job given up, delivered again."""
+        self._record_now(nodes)
 
     def _record_now(self, nodes: list[tuple[Carried, str]]) -> None:
         for node, tag in nodes:

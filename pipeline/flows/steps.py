@@ -124,8 +124,9 @@ def _carried(task: PipelineTask, flow: Flow[Any], ref: Ref, result: dict[str, An
     def answered(first: Advanced) -> None:
         _advanced(ref, _patiently(lambda: launch.offer_next(flow, ref, task_id, result, flow_input, first)))
 
-    def record_now() -> Advanced:
-        return launch.record_item(flow, ref, task_id, result)
+    def record_now() -> Advanced:  # waits for Redis as the advance above does: the item is not run again for it
+        done: Advanced = _patiently(lambda: launch.record_item(flow, ref, task_id, result))
+        return done
 
     node = Carried(ref.id, ref.node, ref.step, json.dumps(result), task_id, time.time(), answered, record_now)
     return record.CARRIERS[0](node, task.request)
