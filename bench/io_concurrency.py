@@ -449,7 +449,8 @@ def table(result: dict[str, Any]) -> str:
         "jobs/s from the gate's opening to the last arrival at the endpoint; RSS: peak summed RSS of the worker's "
         "process tree; CPU: the tree's, from the gate's opening to the end, per job.",
         "Of its limit: jobs/s against peak in flight / latency (target >= 0.8 at 100 in flight); slot ms beside: a "
-        "slot's time per job beside the endpoint's mean answer (peak in flight / jobs/s - mean answer). "
+        "slot's time per job beside the endpoint's mean answer (peak in flight / jobs/s - mean answer); both read a "
+        "run many latencies long (a short one is skewed by its first and last waves). "
         "Ratios are pipeline ÷ peer (peak RSS, CPU: higher is more). "
         f"50 in flight at this latency can reach {ceiling:,.0f} jobs/s. Target: peak in flight >= 400 for the "
         "pipeline's default I/O worker (--latency 2 --jobs 1000).",
