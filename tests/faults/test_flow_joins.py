@@ -202,7 +202,7 @@ def test_a_redis_restart_in_the_middle_of_the_fan_out_queues_the_join_once(
         rig.broker.start()
     rig.assert_joined_once(flow_id, key, n)
     finished = collections.Counter(r["task_id"] for r in rig.runs(key) if r["event"] == "finish")
-    assert set(finished.values()) == {1}, f"an item finished more than once: {finished}"  # none ran again for its record
+    assert set(finished.values()) == {1}, f"an item finished more than once: {finished}"  # none re-run for its record
     for worker in workers:
         assert worker.proc is not None and worker.proc.poll() is None, f"{worker.name} exited:\n{worker.log()[-3000:]}"
     discard(workers)
