@@ -53,7 +53,7 @@ def partials() -> list[Path]:
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
-    except (FileNotFoundError, IndexError):
+    except (FileNotFoundError, ProcessLookupError, IndexError):  # gone, or reaped between the open and the read
         return False
     return state != "Z"
 
