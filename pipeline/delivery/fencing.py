@@ -105,12 +105,14 @@ def _unqueue(request: Any, pool: Any) -> None:
 
 
 def _kept_on_close(pool: Any) -> set[str]:
-    """Tags of the requests that survive Celery's `Consumer.on_close`: running, or written to a pool process."""
+    """Tags of the requests that survive Celery's `Consumer.on_close`: running, or written to a pool process, ended
+    there too (its acknowledgement is on its way: a connection that drops again as the consumer reconnects must not
+    give the lease of a job that ran up, or a sweep runs it a second time)."""
     outbound = getattr(getattr(pool, "_pool", None), "outbound_buffer", None) or ()
     kept = {delivery_tag(request) for request in state.active_requests}
     for request in state.reserved_requests:
         result = request._apply_result() if request._apply_result is not None else None
-        if result is not None and result not in outbound and not result.ready():
+        if result is not None and result not in outbound:
             kept.add(delivery_tag(request))
     return {tag for tag in kept if tag is not None}
 
