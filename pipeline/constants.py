@@ -82,6 +82,12 @@ HEADER_IDEMPOTENCY_KEY: Final = "pipeline_idempotency_key"
 #: times it was deferred; `pipeline.scheduling.ratelimit` owns both.
 HEADER_RATE_SLOT: Final = "pipeline_rate_slot"
 HEADER_THROTTLED: Final = "pipeline_throttled"
+#: A job of a task whose cluster-wide limit has a key (`typed_task(rate_key=...)`) carries that key, computed from its
+#: payload at enqueue: the worker's fetch (`fetch.lua`) takes the job's slot in the same call that takes the job.
+HEADER_RATE_KEY: Final = "pipeline_rate_key"
+#: Set by the worker's fetch on the delivery it hands over (never trusted from a message): the slot the fetch took,
+#: {"key": the limiter's key, "slot": epoch s on Redis's clock, "due": epoch s on this host's clock}.
+HEADER_RATE_GRANT: Final = "pipeline_rate_grant"
 #: Message header: the job's group (a tenant, a customer): within a queue and priority level, jobs are taken
 #: round-robin across groups, and GROUP_CONCURRENCY caps how many of one group run at once (`pipeline.groups`).
 HEADER_GROUP: Final = "pipeline_group"
@@ -126,4 +132,4 @@ HEADER_DELIVERY_COUNT: Final = "x-delivery-count"
 HEADER_LEASE_OWNER: Final = "x-lease-owner"
 #: Headers a worker's fetch sets on one delivery: they describe that delivery and never travel on a message
 #: published from it (a retry, a deferred job), where a worker that takes it unleased would read them as its own.
-DELIVERY_HEADERS: Final = (HEADER_DELIVERY_COUNT, HEADER_LEASE_OWNER)
+DELIVERY_HEADERS: Final = (HEADER_DELIVERY_COUNT, HEADER_LEASE_OWNER, HEADER_RATE_GRANT)

@@ -144,13 +144,11 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
         )
 
     def run_typed(
-        self,
-        fn: JobFunction,
-        model: type[BaseModel],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        self, fn: JobFunction, model: type[BaseModel], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> dict[str, Any]:
-        raw = _single_payload(self.name, args, kwargs)
+        if len(args) != 1 or kwargs:
+            raise PayloadInvalid(self.name, [{"loc": (), "msg": "takes exactly one positional argument: the payload"}])
+        raw = args[0]
         step = request_header(self.request, HEADER_FLOW)
         if step is not None and FLOW_STEPS:
             return FLOW_STEPS[0](self, step, raw, lambda payload: self._run_job(fn, model, payload))
@@ -199,12 +197,6 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
         return Retry(exc=exc, when=datetime.fromtimestamp(due, UTC))
 
 
-def _single_payload(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if len(args) != 1 or kwargs:
-        raise PayloadInvalid(name, [{"loc": (), "msg": "takes exactly one positional argument: the payload object"}])
-    return args[0]
-
-
 def validate_payload(name: str, model: type[P], raw: Any) -> P:
     """`raw` as `model`, or `PayloadInvalid` listing every field error."""
     if isinstance(raw, model):
@@ -240,6 +232,11 @@ class TypedTask(Generic[P, R]):
         if not isinstance(task, PipelineTask):
             raise TypeError(f"{self.name} is registered by something other than typed_task")
         return task
+
+    @property
+    def limit(self) -> ClusterRate | None:
+        """The task's cluster-wide limit: a keyed one gives each message its rate key (`HEADER_RATE_KEY`)."""
+        return self.task.cluster_limit
 
     @property
     def queue(self) -> str:
@@ -301,7 +298,7 @@ class TypedTask(Generic[P, R]):
         queue and level, and GROUP_CONCURRENCY caps how many of the group run at once (`pipeline.fairness.groups`).
         """
         send = self._sender(priority)
-        _, data, text = self._checked(payload)
+        job, data, text = self._checked(payload)
         grouped = groups.checked(self.name, group)
         due = publish.due_time(countdown, eta)
         return write.enqueue_one(
@@ -314,6 +311,7 @@ class TypedTask(Generic[P, R]):
             idempotency_key=idempotency_key,
             priority=priority,
             group=grouped,
+            rate=None if self.limit is None else self.limit.suffix(job),
         )
 
     def enqueue_many(
@@ -330,8 +328,9 @@ class TypedTask(Generic[P, R]):
             self._list_adapter = TypeAdapter(list[self.payload_model])  # type: ignore[name-defined]  # a runtime model
         send = self._sender(priority)
         grouped = groups.checked(self.name, group)
+        keyed = self.limit.suffix if self.limit is not None and self.limit.key is not None else None
         return write.enqueue_many(
-            self.name, self.queue, send, self._list_adapter, payloads, priority=priority, group=grouped
+            self.name, self.queue, send, self._list_adapter, payloads, priority=priority, group=grouped, rate_key=keyed
         )
 
     def result(self, task_id: str, timeout: float | None = None) -> R:

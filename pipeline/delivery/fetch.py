@@ -26,6 +26,7 @@ reaches the jobs a worker already holds within PAUSE_RECHECK_S.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -40,6 +41,7 @@ from pipeline.constants import (
     GROUP_KEY_PREFIX,
     HEADER_DELIVERY_COUNT,
     HEADER_LEASE_OWNER,
+    HEADER_RATE_GRANT,
     LEASE_KEY,
     PAUSED_KEY,
 )
@@ -47,6 +49,7 @@ from pipeline.delivery import acks, cancelled
 from pipeline.delivery.lease import HISTORY_PREFIX
 from pipeline.dlq import elements as undecodable
 from pipeline.flows.record import Carried
+from pipeline.scheduling import ratelimit
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ DELIVERY_LOG_TTL_S = 7 * 86400
 FETCH_MAX = 32
 #: Fields per fetched element in the script's reply, and where the first element starts (after the fenced tags, the
 #: paused queues and the carried nodes' answers).
-FIELDS = 5
+FIELDS = 8
 FIRST = 3
 #: A job of a batch that starts longer than this after the batch was fetched (or its queue last found running) is
 #: started only if its queue is still not paused (seconds; `pipeline.scheduling.pause`).
@@ -119,17 +122,43 @@ def args(
         get_settings().group_concurrency,
         GROUP_KEY_PREFIX,
         len(nodes),
+        rate_limits(),
         *(x for _key, value, expires, tag in results for x in (value, expires, tag)),
         *(x for node, _tag in nodes for x in node.args()),
         *(acks or ()),
     ]
 
 
-def elements(reply: list[Any]) -> list[tuple[str, str, int, bytes, int]]:
+#: A rate slot the fetch took for an element: the limiter's key, the wait before the slot (s), the slot (epoch s on
+#: Redis's clock).
+Grant = tuple[str, float, float]
+
+
+def rate_limits() -> str:
+    """`fetch.lua`'s ARGV[14]: the cluster-wide limits of this process's tasks, as JSON (see the script)."""
+    limits = {}
+    for name, limit in ratelimit.limited_tasks():
+        try:
+            interval_ms, tolerance_ms = limit.interval_and_tolerance_ms()
+        except ValueError:
+            continue  # a malformed rate: the job asks when it runs, and fails there with it
+        keyed = 1 if limit.key is not None else 0
+        limits[name] = [interval_ms, tolerance_ms, keyed, limit.redis_key(name, None)]
+    return json.dumps(limits) if limits else ""
+
+
+def elements(reply: list[Any]) -> list[tuple[str, str, int, bytes, int, Grant | None]]:
     """The script's fetched elements as (key, tag, delivery count, element, kind: ENVELOPE, NOT_AN_ENVELOPE,
-    UNTRACKED or CANCELLED), oldest first."""
+    UNTRACKED or CANCELLED, the rate slot it took or None), oldest first."""
     return [
-        (bytes_to_str(reply[i]), bytes_to_str(reply[i + 1]), int(reply[i + 2]), reply[i + 3], int(reply[i + 4]))
+        (
+            bytes_to_str(reply[i]),
+            bytes_to_str(reply[i + 1]),
+            int(reply[i + 2]),
+            reply[i + 3],
+            int(reply[i + 4]),
+            _grant(reply[i + 5 : i + 8]),
+        )
         for i in range(FIRST, len(reply), FIELDS)
     ]
 
@@ -146,7 +175,14 @@ def acknowledged(channel: Any, reply: list[Any], acks: list[str]) -> None:
     channel.paused = paused(reply)
 
 
-def accept(channel: Any, key: str, tag: str, count: int, item: bytes, kind: int, queue: str) -> Any:
+def _grant(fields: list[Any]) -> Grant | None:
+    key, wait_ms, slot_ms = fields
+    return (bytes_to_str(key), float(wait_ms) / 1000, float(slot_ms) / 1000) if key else None
+
+
+def accept(
+    channel: Any, key: str, tag: str, count: int, item: bytes, kind: int, queue: str, grant: Grant | None = None
+) -> Any:
     """The envelope to deliver for one fetched element, held under this worker's lease; None when there is none
     (dead-lettered, or a copy this worker still holds goes on instead)."""
     leases = channel.leases
@@ -172,6 +208,10 @@ def accept(channel: Any, key: str, tag: str, count: int, item: bytes, kind: int,
     if isinstance(headers, dict):
         headers[HEADER_DELIVERY_COUNT] = count
         headers[HEADER_LEASE_OWNER] = leases.owner()  # what a result store checks the lease against
+        headers.pop(HEADER_RATE_GRANT, None)  # only this fetch's own: never one a message carries
+        if grant is not None:
+            rate_key, wait, slot = grant
+            headers[HEADER_RATE_GRANT] = {"key": rate_key, "slot": slot, "due": time.time() + wait}
     leases.hold(tag)
     if isinstance(channel.qos, acks.DeferredAcks):
         channel.qos.fetched(tag)
@@ -181,10 +221,10 @@ def accept(channel: Any, key: str, tag: str, count: int, item: bytes, kind: int,
 def deliver(channel: Any, reply: list[Any]) -> None:
     """Hold every fetched message, then hand each to kombu in order (see the module doc)."""
     ready: list[tuple[str, str, Any]] = []
-    for key, tag, count, item, kind in elements(reply):
+    for key, tag, count, item, kind, grant in elements(reply):
         dest = key.rsplit(channel.sep, 1)[0]
         channel._queue_cycle.rotate(dest)
-        payload = accept(channel, key, tag, count, item, kind, dest)
+        payload = accept(channel, key, tag, count, item, kind, dest, grant)
         if payload is not None:
             ready.append((tag, dest, payload))
     done, held_back = 0, []

@@ -357,8 +357,8 @@ class _Leased(waking.Waking, marking.Marked, full.FullRedis):
             self._maybe_update_queues_expire(client, queue)
         if len(reply) <= fetch.FIRST:
             raise Empty()
-        ((key, tag, count, item, kind),) = fetch.elements(reply)
-        payload = fetch.accept(self, key, tag, count, item, kind, queue)
+        ((key, tag, count, item, kind, grant),) = fetch.elements(reply)
+        payload = fetch.accept(self, key, tag, count, item, kind, queue, grant)
         if payload is None:
             raise Empty()
         return payload

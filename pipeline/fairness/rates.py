@@ -9,6 +9,8 @@ from typing import Any
 
 from celery.utils.time import rate as per_second
 
+from pipeline.constants import RATE_LIMIT_KEY
+
 
 @dataclasses.dataclass(frozen=True)
 class ClusterRate:
@@ -35,3 +37,18 @@ class ClusterRate:
         if jobs_per_second <= 0:
             raise ValueError(f"rate {text!r}: expected N/s, N/m or N/h with N > 0")
         return 1 / jobs_per_second
+
+    def interval_and_tolerance_ms(self) -> tuple[float, float]:
+        """GCRA's emission interval and burst tolerance, in ms (`rate_acquire.lua`'s and `fetch.lua`'s ARGV)."""
+        interval_ms = self.interval() * 1000
+        return interval_ms, (self.burst - 1) * interval_ms
+
+    def suffix(self, job: Any) -> str | None:
+        """`key(job)`, the part of the limiter's key that is the job's own; None for a limit without a key."""
+        return None if self.key is None else str(self.key(job))
+
+    @staticmethod
+    def redis_key(task_name: str, suffix: str | None) -> str:
+        """The limiter's key in Redis: one per task, or one per task and `suffix` (`suffix(job)`)."""
+        base = RATE_LIMIT_KEY.format(task=task_name)
+        return base if suffix is None else f"{base}:{suffix}"

@@ -13,8 +13,9 @@
 -- elements that are not message envelopes, ARGV[5] the delivery history's key prefix, ARGV[6] its length,
 -- ARGV[7] its TTL (seconds), ARGV[8] one character per queue key, '1' where the key is consumed without
 -- acknowledgement, ARGV[9] how many elements to take at most, ARGV[10] the number of results n, ARGV[11]
--- GROUP_CONCURRENCY (0: no cap), ARGV[12] the groups' key prefix P, ARGV[13] the number of nodes r,
--- ARGV[14..13+3n] n triples (encoded result meta, expiry, the job's delivery tag or ''), then r sextuples (a fan-out
+-- GROUP_CONCURRENCY (0: no cap), ARGV[12] the groups' key prefix P, ARGV[13] the number of nodes r, ARGV[14] the
+-- cluster-wide limits of the worker's tasks as JSON ({task: [interval ms, tolerance ms, 1 if keyed, key base]}, or
+-- '' for none), ARGV[15..14+3n] n triples (encoded result meta, expiry, the job's delivery tag or ''), then r sextuples (a fan-out
 -- item's node, its result (JSON), its job's id, its step, now (epoch s), the flow keys' ttl (s)), then the tags to
 -- acknowledge.
 -- A node is recorded as flow_advance.lua records a fan-out item offering no step (the `record` and `finish` functions
@@ -30,12 +31,19 @@
 -- group's slot from this fetch until its lease ends. Within a key, jobs are taken round-robin over the groups, the
 -- plain (ungrouped) jobs taking every other turn; a message with a group that reaches the plain list (a retry, a
 -- restore, a delayed release, a foreign client) is moved to its group when popped.
+-- Rate slots (`pipeline.scheduling.ratelimit`): a message envelope of a task named in ARGV[14], with no slot of its
+-- own (no pipeline_rate_slot header: a deferred job asks with it when it runs), takes its slot here, as
+-- rate_acquire.lua takes one without a carried slot, on the limiter's key: the key base, then ':' and its
+-- pipeline_rate_key header for a keyed limit (a keyed task's message without that header takes none). Only keys
+-- under the worker's own bases are written, whatever a message's headers say.
 -- Returns {the tags whose acknowledgement was fenced}, {the consumed queues that are paused}, {4 fields per node, as
 -- flow_advance.lua answers: 1 when this call recorded it, the flow's state ('' for no such flow), 1 when its step is
--- complete, when its step was queued if this call recorded the step's last node (else '')}, then 5 fields per
+-- complete, when its step was queued if this call recorded the step's last node (else '')}, then 8 fields per
 -- element, oldest first: key, tag (or ''), delivery count (0: not recorded), the element, its kind (0 a message
 -- envelope, 1 not an envelope: dead-lettered by the worker, 2 not recorded: from a queue consumed without
--- acknowledgement, 3 a cancelled job's message: popped and acknowledged here, to be dropped unrun).
+-- acknowledgement, 3 a cancelled job's message: popped and acknowledged here, to be dropped unrun), then the limiter's
+-- key of the rate slot it took, the wait before that slot and the slot on Redis's clock, in ms, as rate_acquire.lua
+-- returns them ('', '', '' for none).
 -- Runs at maxmemory: each step's first write frees memory (`store`'s DEL, an acknowledgement's ZREM, the RPOP), so
 -- a full Redis is drained by its workers.
 
@@ -97,14 +105,14 @@ local nres = tonumber(ARGV[10])
 local nnodes = tonumber(ARGV[13])
 local first_result_key = #KEYS - nres - nnodes - 1
 for r = 1, nres do
-  local at = 13 + 3 * (r - 1)
+  local at = 14 + 3 * (r - 1)
   if held(KEYS[3], ARGV[at + 3], ARGV[2]) then
     store(KEYS[first_result_key + r], ARGV[at + 1], ARGV[at + 2])
   end
 end
 
 local fenced = {}
-for i = 14 + 3 * nres + 6 * nnodes, #ARGV do
+for i = 15 + 3 * nres + 6 * nnodes, #ARGV do
   local tag = ARGV[i]
   if redis.call('HGET', KEYS[3], tag) == ARGV[2] then
     redis.call('ZREM', KEYS[2], tag)
@@ -120,7 +128,7 @@ end
 -- The nodes, after the writes that free memory (at maxmemory the script's first write must free some).
 local answers = {}
 for r = 1, nnodes do
-  local at = 13 + 3 * nres + 6 * (r - 1)
+  local at = 14 + 3 * nres + 6 * (r - 1)
   local M = KEYS[first_result_key + nres + r]
   local state = redis.call('HGET', M, 'state')
   if state then
@@ -158,6 +166,27 @@ local expiry = now + tonumber(ARGV[1])
 local stamp = string.format('%.3f', now)
 local cap = tonumber(ARGV[11])
 local P = ARGV[12]
+local limits = ARGV[14] ~= '' and cjson.decode(ARGV[14]) or nil
+local now_ms = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+
+-- slot(h): the rate slot a message with headers h takes here, and the wait before it (see above), or nil.
+local function slot(h)
+  local limit = limits and type(h.task) == 'string' and limits[h.task]
+  if not limit or (h.pipeline_rate_slot ~= nil and h.pipeline_rate_slot ~= cjson.null) then return nil end
+  local key = limit[4]
+  if limit[3] == 1 then
+    if type(h.pipeline_rate_key) ~= 'string' then return nil end
+    key = key .. ':' .. h.pipeline_rate_key
+  end
+  local interval, tau = tonumber(limit[1]), tonumber(limit[2])
+  local tat = tonumber(redis.call('GET', key) or '0')
+  if tat < now_ms then tat = now_ms end
+  local start = tat - tau
+  if start < now_ms then start = now_ms end
+  local new_tat = tat + interval
+  redis.call('SET', key, tostring(new_tat), 'PX', math.ceil(new_tat - now_ms + tau) + 1000)
+  return key, tostring(start - now_ms), tostring(start)
+end
 
 -- running(g): how many of group g's jobs hold a lease now (tags whose lease ended, by any path, are dropped).
 local function running(g)
@@ -202,6 +231,7 @@ local function take(key, item, untracked, g)
     out[#out + 1] = 0
     out[#out + 1] = item
     out[#out + 1] = 2
+    for _ = 1, 3 do out[#out + 1] = '' end
     return
   end
   local tag, record
@@ -238,6 +268,7 @@ local function take(key, item, untracked, g)
   out[#out + 1] = n
   out[#out + 1] = item
   out[#out + 1] = poison
+  for _ = 1, 3 do out[#out + 1] = '' end
   -- Cancelled (`pipeline cancel`: cancel.lua wrote the tombstone pipeline:cancel:<headers.id>, the prefix of
   -- CANCEL_KEY): acknowledged here, its records just written removed as settle.lua removes them, and returned
   -- as kind 3 for the worker to drop unrun (its group's slot is free again: its lease record is gone).
@@ -248,7 +279,10 @@ local function take(key, item, untracked, g)
     redis.call('HDEL', KEYS[3], tag)
     redis.call('HDEL', KEYS[4], tag)
     redis.call('DEL', history)
-    out[#out] = 3
+    out[#out - 3] = 3
+  elseif poison == 0 and type(msg.headers) == 'table' then
+    local key, wait, start = slot(msg.headers)
+    if key then out[#out - 2], out[#out - 1], out[#out] = key, wait, start end
   end
 end
 

@@ -27,7 +27,7 @@ from celery.utils.saferepr import saferepr
 from kombu import Producer
 
 from pipeline.celery_app import get_app
-from pipeline.constants import HEADER_FLOW, HEADER_GROUP, HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT
+from pipeline.constants import HEADER_FLOW, HEADER_GROUP, HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT, HEADER_RATE_KEY
 from pipeline.publish import capture
 
 #: A value no job has: the sample job's task id, payload and publish time are found by it.
@@ -92,6 +92,8 @@ class Job:
     group: str | None = None
     #: The `pipeline_flow` header (only in a flow step template's messages: `pipeline.flows`).
     flow: dict[str, Any] | None = None
+    #: The `pipeline_rate_key` header (only in a rated template's messages: a task whose cluster limit has a key).
+    rate: str | None = None
 
 
 class Template:
@@ -129,6 +131,10 @@ class Template:
         self.flowed = HEADER_FLOW in headers
         if self.flowed:
             headers[HEADER_FLOW] = _marker("flow")
+        #: Whether messages carry a rate key header.
+        self.rated = HEADER_RATE_KEY in headers
+        if self.rated:
+            headers[HEADER_RATE_KEY] = _marker("rate")
         properties.update(
             correlation_id=_marker("id2"),
             reply_to=_marker("reply_to"),
@@ -148,6 +154,7 @@ class Template:
         fields += ("idem",) if self.keyed else ()
         fields += ("group",) if self.grouped else ()
         fields += ("flow",) if self.flowed else ()
+        fields += ("rate",) if self.rated else ()
         self.envelope = _Split(envelope, fields)
         self.event: tuple[str, _Split, _Split] | None = None
         if event is not None:
@@ -175,6 +182,7 @@ class Template:
                 "idem": idem,
                 "group": json.dumps(job.group),
                 "flow": json.dumps(job.flow),
+                "rate": json.dumps(job.rate),
                 "body": _q(base64.b64encode(body.encode()).decode()),
                 "id": _q(job.task_id),
                 "root_id": json.dumps(job.root_id),  # a parent's ids come from its message: escaped
@@ -262,7 +270,7 @@ def uuid4_strings(count: int) -> list[str]:
 _lock = threading.Lock()
 #: (process id, task name, keyed, grouped, priority, flowed) → template; a forked child builds its own (`origin` names
 #: the process).
-_templates: dict[tuple[int, str, bool, bool, int | None, bool], Template] = {}
+_templates: dict[tuple[int, str, bool, bool, int | None, bool, bool], Template] = {}
 
 
 def template_for(
@@ -272,13 +280,14 @@ def template_for(
     grouped: bool = False,
     priority: int | None = None,
     flowed: bool = False,
+    rated: bool = False,
 ) -> Template:
     """The template of task `name` (`keyed`: for jobs with an idempotency key; `grouped`: with a group header;
-    `flowed`: with a flow step header;
+    `flowed`: with a flow step header; `rated`: with a rate key header;
     `priority`: the one `send` gives its jobs, None for the default: the message's priority and its list key differ
     by priority), built on first use from `send(producer, task_id, payload, headers)`: one publish of a sample job
     through Celery, captured (`pipeline.publish.capture`), never sent."""
-    key = (os.getpid(), name, keyed, grouped, priority, flowed)
+    key = (os.getpid(), name, keyed, grouped, priority, flowed, rated)
     found = _templates.get(key)
     if found is not None:
         return found
@@ -291,6 +300,8 @@ def template_for(
                 headers[HEADER_GROUP] = "sample-group"
             if flowed:
                 headers[HEADER_FLOW] = {"flow": "sample"}
+            if rated:
+                headers[HEADER_RATE_KEY] = "sample-rate-key"
             captured = capture(lambda producer: send(producer, _SAMPLE_ID, {"sample": True}, headers))
             event = None
             if captured.extra:

@@ -41,6 +41,7 @@ from pipeline.constants import (
     HEADER_GROUP,
     HEADER_IDEMPOTENCY_KEY,
     HEADER_PUBLISHED_AT,
+    HEADER_RATE_KEY,
     JOB_RECORD_KEY,
 )
 from pipeline.errors import PayloadInvalid
@@ -84,9 +85,10 @@ def _templated(
     key: str | None = None,
     group: str | None = None,
     flows: list[dict[str, Any]] | None = None,
+    rates: list[str | None] | None = None,
 ) -> tuple[list[str], list[Outgoing]]:
     """New task ids, and the messages (and `task-sent` events) of jobs with these (payload, JSON text) items (with
-    `flows`, each item's flow step header)."""
+    `flows`, each item's flow step header; with `rates`, each item's rate key header)."""
     parent_id, root_id = _parent()
     app: Any = get_app()  # celery-types lacks `clock`
     reply_to = app.thread_oid
@@ -102,6 +104,7 @@ def _templated(
         job.idempotency_key = key
         job.group = group
         job.flow = flows[n] if flows is not None else None
+        job.rate = rates[n] if rates is not None else None
         event = template.sent_event(job, app.clock.forward(), time.time())
         outs.append(Outgoing(template.dest, template.message(job, reply_to), (event,) if event is not None else ()))
     return ids, outs
@@ -114,6 +117,7 @@ def _template(
     grouped: bool = False,
     priority: int | None = None,
     flowed: bool = False,
+    rated: bool = False,
 ) -> Template:
     """The task's template at `priority` (`template_for`: its list key is the priority level's, as kombu chose it).
     Building it publishes through Celery once, which declares the queue (a write): at maxmemory that is refused,
@@ -126,6 +130,7 @@ def _template(
             grouped=grouped,
             priority=priority,
             flowed=flowed,
+            rated=rated,
         )
     except Exception as exc:
         refusal = oom_cause(exc)
@@ -175,24 +180,29 @@ def enqueue_one(
     idempotency_key: str | None = None,
     priority: int | None = None,
     group: str | None = None,
+    rate: str | None = None,
 ) -> str:
     """Publish one job of task `name` (its payload, and `text` its JSON) through `send` (which gives it its
     `priority`, None: the default one); return its id, or with an `idempotency_key` already claimed (within
-    ENQUEUE_IDEMPOTENCY_TTL) the id of the job that claimed it.
+    ENQUEUE_IDEMPOTENCY_TTL) the id of the job that claimed it. `rate`: its cluster limit's key (the rate key header).
 
     Raises `NotReplicated` (fewer than REDIS_WAIT_REPLICAS replicas confirmed the job in time) or `BrokerFull`
     (Redis at maxmemory: nothing stored)."""
     now = time.time()
     if (due is None or due <= now) and not publish_hooked():
-        template = _template(name, send, keyed=bool(idempotency_key), grouped=bool(group), priority=priority)
-        (task_id,), (out,) = _templated(template, [(payload, text)], now, idempotency_key or None, group or None)
+        template = _template(
+            name, send, keyed=bool(idempotency_key), grouped=bool(group), priority=priority, rated=rate is not None
+        )
+        (task_id,), (out,) = _templated(
+            template, [(payload, text)], now, idempotency_key or None, group or None, rates=[rate]
+        )
         claim = None
         if idempotency_key:
             claim = (idempotency.redis_key(name, idempotency_key), get_settings().enqueue_idempotency_ttl)
         return _store(name, queue, [task_id], [out], now, claim, group or None) or task_id
     with memory_refusals(), idempotency.claim(name, idempotency_key) as claimed:
         if claimed.existing_id is None:
-            _write_captured(name, queue, send, claimed.task_id, payload, idempotency_key, due, now, group)
+            _write_captured(name, queue, send, claimed.task_id, payload, idempotency_key, due, now, group, rate)
     confirm_replicated(producer_redis())  # outside the claim: a job not confirmed keeps its key
     return claimed.existing_id or claimed.task_id
 
@@ -207,6 +217,7 @@ def _write_captured(
     due: float | None,
     now: float,
     group: str | None = None,
+    rate: str | None = None,
 ) -> None:
     """A job built by Celery (one with an ETA, or any while a publish hook watches: `pipeline.producer.hooks`),
     written with its record in one MULTI; parked if due later than DELAYED_RELEASE_AHEAD, else queued (a job
@@ -217,6 +228,8 @@ def _write_captured(
         headers[HEADER_IDEMPOTENCY_KEY] = key
     if group:
         headers[HEADER_GROUP] = group
+    if rate is not None:
+        headers[HEADER_RATE_KEY] = rate
     eta = datetime.fromtimestamp(due, UTC) if due is not None and due > now else None
     message = capture(lambda producer: send(producer, task_id, payload, headers, eta))
     record, ttl = accepted_entry(name, eta)
@@ -286,12 +299,15 @@ def enqueue_many(
     chunk: int = CHUNK,
     priority: int | None = None,
     group: str | None = None,
+    rate_key: Callable[[Any], str | None] | None = None,
 ) -> list[str]:
     """Validate every payload (one call), then store records and messages `chunk` jobs per round trip; return
     the task ids in order (`send` gives each its `priority`, as in `enqueue_one`). One bad payload: `PayloadInvalid`
-    naming its index, nothing published."""
-    items = dump_checked(name, adapter, validate_many(name, adapter, list(payloads)))
-    template = _template(name, send, grouped=bool(group), priority=priority)
+    naming its index, nothing published. `rate_key(job)`: each job's cluster limit key (the rate key header)."""
+    jobs = validate_many(name, adapter, list(payloads))
+    rates = None if rate_key is None else [rate_key(job) for job in jobs]
+    items = dump_checked(name, adapter, jobs)
+    template = _template(name, send, grouped=bool(group), priority=priority, rated=rates is not None)
     hooked = publish_hooked()
     ids: list[str] = []
     for start in range(0, len(items), chunk):
@@ -299,24 +315,33 @@ def enqueue_many(
         now = time.time()
         if hooked:
             chunk_ids = uuid4_strings(len(part))
-            outs = _built_by_celery(send, chunk_ids, [payload for payload, _ in part], now, group)
+            part_rates = None if rates is None else rates[start : start + chunk]
+            outs = _built_by_celery(send, chunk_ids, [payload for payload, _ in part], now, group, part_rates)
         else:
-            chunk_ids, outs = _templated(template, part, now, group=group or None)
+            part_rates = None if rates is None else rates[start : start + chunk]
+            chunk_ids, outs = _templated(template, part, now, group=group or None, rates=part_rates)
         _store(name, queue, chunk_ids, outs, now, group=group or None)
         ids.extend(chunk_ids)
     return ids
 
 
 def _built_by_celery(
-    send: Send, ids: list[str], payloads: list[Any], now: float, group: str | None = None
+    send: Send,
+    ids: list[str],
+    payloads: list[Any],
+    now: float,
+    group: str | None = None,
+    rates: list[str | None] | None = None,
 ) -> list[Outgoing]:
     """The jobs' messages as Celery builds them (its publish hooks run), captured, not sent."""
     headers: dict[str, Any] = {HEADER_PUBLISHED_AT: now}
     if group:
         headers[HEADER_GROUP] = group
 
-    def sender(task_id: str, payload: Any) -> Callable[[Any], Any]:
-        return lambda producer: send(producer, task_id, payload, headers, None)
+    def sender(task_id: str, payload: Any, rate: str | None) -> Callable[[Any], Any]:
+        own = headers if rate is None else {**headers, HEADER_RATE_KEY: rate}
+        return lambda producer: send(producer, task_id, payload, own, None)
 
-    messages = capture_many(sender(i, d) for i, d in zip(ids, payloads, strict=True))
+    each_rate = rates if rates is not None else [None] * len(ids)
+    messages = capture_many(sender(i, d, r) for i, d, r in zip(ids, payloads, each_rate, strict=True))
     return [Outgoing(m.dest, m.body, tuple((str(a[0]), str(a[1])) for _, a in m.extra)) for m in messages]

@@ -1,11 +1,13 @@
 """Cluster-wide rate limits: one GCRA limiter in Redis shared by every worker on every host.
 
 A typed task declares ``cluster_rate="20/s"`` (optionally ``cluster_burst=5`` and
-``rate_key=lambda job: job.host`` for a limit per destination, customer, ...). Before the task's function
-runs, one atomic Lua call on Redis (GCRA with reservation, Redis's own clock:
-`pipeline/lua/rate_acquire.lua`) either lets the job start now or reserves the next free slot for it. A job
-given a later slot is not run, not slept on and not retried: it is published again under the same task id for
-that slot (parked if far ahead, see `pipeline.publish`), with its attempt count unchanged, a
+``rate_key=lambda job: job.host`` for a limit per destination, customer, ...). One GCRA limiter with
+reservation on Redis's own clock gives each job a slot: the worker's fetch takes it in the call that takes the
+job (`fetch.lua`, from the key the producer put in `HEADER_RATE_KEY`), and the delivery carries it
+(`HEADER_RATE_GRANT`); a job without one, or starting later than GRANT_LATE_S (or half an interval) past it, asks
+with one atomic call (`pipeline/lua/rate_acquire.lua`) before the task's function runs. A job given a later slot
+is not run, not slept on and not retried: it is published again under the same task id for that slot (parked
+if far ahead, see `pipeline.publish`), with its attempt count unchanged, a
 `pipeline_rate_slot` header (epoch seconds on Redis's clock, judged by the same script: hosts' clocks play no
 part) that lets it start without taking another slot (unless it arrives later than half an interval past it: late
 jobs ask again, so busy workers cannot bunch deferred jobs into a burst), and a `pipeline_throttled` count. The
@@ -28,7 +30,8 @@ from celery.exceptions import Ignore
 
 from pipeline import publish
 from pipeline.broker import async_redis, broker_redis
-from pipeline.constants import HEADER_RATE_SLOT, HEADER_THROTTLED, RATE_LIMIT_KEY
+from pipeline.celery_app import get_app
+from pipeline.constants import HEADER_RATE_GRANT, HEADER_RATE_SLOT, HEADER_THROTTLED
 from pipeline.errors import TransientError
 from pipeline.fairness.rates import ClusterRate
 from pipeline.lua import script, source
@@ -38,8 +41,40 @@ from pipeline.task import PipelineTask, request_header
 
 
 def _redis_key(limit: ClusterRate, task_name: str, job: Any) -> str:
-    suffix = f":{limit.key(job)}" if limit.key is not None else ""
-    return RATE_LIMIT_KEY.format(task=task_name) + suffix
+    return limit.redis_key(task_name, limit.suffix(job))
+
+
+_limited: tuple[int, int, list[tuple[str, ClusterRate]]] | None = None
+
+
+def limited_tasks() -> list[tuple[str, ClusterRate]]:
+    """The app's tasks with a cluster-wide limit, and their limits (the worker's fetch takes their slots)."""
+    global _limited  # one list per app and task count, built again when either changes
+    tasks = get_app().tasks
+    if _limited is None or _limited[:2] != (id(tasks), len(tasks)):
+        limits = ((name, getattr(t, "cluster_limit", None)) for name, t in tasks.items())
+        _limited = (id(tasks), len(tasks), [(name, limit) for name, limit in limits if isinstance(limit, ClusterRate)])
+    return _limited[2]
+
+
+#: A job whose fetch took its slot starts on it up to this long after it (or half an interval, if longer); later (it
+#: waited in a worker's prefetch), it asks again, so jobs held back cannot start together as a burst.
+GRANT_LATE_S = 0.05
+
+
+def _granted(limit: ClusterRate, task_name: str, job: Any, request: Any) -> tuple[float, float] | None:
+    """The slot the worker's fetch took for this delivery (`fetch.lua`), as `acquire` answers, if it is this job's
+    and it is not late for it (GRANT_LATE_S)."""
+    grant = request_header(request, HEADER_RATE_GRANT)
+    if not isinstance(grant, dict) or grant.get("key") != _redis_key(limit, task_name, job):
+        return None
+    try:
+        wait, slot = float(grant["due"]) - time.time(), float(grant["slot"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if -wait > max(GRANT_LATE_S, limit.interval() / 2):
+        return None
+    return max(0.0, wait), slot
 
 
 def acquire(limit: ClusterRate, task_name: str, job: Any, carried: float | None = None) -> tuple[float, float]:
@@ -53,8 +88,8 @@ def acquire(limit: ClusterRate, task_name: str, job: Any, carried: float | None 
 
 def _args(limit: ClusterRate, carried: float | None) -> list[Any]:
     """`rate_acquire.lua`'s ARGV: the interval and the burst's tolerance in ms, and the carried slot (ms) or ""."""
-    interval_ms = limit.interval() * 1000
-    return [interval_ms, (limit.burst - 1) * interval_ms, "" if carried is None else carried * 1000]
+    interval_ms, tolerance_ms = limit.interval_and_tolerance_ms()
+    return [interval_ms, tolerance_ms, "" if carried is None else carried * 1000]
 
 
 def _wait_and_slot(reply: Any) -> tuple[float, float]:
@@ -115,7 +150,8 @@ def admit(task: PipelineTask, job: Any) -> None:
     # A deferred job on (about) its slot starts; without one, or late for it, it asks again. Judged in the
     # script, on Redis's clock: the slot was given by one host and is checked by another.
     try:
-        wait, slot = _acquire(limit, task.name, job, None if carried is None else float(carried))
+        granted = _granted(limit, task.name, job, request) if carried is None else None
+        wait, slot = granted or _acquire(limit, task.name, job, None if carried is None else float(carried))
     except redis.exceptions.RedisError as exc:  # the limiter could not answer: the job has not begun; it retries
         raise TransientError(f"the cluster rate limiter could not be asked: {exc!r}") from exc
     if wait <= 0:

@@ -19,7 +19,14 @@ import pytest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.asynchronous import Hub, set_event_loop
 
-from pipeline.constants import DELIVERIES_KEY, HEADER_DELIVERY_COUNT, HEADER_LEASE_OWNER, LEASE_KEY
+from pipeline.constants import (
+    DELIVERIES_KEY,
+    HEADER_DELIVERY_COUNT,
+    HEADER_LEASE_OWNER,
+    HEADER_RATE_GRANT,
+    LEASE_KEY,
+    RATE_LIMIT_KEY,
+)
 from pipeline.delivery import acks, fetch
 from pipeline.delivery.lease import Leases
 from pipeline.flows.record import Advanced, Carried
@@ -302,3 +309,37 @@ def test_a_fan_out_items_node_rides_the_next_fetch_and_its_job_is_acknowledged_a
         qos.flush_acks(carry=False)
         assert [client.hexists("unacked", m.delivery_tag) for m in got] == [False, False, True, False]
         assert got[2].delivery_tag not in leases.held()  # given up: a sweep restores it, its next delivery finds it
+
+
+def test_a_fetch_takes_each_rate_limited_jobs_slot_and_never_keeps_a_grant_the_message_carried(
+    own_redis: RedisServer, conn: Connection, name: str
+) -> None:
+    """The job of a task with a cluster-wide limit gets its slot from the fetch that takes it (no ask of its own when
+    it runs); a grant header a message arrives with is never taken for one (a forged or a copied slot)."""
+    from tests.support.limited import limited  # registers `test.limited` (20/s) on the app the transport reads
+
+    limiter = RATE_LIMIT_KEY.format(task=limited.name)
+    forged = {"key": limiter, "slot": 1.0, "due": 1.0}
+    producer = Producer(conn.channel())
+    for task in (limited.name, "test.unlimited", limited.name):
+        producer.publish(
+            {"task": task},
+            exchange=_queue(name).exchange,
+            routing_key=name,
+            declare=[_queue(name)],
+            headers={"task": task, HEADER_RATE_GRANT: forged},
+        )
+    client = own_redis.client()
+    client.delete(limiter)
+    got: list[Any] = []
+    with _consumer(conn, name, 5, got):
+        _drain_once(conn)
+        grants = [m.headers.get(HEADER_RATE_GRANT) for m in got]
+        for message in got:
+            message.ack()
+    first, unlimited, second = grants
+    assert unlimited is None
+    assert first["key"] == second["key"] == limiter and client.exists(limiter)
+    assert second["slot"] - first["slot"] == pytest.approx(0.05, abs=0.001)  # one interval apart: two slots taken
+    assert first["slot"] > 1e9 and first["due"] > 1e9  # the fetch's own, not the message's
+    client.delete(limiter)

@@ -350,10 +350,12 @@ def test_renew_and_release_touch_only_the_owners_leases_on_redis_clock(client: r
     assert client.hget("pipeline:lease", "theirs") == b"peer" and client.zscore("unacked_index", "theirs") == 1
 
 
-def _fetch(client: redis.Redis, queues: list[str], untracked: str, count: int = 10, cap: int = 0) -> list[object]:
+def _fetch(
+    client: redis.Redis, queues: list[str], untracked: str, count: int = 10, cap: int = 0, limits: str = ""
+) -> list[object]:
     """`fetch.lua`'s reply, less its (empty) third field, the answers to nodes (none carried here)."""
     keys = ["unacked", "unacked_index", "pipeline:lease", "pipeline:deliveries", *queues, "test:paused"]
-    args = [30, "me", "node", "x:", "hist:", 20, 60, untracked, count, 0, cap, GROUP_KEY_PREFIX, 0]
+    args = [30, "me", "node", "x:", "hist:", 20, 60, untracked, count, 0, cap, GROUP_KEY_PREFIX, 0, limits]
     reply = script("fetch")(keys=keys, args=args, client=client)
     assert isinstance(reply, list) and reply[2] == []
     return [*reply[:2], *reply[3:]]
@@ -373,7 +375,7 @@ def test_fetch_records_a_carried_node_as_flow_advance_does_after_its_results_and
     node = ["split[1]", '{"ok": true}', "job-x", "split", "1000.0", 60]
     keys = ["unacked", "unacked_index", "pipeline:lease", "pipeline:deliveries", "jobs", "result-1"]
     keys += ["pipeline:flow:{f1}", "pipeline:flow:{gone}", "test:paused"]
-    args = [30, "me", "node", "x:", "hist:", 20, 60, "0", 10, 1, 0, GROUP_KEY_PREFIX, 2, *result]
+    args = [30, "me", "node", "x:", "hist:", 20, 60, "0", 10, 1, 0, GROUP_KEY_PREFIX, 2, "", *result]
     args += [*node, *["split[0]", "{}", "job-y", "split", "1000.0", 60], "mine"]
     reply = script("fetch")(keys=keys, args=args, client=client)
     assert reply[:3] == [[], [], [1, b"succeeded", 1, b"900.5", 0, b"", 0, b""]]
@@ -403,7 +405,8 @@ def test_fetch_leases_on_redis_clock_and_leaves_a_queue_consumed_without_acknowl
     reply = _fetch(client, ["jobs", "reply.celery.pidbox"], "01")
     assert reply[1] == []  # no consumed queue is paused
     assert reply[2:7] == [b"jobs", b"job-1", 1, _envelope("job-1").encode(), 0]
-    assert reply[7:12] == [b"reply.celery.pidbox", b"", 0, _envelope("reply-1").encode(), 2]
+    assert reply[7:10] == [b"", b"", b""]  # no rate slot taken
+    assert reply[10:15] == [b"reply.celery.pidbox", b"", 0, _envelope("reply-1").encode(), 2]
     assert client.hkeys("unacked") == [b"job-1"] and client.hkeys("pipeline:lease") == [b"job-1"]
     expiry = client.zscore("unacked_index", "job-1")
     assert expiry is not None and 29 <= expiry - seconds <= 32
@@ -419,12 +422,12 @@ def test_fetch_pops_nothing_from_a_paused_queue_and_names_it(client: redis.Redis
     client.sadd("test:paused", "held", "elsewhere")
     reply = _fetch(client, ["held", "free", "held\x06\x163", "free\x06\x163"], "0000")
     assert reply[1] == [b"held"]
-    assert reply[2:4] == [b"free", b"free-1"] and len(reply) == 7
+    assert reply[2:4] == [b"free", b"free-1"] and len(reply) == 10
     assert client.llen("held") == 1 and client.llen("held\x06\x163") == 1
     assert client.hkeys("unacked") == [b"free-1"]
     client.srem("test:paused", "held")
     reply = _fetch(client, ["held", "free", "held\x06\x163", "free\x06\x163"], "0000")
-    assert reply[1] == [] and reply[2:4] == [b"held", b"held-1"] and reply[7:9] == [b"held\x06\x163", b"held-3"]
+    assert reply[1] == [] and reply[2:4] == [b"held", b"held-1"] and reply[10:12] == [b"held\x06\x163", b"held-3"]
 
 
 def test_a_paused_queues_groups_keep_their_jobs(client: redis.Redis) -> None:
@@ -502,7 +505,7 @@ def _taken(client: redis.Redis, n: int, cap: int = 0) -> list[str]:
     tags = []
     for _ in range(n):
         reply = _fetch(client, ["jobs"], "0", count=1, cap=cap)
-        tags += [bytes_to_str(reply[i]) for i in range(3, len(reply), 5)]  # each element's tag
+        tags += [bytes_to_str(reply[i]) for i in range(3, len(reply), 8)]  # each element's tag
     return tags
 
 
@@ -592,7 +595,7 @@ def test_cancel_parks_nothing_writes_the_tombstone_and_the_fetch_drops_the_cance
     client.lpush("jobs", _job("tag-w", "waiting"), _job("tag-k", "kept"))
     reply = _fetch(client, ["jobs"], "0")
     assert reply[2:7] == [b"jobs", b"tag-w", 1, _job("tag-w", "waiting").encode(), 3]
-    assert reply[7:12] == [b"jobs", b"tag-k", 1, _job("tag-k", "kept").encode(), 0]
+    assert reply[10:15] == [b"jobs", b"tag-k", 1, _job("tag-k", "kept").encode(), 0]
     assert client.hkeys("unacked") == [b"tag-k"] and client.hkeys("pipeline:lease") == [b"tag-k"]
     assert client.zrange("unacked_index", 0, -1) == [b"tag-k"] and client.hkeys("pipeline:deliveries") == [b"tag-k"]
     assert not client.exists("hist:tag-w") and client.exists("hist:tag-k") and client.llen("jobs") == 0
@@ -606,3 +609,49 @@ def test_a_stored_revoked_is_kept_as_a_success_is(client: redis.Redis) -> None:
     for late in ('{"status": "SUCCESS"}', '{"status": "FAILURE"}'):
         assert store(keys=["r", "pipeline:lease"], args=[late, 0, "", ""], client=client) == 0
     assert client.get("r") == b'{"status": "REVOKED"}'
+
+
+def _rated(tag: str, task: str, **headers: object) -> str:
+    return json.dumps(
+        {
+            "body": "",
+            "headers": {"id": tag, "task": task, **headers},
+            "properties": {"delivery_tag": tag, "delivery_info": {"exchange": "", "routing_key": "q"}},
+        }
+    )
+
+
+def test_fetch_takes_each_rated_jobs_slot_as_rate_acquire_does_on_the_workers_own_keys_only(
+    client: redis.Redis,
+) -> None:
+    """A job of a task the worker names with a limit takes its slot in the fetch (GCRA, as `rate_acquire.lua`): on the
+    key base and its rate key header for a keyed limit, on the base for a keyless one; the second job of one key waits
+    one interval. No slot for a keyed job without the header, one deferred with a slot of its own, or a task the
+    worker names no limit for; a header cannot make the script write outside the worker's key bases."""
+    limits = {"limited": [100, 0, 1, "pipeline:ratelimit:limited"], "open": [100, 0, 0, "pipeline:ratelimit:open"]}
+    jobs = [
+        _rated("a1", "limited", pipeline_rate_key="h1"),
+        _rated("a2", "limited", pipeline_rate_key="h1"),
+        _rated("b1", "limited", pipeline_rate_key="h2"),
+        _rated("nokey", "limited"),
+        _rated("deferred", "limited", pipeline_rate_key="h1", pipeline_rate_slot=12.5),
+        _rated("keyless", "open", pipeline_rate_key="../../pipeline:lease"),
+        _rated("other", "other", pipeline_rate_key="h1"),
+    ]
+    client.lpush("jobs", *jobs)
+    reply = _fetch(client, ["jobs"], "0", limits=json.dumps(limits))
+    got = {reply[i + 1].decode(): reply[i + 5 : i + 8] for i in range(2, len(reply), 8)}
+    assert list(got) == ["a1", "a2", "b1", "nokey", "deferred", "keyless", "other"]
+    for tag in ("nokey", "deferred", "other"):
+        assert got[tag] == [b"", b"", b""], tag
+    assert got["a1"][:2] == [b"pipeline:ratelimit:limited:h1", b"0"]
+    assert got["a2"][0] == b"pipeline:ratelimit:limited:h1" and float(got["a2"][1]) == pytest.approx(100, abs=1)
+    assert float(got["a2"][2]) - float(got["a1"][2]) == pytest.approx(100, abs=0.01)
+    assert got["b1"][:2] == [b"pipeline:ratelimit:limited:h2", b"0"]
+    assert got["keyless"][:2] == [b"pipeline:ratelimit:open", b"0"]  # a keyless limit reads no header
+    assert sorted(client.keys("pipeline:ratelimit:*")) == [
+        b"pipeline:ratelimit:limited:h1",
+        b"pipeline:ratelimit:limited:h2",
+        b"pipeline:ratelimit:open",
+    ]
+    assert 0 < client.pttl("pipeline:ratelimit:limited:h1") <= 1200

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import threading
 import time
 import uuid
 from typing import Any
@@ -27,6 +28,33 @@ def max_in_any_window(times: list[float], width: float = 1.0) -> int:
     return max(bisect.bisect_left(times, t + width) - i for i, t in enumerate(times))
 
 
+class LimiterAsks:
+    """Counts, with MONITOR, the calls that ask `key`'s limiter for a new slot (`rate_acquire.lua` with KEYS[1] `key`
+    and no carried slot); neither the slots a worker's fetch takes nor a deferred job's on its slot are among them."""
+
+    def __init__(self, redis_server: RedisServer, key: str) -> None:
+        self.key = key
+        self.count = 0
+        self._monitor = redis_server.client().monitor()
+        self._monitor.__enter__()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._listen, daemon=True)
+        self._thread.start()
+
+    def _listen(self) -> None:
+        for command in self._monitor.listen():
+            if self._stop.is_set():
+                return
+            words = command["command"].split(" ")
+            if words[0].upper() == "EVALSHA" and words[2:4] == ["1", self.key] and words[6:] in ([], [""]):
+                self.count += 1
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(5)
+        return self.count
+
+
 def test_cluster_rate_uses_celery_rate_syntax() -> None:
     assert ClusterRate("20/s").interval() == pytest.approx(0.05)
     assert ClusterRate("120/m").interval() == pytest.approx(0.5)
@@ -39,13 +67,16 @@ def test_cluster_rate_uses_celery_rate_syntax() -> None:
 def test_limit_holds_across_four_processes_and_nothing_fails(
     make_worker: Any, redis_server: RedisServer, clean_dlq: None
 ) -> None:
-    redis_server.client().delete(RATE_LIMIT_KEY.format(task="test.limited"))
+    limiter = RATE_LIMIT_KEY.format(task="test.limited")
+    redis_server.client().delete(limiter)
     make_worker("rate-a", queues="default", concurrency=2)
     make_worker("rate-b", queues="default", concurrency=2)
     key = uuid.uuid4().hex
+    asks = LimiterAsks(redis_server, limiter)
     ids = [limited.enqueue({"key": key, "n": i}) for i in range(JOBS)]
 
     wait_for(lambda: len(starts(key)) >= JOBS, JOBS / RATE + 40, 0.2, what=f"{JOBS} rate-limited jobs")
+    asked = asks.stop()
     results = [limited.result(task_id, timeout=30) for task_id in ids]
     times = starts(key)
 
@@ -58,6 +89,10 @@ def test_limit_holds_across_four_processes_and_nothing_fails(
     assert all(r.attempt == 1 for r in results), "a throttled job was counted as a failed attempt"
     assert all(AsyncResult(i, app=get_app()).state == "SUCCESS" for i in ids)
     assert redis_server.client().llen("dead_letter") == 0
+    # A job's first slot comes with the fetch that takes it: only a job late for it (held in a worker's prefetch while
+    # its processes were busy) asks for a new one (each of the 200 did, before the fetch took them).
+    assert asked < JOBS * 0.75, f"{asked} jobs of {JOBS} asked the limiter for a new slot"
+    print(f"asked {asked}")
 
 
 class StubTask:
@@ -113,6 +148,38 @@ def test_throttled_job_is_republished_for_its_slot_and_counted(redis_server: Red
     admit(StubTask({HEADER_RATE_SLOT: time.time()}, limit), "host-a")
     keys = [RATE_LIMIT_KEY.format(task=first.name) + f":{host}" for host in ("host-a", "host-b")]
     redis_server.client().delete(*keys)
+
+
+def test_a_job_starts_on_the_slot_its_fetch_took_unless_it_is_not_its_own_or_late(redis_server: RedisServer) -> None:
+    from celery.exceptions import Ignore
+
+    from pipeline.constants import HEADER_RATE_GRANT, HEADER_RATE_SLOT
+    from pipeline.scheduling.ratelimit import admit
+
+    limit = ClusterRate("1/s", key=lambda job: str(job))
+    name = f"test.stub-{uuid.uuid4().hex[:8]}"
+    limiter = RATE_LIMIT_KEY.format(task=name) + ":host-a"
+    client = redis_server.client()
+
+    def task(due: float, key: str = limiter, slot: float = 1e10) -> StubTask:
+        stub = StubTask({HEADER_RATE_GRANT: {"key": key, "slot": slot, "due": due}}, limit)
+        stub.name = name
+        return stub
+
+    admit(task(time.time()), "host-a")  # type: ignore[arg-type]  # its own, on time: starts, asks nothing
+    admit(task(time.time() - 0.4), "host-a")  # type: ignore[arg-type]  # within half an interval of it
+    assert not client.exists(limiter)
+    ahead = task(time.time() + 0.6, slot=123.0)
+    with pytest.raises(Ignore):
+        admit(ahead, "host-a")  # type: ignore[arg-type]  # due later: deferred to the slot it was given
+    assert ahead.published[0]["headers"][HEADER_RATE_SLOT] == 123.0 and not client.exists(limiter)
+    admit(task(time.time(), key=limiter + "-other"), "host-a")  # type: ignore[arg-type]  # not its key: asks
+    assert client.exists(limiter)
+    late = task(time.time() - 1.0)
+    with pytest.raises(Ignore):  # a second late for its slot: asks again, and the ask before took this second's token
+        admit(late, "host-a")  # type: ignore[arg-type]
+    assert 0.5 < late.published[0]["headers"][HEADER_RATE_SLOT] - time.time() <= 1.01
+    client.delete(limiter)
 
 
 def test_an_event_loop_asks_for_hundreds_of_slots_at_once_and_every_call_is_answered(redis_server: RedisServer) -> None:

@@ -1,5 +1,5 @@
 """A message published from a delivery (Celery's `retry`, a job deferred by the rate limiter) carries the job's
-own headers, never the ones a worker's fetch set on that delivery (its lease owner and delivery count)."""
+own headers, never the ones a worker's fetch set on that delivery (its lease owner, delivery count and rate slot)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 from celery import Task
 
-from pipeline.constants import HEADER_DELIVERY_COUNT, HEADER_IDEMPOTENCY_KEY, HEADER_LEASE_OWNER
+from pipeline.constants import (
+    DELIVERY_HEADERS,
+    HEADER_DELIVERY_COUNT,
+    HEADER_IDEMPOTENCY_KEY,
+    HEADER_LEASE_OWNER,
+    HEADER_RATE_GRANT,
+)
 from pipeline.task import PipelineTask
 from tests.support.limited import limited
 
@@ -20,6 +26,7 @@ DELIVERED = {
     HEADER_IDEMPOTENCY_KEY: "order-7",
     HEADER_DELIVERY_COUNT: 3,
     HEADER_LEASE_OWNER: "host:123:abcd",
+    HEADER_RATE_GRANT: {"key": "pipeline:ratelimit:test.limited", "slot": 12.0, "due": 12.0},
 }
 
 
@@ -36,11 +43,12 @@ def delivered() -> Iterator[Any]:
 
 def test_a_retry_keeps_the_jobs_headers_and_drops_the_deliverys(delivered: PipelineTask) -> None:
     upstream = Task.signature_from_request(delivered).options["headers"]
-    assert {HEADER_DELIVERY_COUNT, HEADER_LEASE_OWNER} <= set(upstream)  # what Celery alone would publish
+    assert set(DELIVERY_HEADERS) <= set(upstream)  # what Celery alone would publish
 
     headers = delivered.signature_from_request(retries=2).options["headers"]
 
-    assert headers == {k: v for k, v in upstream.items() if k not in (HEADER_DELIVERY_COUNT, HEADER_LEASE_OWNER)}
+    assert headers == {k: v for k, v in upstream.items() if k not in DELIVERY_HEADERS}
+    assert not set(DELIVERY_HEADERS) & set(headers)
     assert headers[HEADER_IDEMPOTENCY_KEY] == "order-7"
 
 
