@@ -3,7 +3,7 @@
 `pipeline.delivery.transport` sends `fetch.lua` through kombu's poll cycle (`_brpop_start`) and hands the reply to
 `deliver`. k is how many more deliveries the channel's QoS allows (kombu's `can_consume_max_estimate`:
 prefetch count minus what the channel holds unacknowledged), so a batch never takes the worker past its
-prefetch; without a prefetch limit, at most FETCH_MAX.
+prefetch, and at most FETCH_MAX (FETCH_MAX_IN_FLIGHT on the asyncio pool: `in_flight_pool`).
 
 The script pops from the consumed keys in kombu's order (priority steps, then queues), the oldest element of a
 key first (`RPOP key count`), and records each one as kombu's `QoS.append` would (`unacked`, `unacked_index`),
@@ -56,8 +56,15 @@ log = logging.getLogger(__name__)
 #: Deliveries kept in a message's history, and how long the history outlives its last delivery (seconds).
 DELIVERY_LOG_MAX = 20
 DELIVERY_LOG_TTL_S = 7 * 86400
-#: Messages one fetch takes at most when the channel has no prefetch limit.
+#: Messages one fetch takes at most.
 FETCH_MAX = 32
+#: The same, in a process whose pool keeps many jobs in flight at once (the asyncio pool: `in_flight_pool`). A batch
+#: starts together and, against an endpoint of steady latency, ends together: large batches become waves that leave
+#: slots empty while the next one is fetched (one fetch is in flight at a time); small ones, fetched as slots free,
+#: keep them full (one process, 100 in flight, a 100 ms endpoint: 0.70 of the endpoint's limit at 32, 0.80 at 16,
+#: 0.82 at 12 and 8, the last at more CPU per job; docs/benchmarks.md).
+FETCH_MAX_IN_FLIGHT = 12
+_most = FETCH_MAX
 #: Fields per fetched element in the script's reply, and where the first element starts (after the fenced tags, the
 #: paused queues and the carried nodes' answers).
 FIELDS = 8
@@ -77,11 +84,17 @@ ENVELOPE, NOT_AN_ENVELOPE, UNTRACKED = 0, 1, 2
 CANCELLED = 3
 
 
+def in_flight_pool() -> None:
+    """This process's pool keeps many jobs in flight at once: each fetch takes at most FETCH_MAX_IN_FLIGHT."""
+    global _most  # one pool per worker process
+    _most = FETCH_MAX_IN_FLIGHT
+
+
 def batch_size(channel: Any) -> int:
     """How many messages the channel may take now: what its QoS allows, at least 1 (kombu only polls a channel
-    that can consume), at most FETCH_MAX."""
+    that can consume), at most FETCH_MAX (or FETCH_MAX_IN_FLIGHT)."""
     room = channel.qos.can_consume_max_estimate()
-    return FETCH_MAX if room is None else max(1, min(int(room), FETCH_MAX))
+    return _most if room is None else max(1, min(int(room), _most))
 
 
 def args(

@@ -22,9 +22,10 @@
   elements that are not messages are dead-lettered instead of stopping it, each delivery is fetched and leased in
   one step, and jobs running when the connection drops go on and are acknowledged once it is back.
 * An asyncio-pool worker (`-P custom`, `pipeline.runtime.asyncpool`; what `pipeline worker` runs) keeps
-  WORKER_CONCURRENCY jobs in flight (unless `-c` says otherwise) and prefetches no more than that (multiplier 1). It
-  traces jobs in its main thread as a solo worker does (the same time limits, carried results and decoded bodies for
-  its plain jobs); its soft shutdown lets the async jobs in flight finish, and requeues a plain one at once.
+  WORKER_CONCURRENCY jobs in flight (unless `-c` says otherwise) and prefetches no more than that (multiplier 1), a
+  few at a time (`pipeline.delivery.fetch.FETCH_MAX_IN_FLIGHT`). It traces jobs in its main thread as a solo worker
+  does (the same time limits, carried results and decoded bodies for its plain jobs); its soft shutdown lets the
+  async jobs in flight finish, and requeues a plain one at once.
 * The tracer writes a plain result's text with Python's `repr` (`pipeline.compat.resultrepr`, installed in
   `on_before_init`), not with Celery's much slower walker.
 """
@@ -43,7 +44,7 @@ from pipeline.compat import resultrepr
 from pipeline.config import get_settings
 from pipeline.config.celery import WORKER_RESULT_RETRIES, prefetch_multiplier, worker_profile
 from pipeline.constants import DEAD_LETTER_QUEUE
-from pipeline.delivery import acks, request
+from pipeline.delivery import acks, fetch, request
 from pipeline.pools import is_asyncio, is_solo, traces_in_main_thread
 from pipeline.runtime import timelimits
 from pipeline.runtime.stall import mark_stopping, running_job
@@ -113,6 +114,8 @@ class Worker(CeleryWorker):
             given = 1 if is_asyncio(getattr(self, "pool_cls", None)) else prefetch_multiplier(settings, profile)
         self.prefetch_multiplier = given
         self.profile = profile
+        if is_asyncio(getattr(self, "pool_cls", None)):
+            fetch.in_flight_pool()  # small batches: many jobs in flight are refilled as their slots free
 
     def on_start(self) -> None:
         super().on_start()  # logging is set up from here on
