@@ -8,7 +8,8 @@ its start latency when the payload carries an enqueue time).
 * Drain: the worker process(es) start and answer a ping (boot excluded, and no process drains alone while
   others boot); N jobs are pushed in one round trip; rate = N / (last job started - first job started),
   both read from what the jobs wrote: no polling loop on the clock.
-* Start latency: the same worker, warm and idle, gets jobs at a fixed rate (200/s for 10 s); latency = job
+* Start latency: the same worker, warm and idle, gets jobs at a fixed rate (200/s for 10 s), each pushed with its
+  wake-up marker as a publish of the pipeline pushes it (`pipeline.queues.wake`); latency = job
   start - enqueue time; p50 and p99.
 Queues are filled by cloning one message the system's own `apply_async` published (new task id and
 delivery tag, the payload re-encoded), so the producer's speed is out of the figures. Systems are
@@ -45,6 +46,7 @@ import redis
 
 from bench.procs import ROOT, free_port, redis_server
 from pipeline.broker import queue_keys
+from pipeline.queues import wake
 
 KEY = "bench:wp"
 LATENCY_RATE = 200.0
@@ -299,7 +301,10 @@ def run_once(system: System, url: str, jobs: int) -> dict[str, float]:
             delay = began + i / LATENCY_RATE - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            client.lpush(system.queue, clone(message, time.time()))
+            pipe = client.pipeline(transaction=False)  # with its wake-up marker, as every publish of the pipeline
+            pipe.lpush(system.queue, clone(message, time.time()))
+            wake.mark(pipe, system.queue)
+            pipe.execute()
         _wait_done(client, count)
         lat = sorted(float(x) for x in client.lrange(f"{KEY}:lat", 0, -1))
     finally:
