@@ -27,6 +27,7 @@ caller that hands the URL to another program (ffmpeg resolves the name again) is
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import socket
 from collections.abc import Sequence
@@ -91,6 +92,7 @@ def allowed(host: str, ip: IP, allowlist: Sequence[str]) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=1024)  # a worker delivers to the same few hosts again and again; a name raises, uncached
 def _address(text: str) -> IP:
     return ipaddress.ip_address(text.split("%")[0])  # an IPv6 zone (`fe80::1%eth0`) is not part of it
 
