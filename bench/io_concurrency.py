@@ -26,11 +26,11 @@ producer done) the gate opens and the clock starts: worker boot, a slow producer
 other are all out of the figures. Done when N deliveries arrived and none is in flight (or after `--io-timeout`
 seconds: the figures then cover what arrived, marked partial). Figures: jobs/s = arrivals / (last arrival - gate
 opening); the endpoint's peak in flight; the peak summed RSS of the worker's whole process tree (psutil, sampled
-every 0.2 s from its start to its stop); jobs/s per GiB of that RSS; the CPU time (user + system) the tree used from
-the gate's opening to the end, per job delivered; the share of the endpoint's limit reached (jobs/s against peak in
-flight / latency) and a slot's time per job beside the endpoint's own mean answer (its worker-side overhead).
-Systems interleaved rep by rep, medians of the reps; ratios of the pipeline to BullMQ and to stock Celery. Progress
-on stderr. Not a test: nothing is asserted.
+every 0.2 s from its readiness to its stop: see `RssSampler`); jobs/s per GiB of that RSS; the CPU time (user +
+system) the tree used from the gate's opening to the end, per job delivered; the share of the endpoint's limit
+reached (jobs/s against peak in flight / latency) and a slot's time per job beside the endpoint's own mean answer
+(its worker-side overhead). Systems interleaved rep by rep, medians of the reps; ratios of the pipeline to BullMQ and
+to stock Celery. Progress on stderr. Not a test: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -168,7 +168,9 @@ class Endpoint:
 
 
 class RssSampler(threading.Thread):
-    """Peak summed RSS of the process trees under `pids`; every PID seen, for the clean-up; their CPU time."""
+    """Peak summed RSS of the process trees under `pids` once `measuring` is set (the workers are ready: while they
+    boot, each Celery process forks `uname -p` for its banner, and the child, sharing all its parent's pages until it
+    execs, would count them twice); every PID seen, for the clean-up; their CPU time."""
 
     def __init__(self, pids: list[int]) -> None:
         super().__init__(daemon=True)
@@ -176,6 +178,7 @@ class RssSampler(threading.Thread):
         self.peak = 0
         self.seen: set[int] = set()
         self.done = threading.Event()
+        self.measuring = threading.Event()
 
     def tree(self) -> list[psutil.Process]:
         procs = []
@@ -189,9 +192,10 @@ class RssSampler(threading.Thread):
         total = 0
         for proc in self.tree():
             with contextlib.suppress(psutil.Error):
-                total += proc.memory_info().rss
                 self.seen.add(proc.pid)
-        self.peak = max(self.peak, total)
+                total += proc.memory_info().rss
+        if self.measuring.is_set():
+            self.peak = max(self.peak, total)
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the trees' processes have used so far."""
@@ -288,6 +292,7 @@ class Bench:
         sampler.start()
         try:
             self.wait_ready(system, workers, argvs)
+            sampler.measuring.set()
             self.produce(system)
             self.open_when_full(workers, label)
             cpu = sampler.cpu_seconds()
@@ -447,7 +452,7 @@ def table(result: dict[str, Any]) -> str:
         f"load average {result['load_average_at_start']:.1f} at start, "
         f"{result.get('load_average_at_end', math.nan):.1f} at end. "
         "jobs/s from the gate's opening to the last arrival at the endpoint; RSS: peak summed RSS of the worker's "
-        "process tree; CPU: the tree's, from the gate's opening to the end, per job.",
+        "process tree from its readiness to its stop; CPU: the tree's, from the gate's opening to the end, per job.",
         "Of its limit: jobs/s against peak in flight / latency (target >= 0.8 at 100 in flight); slot ms beside: a "
         "slot's time per job beside the endpoint's mean answer (peak in flight / jobs/s - mean answer); both read a "
         "run many latencies long (a short one is skewed by its first and last waves). "
