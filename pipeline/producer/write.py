@@ -313,12 +313,11 @@ def enqueue_many(
     for start in range(0, len(items), chunk):
         part = items[start : start + chunk]
         now = time.time()
+        part_rates = None if rates is None else rates[start : start + chunk]
         if hooked:
             chunk_ids = uuid4_strings(len(part))
-            part_rates = None if rates is None else rates[start : start + chunk]
             outs = _built_by_celery(send, chunk_ids, [payload for payload, _ in part], now, group, part_rates)
         else:
-            part_rates = None if rates is None else rates[start : start + chunk]
             chunk_ids, outs = _templated(template, part, now, group=group or None, rates=part_rates)
         _store(name, queue, chunk_ids, outs, now, group=group or None)
         ids.extend(chunk_ids)

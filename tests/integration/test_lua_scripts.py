@@ -655,3 +655,6 @@ def test_fetch_takes_each_rated_jobs_slot_as_rate_acquire_does_on_the_workers_ow
         b"pipeline:ratelimit:open",
     ]
     assert 0 < client.pttl("pipeline:ratelimit:limited:h1") <= 1200
+    # One limiter with `rate_acquire.lua`: the next job asking on h1 gets the slot after the two the fetch took.
+    wait, slot = script("rate_acquire")(keys=["pipeline:ratelimit:limited:h1"], args=[100, 0, ""], client=client)
+    assert float(slot) - float(got["a1"][2]) == pytest.approx(200, abs=0.01) and float(wait) > 150

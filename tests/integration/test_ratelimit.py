@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import threading
 import time
 import uuid
 from typing import Any
@@ -15,6 +14,7 @@ from pipeline.celery_app import get_app
 from pipeline.constants import RATE_LIMIT_KEY
 from pipeline.fairness.rates import ClusterRate
 from tests.support.limited import limited, starts
+from tests.support.monitor import Monitor
 from tests.support.procs import RedisServer, wait_for
 
 pytestmark = pytest.mark.integration
@@ -28,31 +28,14 @@ def max_in_any_window(times: list[float], width: float = 1.0) -> int:
     return max(bisect.bisect_left(times, t + width) - i for i, t in enumerate(times))
 
 
-class LimiterAsks:
-    """Counts, with MONITOR, the calls that ask `key`'s limiter for a new slot (`rate_acquire.lua` with KEYS[1] `key`
-    and no carried slot); neither the slots a worker's fetch takes nor a deferred job's on its slot are among them."""
-
-    def __init__(self, redis_server: RedisServer, key: str) -> None:
-        self.key = key
-        self.count = 0
-        self._monitor = redis_server.client().monitor()
-        self._monitor.__enter__()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._listen, daemon=True)
-        self._thread.start()
-
-    def _listen(self) -> None:
-        for command in self._monitor.listen():
-            if self._stop.is_set():
-                return
-            words = command["command"].split(" ")
-            if words[0].upper() == "EVALSHA" and words[2:4] == ["1", self.key] and words[6:] in ([], [""]):
-                self.count += 1
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join(5)
-        return self.count
+def new_slot_asks(commands: list[dict[str, Any]], key: str) -> int:
+    """The calls MONITOR saw ask `key`'s limiter for a new slot (`rate_acquire.lua` with KEYS[1] `key` and no carried
+    slot); neither the slots a worker's fetch takes nor a deferred job's on its slot are among them."""
+    asks = 0
+    for command in commands:
+        words = command["command"].split(" ")
+        asks += words[0].upper() == "EVALSHA" and words[2:4] == ["1", key] and words[6:] in ([], [""])
+    return asks
 
 
 def test_cluster_rate_uses_celery_rate_syntax() -> None:
@@ -72,11 +55,10 @@ def test_limit_holds_across_four_processes_and_nothing_fails(
     make_worker("rate-a", queues="default", concurrency=2)
     make_worker("rate-b", queues="default", concurrency=2)
     key = uuid.uuid4().hex
-    asks = LimiterAsks(redis_server, limiter)
-    ids = [limited.enqueue({"key": key, "n": i}) for i in range(JOBS)]
-
-    wait_for(lambda: len(starts(key)) >= JOBS, JOBS / RATE + 40, 0.2, what=f"{JOBS} rate-limited jobs")
-    asked = asks.stop()
+    with Monitor(redis_server.client()) as seen:
+        ids = [limited.enqueue({"key": key, "n": i}) for i in range(JOBS)]
+        wait_for(lambda: len(starts(key)) >= JOBS, JOBS / RATE + 40, 0.2, what=f"{JOBS} rate-limited jobs")
+    asked = new_slot_asks(seen.commands, limiter)
     results = [limited.result(task_id, timeout=30) for task_id in ids]
     times = starts(key)
 
@@ -92,7 +74,6 @@ def test_limit_holds_across_four_processes_and_nothing_fails(
     # A job's first slot comes with the fetch that takes it: only a job late for it (held in a worker's prefetch while
     # its processes were busy) asks for a new one (each of the 200 did, before the fetch took them).
     assert asked < JOBS * 0.75, f"{asked} jobs of {JOBS} asked the limiter for a new slot"
-    print(f"asked {asked}")
 
 
 class StubTask:
