@@ -54,6 +54,14 @@ ENTRIES: tuple[Entry, ...] = (
         critical=True,
     ),
     Entry(
+        "kombu.transport.redis.Channel.close, _in_poll, _closing (a close reads the fetch in flight first; the "
+        "channel fetches no more once closing)",
+        "pipeline.delivery.transport, pipeline.delivery.acks",
+        _KOMBU,
+        "tests/faults/test_delivery_parity.py::test_kombus_close_reads_the_fetch_in_flight_first_and_marks_closing",
+        critical=True,
+    ),
+    Entry(
         "kombu.asynchronous.hub.Hub._loop_thread (an acknowledgement is deferred only on the event loop's thread)",
         "pipeline.delivery.acks",
         ("kombu",),

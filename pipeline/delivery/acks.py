@@ -192,7 +192,7 @@ class DeferredAcks:
         if not tags and not results:
             return
         try:
-            if self.channel.closed or self.channel.connection is None:
+            if self.channel.closed or self.channel._closing or self.channel.connection is None:
                 raise redis.exceptions.ConnectionError("the channel is closed")
             if self._ack_client is None:
                 self._ack_client = self.channel._create_client()

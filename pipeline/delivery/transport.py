@@ -1,43 +1,45 @@
 """The worker's Redis transport: an atomic fetch-and-track, leases, fenced acknowledgements and restores.
 
 A worker consumes through it: its delivery bootstep (`pipeline.delivery.fencing.DeliveryStep`) sets the app's
-`broker_transport` to `bound(leases, ...)`, a subclass tied to that worker's `Leases`, which every channel reaches as
-`channel.leases`; producers, beat and Flower keep kombu's own. Queue
-elements that are not messages are dead-lettered (`pipeline.dlq.elements`).
+`broker_transport` to `bound(leases, ...)`, a subclass tied to that worker's `Leases`, which every channel reaches
+as `channel.leases`; producers, beat and Flower keep kombu's own. Queue elements that are not messages are
+dead-lettered (`pipeline.dlq.elements`).
 
 kombu 5.7 (`kombu/transport/redis.py`) fetches with BRPOP and records the delivery in a second round trip
 (`QoS.append`: HSET `unacked`, ZADD `unacked_index`). A worker killed, or a Redis stopping, between the two loses
 the message: it left the list and is recorded nowhere (issue 10; celery/kombu#305, celery/celery#1789). Here
 `_brpop_start` sends one Lua script (EVALSHA of `fetch.lua`, through kombu's own poll cycle:
-`pipeline.delivery.fetch`) that pops
-up to as many elements as the channel's prefetch still allows over the consumed keys in kombu's order and, in the
-same script, records each exactly as `QoS.append` would (the element's bytes untouched), plus the lease owner
-(`pipeline:lease`), a delivery count (`pipeline:deliveries`, which survives kombu's restore: the tag is in the
-message) and a bounded delivery history (`pipeline:deliveries:<tag>`). `QoS.append` then keeps only kombu's
-in-memory bookkeeping. The count reaches the worker as the message header `x-delivery-count` (1 on the first
-delivery). The same script first applies the acknowledgements the event loop deferred (`pipeline.delivery.acks`).
+`pipeline.delivery.fetch`) that pops up to as many elements as the channel's prefetch still allows over the consumed
+keys in kombu's order and, in the same script, records each exactly as `QoS.append` would (the element's bytes
+untouched), plus the lease owner (`pipeline:lease`), a delivery count (`pipeline:deliveries`, which survives kombu's
+restore: the tag is in the message) and a bounded delivery history (`pipeline:deliveries:<tag>`). `QoS.append` then
+keeps only kombu's in-memory bookkeeping. The count reaches the worker as the message header `x-delivery-count` (1
+on the first delivery). The same script first applies the acknowledgements the event loop deferred
+(`pipeline.delivery.acks`).
 
 A script cannot block, so when every key is empty the channel waits for a wake-up marker of its queues
 (`pipeline.queues.wake`) with one BLMPOP, at most WAKE_POLL_S (`pipeline.delivery.waking`), and marks what it
-publishes and restores (`pipeline.compat.marking`).
-`_brpop_sent_at` is set for every command sent, so kombu's reply health check still applies.
+publishes and restores (`pipeline.compat.marking`). `_brpop_sent_at` is set for every command sent, so kombu's reply
+health check still applies.
 
 kombu's visibility timeout had to outlast the longest job, so a dead worker's jobs waited that long
 (celery/celery#5935, celery/celery#2599); leases (`pipeline.delivery.lease`) replace it. Acknowledgements are fenced
-(`settle.lua`: removed only while this worker owns the lease) and, on the event loop, written
-together within the loop iteration (`pipeline.delivery.acks`); one that cannot reach Redis is remembered and
-applied by the renewal thread. kombu's sweep (`restore_visible`) restores deliveries whose lease
-expired, only once this worker has been renewing for a whole lease (after an outage every lease looks expired), and
-clears the lease owner in the same transaction. A closed connection no longer restores what the channel delivered
-(running jobs go on and are acknowledged on reconnect); only a real worker shutdown does (kombu's
-`restore_at_shutdown`), and only the deliveries this worker still owns. `Channel._connparams` on a connection kombu
-already closed raises a connection error (kombu's AttributeError there stopped the worker: issue 10).
+(`settle.lua`: removed only while this worker owns the lease) and, on the event loop, written together within the
+loop iteration (`pipeline.delivery.acks`); one that cannot reach Redis is remembered and applied by the renewal
+thread. kombu's sweep (`restore_visible`) restores deliveries whose lease expired, only once this worker has been
+renewing for a whole lease (after an outage every lease looks expired), and clears the lease owner in the same
+transaction. A closed connection no longer restores what the channel delivered (running jobs go on and are
+acknowledged on reconnect); only a real worker shutdown does (kombu's `restore_at_shutdown`), and only the
+deliveries this worker still owns, and it closes with a fetch unanswered in flight (`close`). `Channel._connparams`
+on a connection kombu already closed raises a connection error (kombu's AttributeError there stopped the worker:
+issue 10).
 
 Requires Redis >= 7 (BLMPOP). Not supported: kombu's `global_keyprefix`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -144,7 +146,8 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
             return None
         restored = 0
         with self._channel().conn_or_acquire() as client:
-            ceil = redis_now(client)  # index scores are lease expiries on Redis's clock (fetch.lua, renew.lua)
+            seconds, micros = client.time()  # index scores are lease expiries on Redis's clock (fetch.lua, renew.lua)
+            ceil = float(seconds) + float(micros) / 1e6
             try:
                 with kombu_redis.Mutex(client, self.unacked_mutex_key, self.unacked_mutex_expire):
                     visible = client.zrange(
@@ -206,12 +209,6 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
         return done
 
 
-def redis_now(client: Any) -> float:
-    """Redis's clock (TIME), in seconds: what every lease expiry is written on and judged against."""
-    seconds, micros = client.time()
-    return float(seconds) + float(micros) / 1e6
-
-
 def _restore_record(channel: Any, raw: bytes, pipe: Any, leftmost: bool) -> None:
     try:
         message, exchange, routing_key = json.loads(raw.decode("utf-8", "surrogateescape"))
@@ -253,8 +250,8 @@ class _Leased(waking.Waking, marking.Marked, full.FullRedis):
     _replicas_due = False  # a WAIT was sent after the fetch in flight: its reply is read after the fetch's
 
     def _fetch_soon(self: Any) -> bool:
-        """True when a fetch is in flight, or kombu's next poll start sends one (not a wait) on this channel."""
-        if self.closed or not self.active_queues:
+        """True when a fetch is in flight, or kombu's next poll start sends one (not a wait) on this open channel."""
+        if self.closed or self._closing or not self.active_queues:
             return False
         if self._in_poll:
             return not self._waiting
@@ -266,6 +263,15 @@ class _Leased(waking.Waking, marking.Marked, full.FullRedis):
         if carried:
             self.leases.remember(carried[0], exc, carried[1])
             self.qos.nodes_lost(carried[2])
+
+    def close(self: Any) -> None:
+        """kombu's, also when Redis went away without answering the fetch in flight: kombu's own stopped at that
+        reply's connection error, its QoS kept the acknowledgements deferred for the next fetch unwritten, and the
+        consumer's `on_close` gave the leases of those finished jobs up (a sweep ran them again)."""
+        if self._in_poll:
+            with contextlib.suppress(Empty, *self.connection_errors):
+                self._brpop_read()  # what that fetch carried is remembered (`_settle_carried`)
+        super().close()  # type: ignore[misc]  # kombu's Channel, after this mixin
 
     def _connparams(self, asynchronous: bool = False) -> Any:
         if self.connection is None or self.connection.client is None:  # closed: kombu cleared it

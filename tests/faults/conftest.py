@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from celery import Celery
+from kombu.asynchronous import Hub, set_event_loop
 
 from tests.support.procs import RedisServer
 
@@ -50,3 +52,14 @@ def conn(own_redis: RedisServer, leases: Any) -> Iterator[Any]:
 
     with Connection(own_redis.url, transport=transport.bound(leases), transport_options={"visibility_timeout": 6}) as c:
         yield c
+
+
+@pytest.fixture
+def loop() -> Iterator[Hub]:
+    """A kombu hub as the event loop of this thread, as a worker's consumer has (acknowledgements deferred)."""
+    hub = Hub()
+    hub._loop_thread = threading.get_ident()
+    set_event_loop(hub)
+    yield hub
+    set_event_loop(None)
+    hub.close()

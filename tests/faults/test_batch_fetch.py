@@ -10,14 +10,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import threading
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
-from kombu.asynchronous import Hub, set_event_loop
+from kombu.asynchronous import Hub
 
 from pipeline.constants import (
     DELIVERIES_KEY,
@@ -42,17 +41,6 @@ pytestmark = pytest.mark.faults
 def name(queue_name: str, own_redis: RedisServer) -> str:
     own_redis.client().script_load(source(fetch.FETCH))  # so the first poll fetches (no NOSCRIPT round)
     return queue_name
-
-
-@pytest.fixture
-def loop() -> Iterator[Hub]:
-    """A kombu hub as the event loop of this thread, as a worker's consumer has (acknowledgements deferred)."""
-    hub = Hub()
-    hub._loop_thread = threading.get_ident()
-    set_event_loop(hub)
-    yield hub
-    set_event_loop(None)
-    hub.close()
 
 
 def _queue(name: str) -> Queue:

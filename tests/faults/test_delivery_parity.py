@@ -22,6 +22,7 @@ from celery.contrib.testing.mocks import TaskMessage
 from celery.worker.request import Request as CeleryRequest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.asynchronous import Hub, get_event_loop, set_event_loop
+from redis import exceptions as redis_errors
 
 from pipeline.delivery import acks, transport
 from pipeline.delivery.lease import Leases
@@ -117,6 +118,32 @@ def test_a_requeued_delivery_is_back_as_kombu_puts_it_back(own_redis: RedisServe
     ours = _requeued(own_redis, transport.bound(Leases()))
     assert ours == kombu_element
     assert ours["headers"].get("redelivered") is True or ours["properties"].get("redelivered") is True
+
+
+def test_kombus_close_reads_the_fetch_in_flight_first_and_marks_closing(own_redis: RedisServer) -> None:
+    """kombu's `Channel.close` reads the reply of a fetch in flight (`_in_poll`) before anything else, with
+    `_closing` already set, and lets only `Empty` through: the worker channel's `close` reads it first, letting a
+    connection error through too (`pipeline.delivery.transport`), and no longer fetches once `_closing`."""
+    from queue import Empty
+
+    seen: list[bool] = []
+    with Connection(own_redis.url) as conn:
+        channel = conn.channel()
+
+        def read(**_: Any) -> None:
+            seen.append(channel._closing)
+            raise Empty()
+
+        channel._in_poll = True
+        channel._brpop_read = read
+        channel.close()
+        assert seen == [True] and channel.closed
+        broken = conn.channel()
+        broken._in_poll = True
+        broken._brpop_read = lambda **_: (_ for _ in ()).throw(redis_errors.ConnectionError("gone"))
+        with pytest.raises(redis_errors.ConnectionError):
+            broken.close()  # kombu's own: the channel is left open
+        assert not broken.closed and broken._closing
 
 
 def test_the_loop_thread_is_the_hubs() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from kombu import Connection, Exchange, Queue
+from kombu import Connection, Consumer, Exchange, Queue
 
 from pipeline.constants import DEAD_LETTER_QUEUE, LEASE_KEY
 from pipeline.delivery import transport
@@ -127,3 +127,44 @@ def test_an_acknowledgement_made_while_redis_is_down_is_applied_on_reconnect(
     interrupted.ack()  # the closed channel: remembered, then applied
     leases.renew_once(client)
     assert client.hlen("unacked") == 0
+
+
+def test_an_acknowledgement_waiting_for_a_fetch_redis_never_answered_is_applied_not_given_back(
+    own_redis: RedisServer, leases: Leases, loop: Any
+) -> None:
+    """Redis goes away with a fetch in flight, unanswered, and a job's acknowledgement deferred for the next fetch to
+    carry (`pipeline.delivery.acks`): the worker's connection is closed as Celery closes it after a connection error,
+    then its consumer's `on_close` gives up the leases of every job not running (`pipeline.delivery.fencing`). The
+    finished job's acknowledgement is applied once Redis is back; its delivery is not given back for a sweep to run
+    again (it was: the fetch's unread reply stopped the channel's close, which never wrote or kept that
+    acknowledgement)."""
+    from pipeline.delivery import fetch
+    from pipeline.lua import source
+
+    name = f"outage-inflight-{uuid.uuid4().hex[:8]}"
+    queue = Queue(name, Exchange(name, "direct"), name)
+    client = own_redis.client()
+    client.script_load(source(fetch.FETCH))
+    got: list[Any] = []
+    with Connection(own_redis.url, transport=transport.bound(leases)) as conn:
+        conn.Producer(conn.channel()).publish({"job": 1}, exchange=queue.exchange, routing_key=name, declare=[queue])
+        channel = conn.channel()
+        channel.basic_qos(0, 3, False)
+        Consumer(channel, [queue], callbacks=[lambda body, message: got.append(message)]).consume()
+        wait_for(lambda: conn.drain_events(timeout=1) or got, 10, 0, what="the job's delivery")
+        [finished] = got
+        client.execute_command("CLIENT", "PAUSE", 60_000, "ALL")  # the next fetch is sent, and never answered
+        channel._brpop_start()
+        finished.ack()  # the job ends: its acknowledgement waits for the fetch after the one in flight
+        own_redis.stop()
+        conn.collect()  # what Celery's consumer does after a connection error (`on_connection_error_after_connected`)
+    leases.drop(leases.held())  # its `on_close`: no job runs (`_release_what_on_close_drops`)
+    for tick in list(loop.on_tick):  # the event loop's next ticks, after the reconnect
+        tick()
+    own_redis.start()
+    client = own_redis.client()
+    leases.renew_once(client)  # what the renewal thread does once Redis answers
+
+    assert leases.pending_acks() == 0 and leases.held() == set()
+    assert client.hlen("unacked") == 0 and client.zcard("unacked_index") == 0, "the finished job was given back"
+    assert client.llen(name) == 0
