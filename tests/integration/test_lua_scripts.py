@@ -23,6 +23,7 @@ from pipeline.broker import is_oom
 from pipeline.constants import CANCEL_KEY, GROUP_KEY_PREFIX, HEADER_GROUP
 from pipeline.lua import names, script, sha, source
 from pipeline.queues.wake import WAKE_MAX
+from tests.support.monitor import Monitor
 from tests.support.procs import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -112,10 +113,6 @@ def test_once_cas_moves_the_key_only_from_the_expected_value(client: redis.Redis
     assert client.exists("once") == 0
 
 
-def acquire(client: redis.Redis, interval_ms: float, tau_ms: float, carried: float | None = None) -> float:
-    return take(client, interval_ms, tau_ms, carried)[0]
-
-
 def take(client: redis.Redis, interval_ms: float, tau_ms: float, carried: float | None = None) -> tuple[float, float]:
     """(wait, slot) in ms, the slot on Redis's clock."""
     args = [interval_ms, tau_ms, "" if carried is None else carried]
@@ -128,34 +125,58 @@ def redis_ms(client: redis.Redis) -> float:
     return seconds * 1000 + micros / 1000
 
 
+#: A long interval for the rate tests: consecutive calls land well inside it however slow the machine is.
+MINUTE = 60_000
+
+
+def take_timed(client: redis.Redis, interval_ms: float, tau_ms: float) -> tuple[float, float, float, float]:
+    """`take`'s (wait, slot), with Redis's clock (ms) read just before and just after the call."""
+    before = redis_ms(client)
+    wait, slot = take(client, interval_ms, tau_ms)
+    return wait, slot, before, redis_ms(client)
+
+
+def waited_for(wait: float, slot: float, before: float, after: float) -> bool:
+    """The wait is the slot less the script's clock, which read between `before` and `after` (the slot is sent with
+    a tenth of a ms)."""
+    return slot - after - 0.1 <= wait <= slot - before + 0.1
+
+
 def test_rate_acquire_answers_the_wait_for_each_reserved_slot(client: redis.Redis) -> None:
-    waits = [acquire(client, 1000, 0) for _ in range(3)]  # 1/s, no burst
-    assert waits[0] == 0
-    assert 900 < waits[1] <= 1000 and 1900 < waits[2] <= 2000  # each call takes the next slot
-    assert 0 < client.pttl("rate") <= 4000  # the key outlives the last slot, then goes
+    taken = [take_timed(client, MINUTE, 0) for _ in range(3)]  # 1/min, no burst
+    slots = [slot for _wait, slot, _before, _after in taken]
+    assert taken[0][0] == 0
+    assert [later - earlier for earlier, later in itertools.pairwise(slots)] == [pytest.approx(MINUTE, abs=0.1)] * 2
+    assert all(waited_for(*call) for call in taken)  # each call takes the next slot, and waits for it
+    pttl = client.pttl("rate")
+    assert MINUTE < pttl <= 3 * MINUTE + 1001  # the key outlives the last slot by a second, then goes
 
 
 def test_rate_acquire_gives_slots_on_redis_clock(client: redis.Redis) -> None:
     before = redis_ms(client)
-    (_, first), (wait, second) = take(client, 1000, 0), take(client, 1000, 0)
+    (_, first), (wait, second) = take(client, MINUTE, 0), take(client, MINUTE, 0)
     after = redis_ms(client)
-    assert before <= first <= after and second == pytest.approx(first + 1000, abs=1) and 900 < wait <= 1000
+    assert before <= first <= after and second == pytest.approx(first + MINUTE, abs=1)
+    assert second - after <= wait <= second - before
 
 
 def test_a_carried_slot_is_judged_on_redis_clock_and_honoured_without_taking_another(client: redis.Redis) -> None:
     now = redis_ms(client)
-    assert take(client, 1000, 0, carried=now + 200) == (0.0, now + 200)  # within half an interval: start on it
+    assert take(client, MINUTE, 0, carried=now + 200) == (0.0, now + 200)  # within half an interval: start on it
     assert client.exists("rate") == 0  # no slot taken
-    wait, slot = take(client, 1000, 0, carried=now + 5000)  # held by a worker whose clock runs ahead
-    assert slot == now + 5000 and 4900 < wait <= 5000 and client.exists("rate") == 0  # the same slot, waited for
+    before = redis_ms(client)
+    wait, slot = take(client, 1000, 0, carried=before + 5000)  # held by a worker whose clock runs ahead
+    after = redis_ms(client)
+    assert slot == before + 5000 and waited_for(wait, slot, before, after) and client.exists("rate") == 0
     wait, slot = take(client, 1000, 0, carried=now - 5000)  # late (a busy worker, or a clock behind): asks again
     assert wait == 0 and slot >= now and client.exists("rate") == 1
 
 
 def test_rate_acquire_lets_a_burst_start_at_once(client: redis.Redis) -> None:
-    waits = [acquire(client, 1000, 2000) for _ in range(4)]  # 1/s, burst 3
-    assert waits[:3] == [0, 0, 0]
-    assert 900 < waits[3] <= 1000
+    taken = [take_timed(client, MINUTE, 2 * MINUTE) for _ in range(4)]  # 1/min, burst 3
+    assert [wait for wait, _slot, _before, _after in taken[:3]] == [0, 0, 0]
+    assert taken[3][0] > 0 and waited_for(*taken[3])
+    assert taken[3][1] - taken[0][1] == pytest.approx(MINUTE, abs=0.1)  # the burst spent, the next slot is one away
 
 
 def test_delayed_release_moves_due_jobs_only(client: redis.Redis) -> None:
@@ -639,7 +660,8 @@ def test_fetch_takes_each_rated_jobs_slot_as_rate_acquire_does_on_the_workers_ow
         _rated("other", "other", pipeline_rate_key="h1"),
     ]
     client.lpush("jobs", *jobs)
-    reply = _fetch(client, ["jobs"], "0", limits=json.dumps(limits))
+    with Monitor(client) as seen:
+        reply = _fetch(client, ["jobs"], "0", limits=json.dumps(limits))
     got = {reply[i + 1].decode(): reply[i + 5 : i + 8] for i in range(2, len(reply), 8)}
     assert list(got) == ["a1", "a2", "b1", "nokey", "deferred", "keyless", "other"]
     for tag in ("nokey", "deferred", "other"):
@@ -654,7 +676,11 @@ def test_fetch_takes_each_rated_jobs_slot_as_rate_acquire_does_on_the_workers_ow
         b"pipeline:ratelimit:limited:h2",
         b"pipeline:ratelimit:open",
     ]
-    assert 0 < client.pttl("pipeline:ratelimit:limited:h1") <= 1200
+    # Each slot's SET keeps the key one second past its new TAT (one, then two intervals past the script's clock),
+    # rounded up to the ms: what the script sent, not a clock read after it.
+    sets = [c["command"].split(" ") for c in seen.mentioning("pipeline:ratelimit:limited:h1")]
+    expiries = [int(words[4]) for words in sets if words[0].upper() == "SET" and words[3].upper() == "PX"]
+    assert expiries == [pytest.approx(1100, abs=1), pytest.approx(1200, abs=1)]
     # One limiter with `rate_acquire.lua`: the next job asking on h1 gets the slot after the two the fetch took.
     wait, slot = script("rate_acquire")(keys=["pipeline:ratelimit:limited:h1"], args=[100, 0, ""], client=client)
     assert float(slot) - float(got["a1"][2]) == pytest.approx(200, abs=0.01) and float(wait) > 150
