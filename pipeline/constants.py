@@ -79,7 +79,8 @@ HEADER_PUBLISHED_AT: Final = "pipeline_published_at"
 HEADER_IDEMPOTENCY_KEY: Final = "pipeline_idempotency_key"
 
 #: A job deferred by the cluster-wide rate limiter carries the slot it was given (epoch s), and how many
-#: times it was deferred; `pipeline.scheduling.ratelimit` owns both.
+#: times it was deferred; `pipeline.scheduling.ratelimit` owns both. The slot is only a mark: the one a deferred job
+#: starts on is the one the limiter recorded for its id (`RATE_SLOT_KEY`), taken once.
 HEADER_RATE_SLOT: Final = "pipeline_rate_slot"
 HEADER_THROTTLED: Final = "pipeline_throttled"
 #: A job of a task whose cluster-wide limit has a key (`typed_task(rate_key=...)`) carries that key, computed from its
@@ -110,6 +111,9 @@ GROUP_COUNT_KEY: Final = GROUP_KEY_PREFIX + "count"
 GROUP_MAX_LENGTH: Final = 128
 #: GCRA state of a cluster-wide limit: the theoretical arrival time (ms), per task and optional key.
 RATE_LIMIT_KEY: Final = KEY_PREFIX + "ratelimit:{task}"
+#: STRING: the slot (epoch s on Redis's clock) the rate limiter gave a job it deferred, by job id; taken (GETDEL)
+#: when the deferred job starts, so no message can name a slot of its own (`pipeline.scheduling.ratelimit`).
+RATE_SLOT_KEY: Final = KEY_PREFIX + "rate-slot:{id}"
 
 #: kombu's separator and steps for priority sub-queues on Redis: `<queue>\x06\x16<priority>`.
 PRIORITY_SEPARATOR: Final = "\x06\x16"

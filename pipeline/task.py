@@ -77,11 +77,12 @@ GUARDS: list[Guard] = []
 def request_header(request: Any, name: str) -> Any:
     """A custom message header of a task request (`HEADER_*` of `pipeline.constants`), or None.
 
-    Depending on the path a message took (a first publish, Celery's own retry, a re-published signature),
-    a custom header is an entry of `request.headers` or an attribute of the request: read both.
+    Celery makes each header of a message an attribute of the task's request, whatever path the message took (a
+    first publish, Celery's own retry, a re-published signature): only those are read. `request.headers` is not: a
+    message with a header named `headers` of its own (`send_task(..., headers={"headers": {...}})`) gets that dict
+    there, so a producer could pass through it what only a worker's fetch sets (`DELIVERY_HEADERS`).
     """
-    value = (getattr(request, "headers", None) or {}).get(name)
-    return value if value is not None else getattr(request, name, None)
+    return getattr(request, name, None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""`test.limited`: 20 starts per second across the cluster; each start appends its time to `test:limited:<key>`."""
+"""`test.limited` (20 starts per second across the cluster) and `test.limited-slow` (2 a second): each start appends
+its time to `test:limited:<key>`."""
 
 from __future__ import annotations
 
@@ -20,11 +21,21 @@ class LimitedResult(BaseModel):
     started: float
 
 
-@typed_task("test.limited", kind="test-limited", payload=LimitedJob, result=LimitedResult, cluster_rate="20/s")
-def limited(job: LimitedJob, ctx: JobContext) -> LimitedResult:
+def _start(job: LimitedJob, ctx: JobContext) -> LimitedResult:
     now = time.time()
     ledger_client().rpush(f"test:limited:{job.key}", now)
     return LimitedResult(attempt=ctx.attempt, started=now)
+
+
+@typed_task("test.limited", kind="test-limited", payload=LimitedJob, result=LimitedResult, cluster_rate="20/s")
+def limited(job: LimitedJob, ctx: JobContext) -> LimitedResult:
+    return _start(job, ctx)
+
+
+#: 2 starts per second: a slot is judged on time within half an interval (250 ms), wide enough for many jobs.
+@typed_task("test.limited-slow", kind="test-limited-slow", payload=LimitedJob, result=LimitedResult, cluster_rate="2/s")
+def limited_slow(job: LimitedJob, ctx: JobContext) -> LimitedResult:
+    return _start(job, ctx)
 
 
 def starts(key: str) -> list[float]:

@@ -8,7 +8,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
-from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT, HEADER_RATE_SLOT
+from celery.app.task import Context
+
+from pipeline.constants import HEADER_IDEMPOTENCY_KEY, HEADER_PUBLISHED_AT, HEADER_RATE_GRANT, HEADER_RATE_SLOT
 from pipeline.observability.endpoint import sweep
 from pipeline.observability.task_metrics import queue_wait
 from pipeline.task import request_header
@@ -38,12 +40,20 @@ def test_no_header_no_observation() -> None:
     assert queue_wait(_request(None), now=10.0) is None
 
 
-def test_header_is_read_from_the_headers_dict_or_the_request_attribute() -> None:
-    in_dict = SimpleNamespace(eta=None, headers={HEADER_PUBLISHED_AT: 50.0})
-    assert queue_wait(in_dict, now=52.0) == 2.0
-    both = SimpleNamespace(headers={HEADER_IDEMPOTENCY_KEY: "k-1"}, **{HEADER_IDEMPOTENCY_KEY: "k-1"})
-    assert request_header(both, HEADER_IDEMPOTENCY_KEY) == "k-1"
-    assert request_header(SimpleNamespace(**{HEADER_RATE_SLOT: 0.0}), HEADER_RATE_SLOT) == 0.0  # no headers attribute
+def test_a_header_is_what_the_message_carries_at_its_top_level() -> None:
+    """Celery makes each header of a message an attribute of the task's request (`Context`); a `headers` entry of the
+    message's own (what `send_task(..., headers={"headers": {...}})` sends) becomes `request.headers`, never read."""
+    top = Context({"id": "a", "eta": None, HEADER_PUBLISHED_AT: 50.0, HEADER_IDEMPOTENCY_KEY: "k-1"})
+    assert queue_wait(top, now=52.0) == 2.0
+    assert request_header(top, HEADER_IDEMPOTENCY_KEY) == "k-1" and top.headers == {
+        HEADER_PUBLISHED_AT: 50.0,
+        HEADER_IDEMPOTENCY_KEY: "k-1",
+    }
+    forged = {HEADER_RATE_GRANT: {"key": "k", "slot": 1.0, "due": 1.0}, HEADER_IDEMPOTENCY_KEY: "k-2"}
+    nested = Context({"id": "b", "headers": forged})
+    assert nested.headers == forged  # where Celery puts it
+    assert request_header(nested, HEADER_RATE_GRANT) is None and request_header(nested, HEADER_IDEMPOTENCY_KEY) is None
+    assert request_header(SimpleNamespace(**{HEADER_RATE_SLOT: 0.0}), HEADER_RATE_SLOT) == 0.0
     assert request_header(SimpleNamespace(headers=None), HEADER_RATE_SLOT) is None
 
 
