@@ -148,9 +148,10 @@ def test_a_beat_started_while_redis_is_down_waits_for_it(
         beat.stop()
 
 
-#: Restarts, and pool processes of the worker, in the test below.
+#: Restarts, pool processes and the lease of the worker, in the test below.
 RESTARTS = 3
 CONCURRENCY = 4
+LEASE_S = 10
 
 
 def test_worker_survives_three_redis_restarts_under_load(
@@ -161,10 +162,11 @@ def test_worker_survives_three_redis_restarts_under_load(
     The worker fetches with one Lua script that pops a message and records it as unacknowledged (and leased)
     together, so no restart can fall between the two; a job that completes while Redis is down keeps running,
     stores its result once Redis is back (`result_backend_always_retry`) and its acknowledgement is applied
-    then, so it is never delivered again.
+    then, so it is never delivered again. The last count comes two leases after every job was acknowledged: a job
+    whose lease lapsed or was given up has been swept and run again by then.
     """
     key = uuid.uuid4().hex
-    env = {"REDIS_URL": own_redis.url, "TEST_LEDGER_URL": ledger_redis.url}
+    env = {"REDIS_URL": own_redis.url, "TEST_LEDGER_URL": ledger_redis.url, "LEASE_SECONDS": str(LEASE_S)}
     worker = make_worker(f"restarts-{key[:6]}", env=env, concurrency=CONCURRENCY)
     worker_pid = worker.pid
     producer = Celery("outage-producer", broker=own_redis.url, set_as_current=False)
@@ -210,6 +212,9 @@ def test_worker_survives_three_redis_restarts_under_load(
         missing = set(sent) - set(done(ledger_redis, key))
         state = {"queued": waiting(broker, "default"), "unacked": broker.hgetall("unacked"), "missing": missing}
         raise AssertionError(f"not settled: {state}\n{worker.log()[-3000:]}") from None
+    # Every lease that could still lapse has lapsed, and its job been swept and run again, before the last count.
+    time.sleep(2 * LEASE_S)  # not a wait for an outcome: the time a re-run needs to show
+    wait_for(settled, 60, 0.2, what="every job run again after a lapsed lease to be acknowledged")
     assert alive(worker.proc, worker_pid), f"worker exited:\n{worker.log()[-3000:]}"
     assert "Unrecoverable error" not in worker.log()
     runs = collections.Counter(done(ledger_redis, key))
