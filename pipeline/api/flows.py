@@ -25,9 +25,9 @@ from pipeline.api.jobs import ERRORS as JOB_ERRORS
 from pipeline.api.models import FlowAccepted, FlowKind, FlowStep, Problem
 from pipeline.api.strict import reject_unknown_query
 from pipeline.config import example
+from pipeline.control.flows import FlowFinished, FlowStatus, FlowSummary, cancel_flow, flow_status, list_flows
 from pipeline.flows import FLOWS, Flow, FlowNotFound, start
 from pipeline.flows.definition import NAME
-from pipeline.flows.view import FlowFinished, FlowStatus, FlowSummary, cancel_flow, flow_status, list_flows
 
 IdempotencyKey = Annotated[
     str | None,

@@ -6,7 +6,7 @@ Redis's URL::
 
     with FlowClient(own_redis.url) as flows:
         flow_id = flows.start("test_fan", {"key": key, "n": 50})
-        status = flows.status(flow_id)          # `pipeline.flows.view.FlowStatus` as JSON
+        status = flows.status(flow_id)          # `pipeline.control.flows.FlowStatus` as JSON
 
 Commands go as JSON lines on the process's stdin, one JSON line answers each on its stdout
 (`python -m tests.support.flow_client`).
@@ -116,8 +116,8 @@ def serve() -> None:
     """Answer commands from stdin until it closes."""
     import tasks.flows  # noqa: F401  # declares the shipped flows (invoice, media)
     import tests.support.worker_app  # noqa: F401  # the test flows and their tasks
+    from pipeline.control.flows import flow_status
     from pipeline.flows import start
-    from pipeline.flows.view import flow_status
 
     for line in sys.stdin:
         command = json.loads(line)
