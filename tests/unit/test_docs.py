@@ -184,3 +184,26 @@ def test_the_docs_build_passes_on_the_site_and_fails_on_one_broken_link(tmp_path
     output = broken.stdout + broken.stderr
     assert "no-such-page.md" in output
     assert "Aborted with 1 warnings in strict mode" in output
+
+
+def test_the_deployment_guide_gives_one_set_of_worker_defaults_the_settings_have() -> None:
+    """Each row of docs/deployment.md's "Defaults" table names its setting's default from the settings model, and
+    every other mention of `WORKER_CONCURRENCY (N)` in the guide gives the same N."""
+    from pipeline.config.settings import Settings
+
+    text = (DOCS / "deployment.md").read_text()
+    table = text[text.index("### Defaults") :].split("\n### ")[0]
+    rows = re.findall(r"^\| `([A-Z_]+)`[^|]*\| ([^|]+) \|", table, flags=re.M)
+    checked = 0
+    for name, default in rows:
+        field = Settings.model_fields.get(name.lower())
+        if field is None or field.default is None:
+            continue
+        assert re.search(
+            rf"\b{field.default:g}\b" if isinstance(field.default, float) else rf"\b{field.default}\b", default
+        ), name
+        checked += 1
+    assert checked >= 4
+    concurrency = Settings.model_fields["worker_concurrency"].default
+    assert set(re.findall(r"WORKER_CONCURRENCY`? \((\d+)\)", text)) <= {str(concurrency)}
+    assert "Why solo workers" not in text
