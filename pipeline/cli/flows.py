@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from pipeline.cli.output import emit_json, fail, invalid, read_payload, refused
-from pipeline.errors import BrokerWriteRefused, PayloadInvalid
+from pipeline.cli.output import emit_json, exits, fail, read_payload
 
 if TYPE_CHECKING:
     from pipeline.control.flows import FlowStatus
@@ -145,12 +144,8 @@ def start(
     if example and flow.example is None:
         raise fail(f"flow {name} has no example input", 2, as_json)
     given = flow.example if example else read_payload(f"@{input_file}" if input_file else input_json, [])
-    try:
+    with exits(as_json, {}):
         flow_id = start_flow(flow, given or {}, idempotency_key=idempotency_key)
-    except PayloadInvalid as exc:
-        raise invalid(exc, as_json) from None
-    except BrokerWriteRefused as exc:
-        raise refused(exc, as_json) from None
     if not wait:
         emit_json({"id": flow_id, "flow": name}) if as_json else typer.echo(flow_id)
         return
@@ -212,12 +207,6 @@ def cancel(flow_id: IdArg, as_json: JsonOpt = False) -> None:
     from pipeline.control.flows import FlowFinished, cancel_flow
     from pipeline.flows import FlowNotFound
 
-    try:
+    with exits(as_json, {FlowNotFound: 2, FlowFinished: 1}):
         done = cancel_flow(flow_id)
-    except FlowNotFound as exc:
-        raise fail(str(exc), 2, as_json) from None
-    except FlowFinished as exc:
-        raise fail(str(exc), 1, as_json) from None
-    except BrokerWriteRefused as exc:
-        raise refused(exc, as_json) from None
     emit_json(done.model_dump(mode="json")) if as_json else typer.echo(f"{flow_id} cancelled")

@@ -16,32 +16,15 @@ from typing import Any
 
 import pytest
 
+from tests.support.cli import run_pipeline
 from tests.support.procs import free_port, redis_binary, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 def enqueue_probe(env: dict[str, str], timeout: int = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "enqueue",
-            "probe",
-            "--set",
-            "message=over-the-wire",
-            "--wait",
-            "--json",
-            "--timeout",
-            "60",
-        ],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    probe = ["enqueue", "probe", "--set", "message=over-the-wire", "--wait", "--json", "--timeout", "60"]
+    return run_pipeline(*probe, env={**os.environ, **env}, timeout=timeout)
 
 
 def _openssl(*args: str, cwd: Path) -> None:

@@ -23,7 +23,7 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from tests.support.procs import ROOT
+from tests.support.procs import ROOT, ask
 
 
 class FlowClient:
@@ -35,13 +35,9 @@ class FlowClient:
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def call(self, op: str, **args: Any) -> Any:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
+        reply = ask(self.proc, op, args)
+        if reply is None:
             raise RuntimeError(f"the flow client exited ({self.proc.wait(5)}) on {op}")
-        reply = json.loads(line)
         if "error" in reply:
             raise RuntimeError(f"flow client {op}: {reply['error']}")
         return reply["ok"]

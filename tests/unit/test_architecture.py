@@ -197,9 +197,11 @@ def test_modules_stay_small_and_the_top_level_short() -> None:
     assert len(top_level) <= 15, top_level
 
 
-def _env(**extra: str) -> dict[str, str]:
+def _with_invalid_settings(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """`argv` run in the tree with no settings of the caller's and an unusable REDIS_URL."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "REDIS_", "PIPELINE_"))}
-    return {**env, "ENV_FILE": "", "SECRETS_DIR": "/nonexistent", **extra}
+    env = {**env, "ENV_FILE": "", "SECRETS_DIR": "/nonexistent", "REDIS_URL": "http://not-redis:1"}
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def test_every_module_imports_with_invalid_settings() -> None:
@@ -213,15 +215,7 @@ def test_every_module_imports_with_invalid_settings() -> None:
         "assert get_settings.cache_info().currsize == 0, 'settings were read at import'\n"
         "print('imported', len(sys.modules))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env=_env(REDIS_URL="http://not-redis:1"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _with_invalid_settings([sys.executable, "-c", code], timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("imported")
 
@@ -229,15 +223,7 @@ def test_every_module_imports_with_invalid_settings() -> None:
 @pytest.mark.parametrize("command", ["worker", "beat"])
 def test_processes_refuse_invalid_settings_at_start_naming_the_variable(command: str) -> None:
     celery = Path(sys.executable).with_name("celery")
-    done = subprocess.run(
-        [str(celery), "-A", "pipeline", command],
-        cwd=ROOT,
-        env=_env(REDIS_URL="http://not-redis:1"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _with_invalid_settings([str(celery), "-A", "pipeline", command], timeout=60)
     assert done.returncode != 0
     assert "REDIS_URL" in done.stderr + done.stdout
     assert "Traceback" not in done.stderr
