@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.cli import run_pipeline
 from tests.support.procs import free_port, redis_binary, wait_for
+from tests.support.topology import start_sentinel
 
 pytestmark = pytest.mark.integration
 
@@ -164,13 +165,7 @@ def sentinel(redis_server: Any, tmp_path: Path) -> Iterator[int]:
         f"port {port}\nbind 127.0.0.1\nsentinel monitor pipemaster 127.0.0.1 {redis_server.port} 1\n"
         "sentinel down-after-milliseconds pipemaster 60000\n"
     )
-    proc = subprocess.Popen(
-        [redis_binary(), str(conf), "--sentinel"],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = start_sentinel(conf)
     try:
         import redis
 
