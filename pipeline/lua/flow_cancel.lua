@@ -1,6 +1,6 @@
--- Cancels a running flow (`pipeline.control.flows.cancel_flow`): its state becomes 'cancelled', so no step of it is queued
--- any more (`flow_advance.lua` queues nothing for a flow that is not running, and `flow_begin.lua` tells a step that
--- starts not to run). The keys are `flow_advance.lua`'s.
+-- Cancels a running flow (`pipeline.control.flows.cancel_flow`): its state becomes 'cancelled', so no step of it is
+-- queued any more (`flow_advance.lua` queues nothing for a flow that is not running, and `flow_begin.lua` tells a
+-- step that starts not to run). The keys are `flow_advance.lua`'s.
 -- KEYS[1] M (`pipeline:flow:{<id>}`). ARGV[1] now.
 -- Returns the state before the call (nil: no such flow); only a 'running' flow is changed.
 local function flow_cancel(KEYS, ARGV)
