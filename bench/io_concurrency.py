@@ -472,9 +472,3 @@ def main(options: Options | None = None, as_json: bool = False) -> dict[str, Any
     result = measure(os.environ["REDIS_URL"], options or Options())
     print(json.dumps(result, indent=2) if as_json else table(result), flush=True)
     return result
-
-
-if __name__ == "__main__":
-    from bench.__main__ import main as bench_main
-
-    raise SystemExit(bench_main(["io_concurrency", *sys.argv[1:]]))

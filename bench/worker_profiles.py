@@ -158,27 +158,17 @@ def systems(queue: str) -> list[System]:
         System("pipeline threads c16", "app", queue, [["-P", "threads", "-c", "16"]]),
         System("pipeline worker --processes 2 (asyncio)", "app", queue, [], supervised=2, pool="asyncio"),
         System("pipeline worker --processes 3 (asyncio)", "app", queue, [], supervised=3, pool="asyncio"),
-        System("pipeline worker --processes 2 (solo)", "app", queue, [], supervised=2),
-        System(
-            "pipeline worker --processes 2 (solo, prefetch 8)",
-            "app",
-            queue,
-            [],
-            {"WORKER_PREFETCH_MULTIPLIER": "8"},
-            supervised=2,
-        ),
-        System("pipeline worker --processes 3 (solo)", "app", queue, [], supervised=3),
-        System(
-            "pipeline worker --processes 3 (solo, prefetch 8)",
-            "app",
-            queue,
-            [],
-            {"WORKER_PREFETCH_MULTIPLIER": "8"},
-            supervised=3,
-        ),
-        System("pipeline worker --processes 4 (solo)", "app", queue, [], supervised=4),
+        *(_solo(queue, n, prefetch) for n, prefetch in ((2, None), (2, 8), (3, None), (3, 8), (4, None))),
         System("pipeline gevent c16", "app", queue, [["-P", "gevent", "-c", "16"]]),
     ]
+
+
+def _solo(queue: str, n: int, prefetch: int | None) -> System:
+    """`pipeline worker --processes n --pool solo`, with a prefetch multiplier other than the profile's if given."""
+    if prefetch is None:
+        return System(f"pipeline worker --processes {n} (solo)", "app", queue, [], supervised=n)
+    env = {"WORKER_PREFETCH_MULTIPLIER": str(prefetch)}
+    return System(f"pipeline worker --processes {n} (solo, prefetch {prefetch})", "app", queue, [], env, supervised=n)
 
 
 def _on_main() -> dict[str, str]:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from celery import Celery
 
 from pipeline.constants import TRANSCODE_QUEUE, WORK_QUEUES
 from tests.support.inproc import InProcessWorker
@@ -130,6 +131,15 @@ def own_redis(work_dir: Path) -> Iterator[RedisServer]:
     server = RedisServer(work_dir / f"outage-redis-{uuid.uuid4().hex[:6]}").start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def producer(own_redis: RedisServer) -> Iterator[Celery]:
+    """A plain Celery client on this test's own Redis (what a foreign producer sends)."""
+    app = Celery("foreign-producer", broker=own_redis.url, backend=own_redis.url, set_as_current=False)
+    app.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
+    yield app
+    app.close()
 
 
 @pytest.fixture

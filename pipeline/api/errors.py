@@ -8,11 +8,13 @@ maxmemory) is a 503 with Retry-After too, its detail saying which: retry, with t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis.exceptions
 from celery.exceptions import BackendGetMetaError, BackendStoreError
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -33,6 +35,17 @@ BROKER_ERRORS: tuple[type[Exception], ...] = (
     BackendStoreError,
 )
 BROKER_DOWN = "the broker is unreachable; nothing was stored, retry later"
+
+
+@contextmanager
+def answers(codes: dict[type[Exception], int]) -> Iterator[None]:
+    """A route's own failures as answers: an exception of `codes` becomes its status (404 no such thing, 409 not in a
+    state for it) with its message as the detail."""
+    try:
+        yield
+    except tuple(codes) as exc:
+        status = next(status for kind, status in codes.items() if isinstance(exc, kind))
+        raise HTTPException(status, detail=str(exc)) from None
 
 
 def broker_unavailable(detail: str = BROKER_DOWN) -> JSONResponse:

@@ -20,14 +20,15 @@ from pydantic import ValidationError
 
 from pipeline.api.auth import require_token
 from pipeline.api.enqueue import IDEMPOTENCY_KEY_PATTERN, require_json
+from pipeline.api.errors import answers
 from pipeline.api.jobs import BODY_ERRORS
 from pipeline.api.jobs import ERRORS as JOB_ERRORS
 from pipeline.api.models import FlowAccepted, FlowKind, FlowStep, Problem
 from pipeline.api.strict import reject_unknown_query
 from pipeline.config import example
+from pipeline.control.flows import FlowFinished, FlowStatus, FlowSummary, cancel_flow, flow_status, list_flows
 from pipeline.flows import FLOWS, Flow, FlowNotFound, start
 from pipeline.flows.definition import NAME
-from pipeline.flows.view import FlowFinished, FlowStatus, FlowSummary, cancel_flow, flow_status, list_flows
 
 IdempotencyKey = Annotated[
     str | None,
@@ -180,10 +181,8 @@ def router() -> APIRouter:
     def get_flow(flow_id: FlowId) -> FlowStatus:
         if flow_id in FLOWS:  # `/flows/<name>` starts that flow: POST only
             raise wrong_method()
-        try:
+        with answers({FlowNotFound: 404}):
             return flow_status(flow_id)
-        except FlowNotFound as exc:
-            raise HTTPException(404, detail=str(exc)) from None
 
     @routes.post(
         "/flows/{flow_id}/cancel",
@@ -201,11 +200,7 @@ def router() -> APIRouter:
         },
     )
     def cancel(flow_id: FlowId) -> FlowStatus:
-        try:
+        with answers({FlowNotFound: 404, FlowFinished: 409}):
             return cancel_flow(flow_id)
-        except FlowNotFound as exc:
-            raise HTTPException(404, detail=str(exc)) from None
-        except FlowFinished as exc:
-            raise HTTPException(409, detail=str(exc)) from None
 
     return routes

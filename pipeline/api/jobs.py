@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query
 
 from pipeline.api.auth import require_token
 from pipeline.api.enqueue import MAX_BATCH, enqueue_batch_endpoint, enqueue_endpoint, require_json
+from pipeline.api.errors import answers
 from pipeline.api.models import Accepted, AcceptedBatch, Kind, Problem
 from pipeline.api.strict import reject_unknown_query
 from pipeline.browse.listing import browse
@@ -124,12 +125,8 @@ def router(registry: dict[str, TypedTask[Any, Any]]) -> APIRouter:
         },
     )
     def cancel_job(job_id: JobId) -> JobStatus:
-        try:
+        with answers({JobNotFound: 404, JobFinished: 409}):
             return cancel(job_id)
-        except JobNotFound as exc:
-            raise HTTPException(404, detail=str(exc)) from None
-        except JobFinished as exc:
-            raise HTTPException(409, detail=str(exc)) from None
 
     @routes.get(
         "/jobs",

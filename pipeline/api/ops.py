@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 
 from pipeline.api.auth import require_token
 from pipeline.api.enqueue import status_path
-from pipeline.api.errors import BROKER_ERRORS, broker_unavailable
+from pipeline.api.errors import BROKER_ERRORS, answers, broker_unavailable
 from pipeline.api.jobs import ERRORS
 from pipeline.api.models import Deleted, Health, Problem, QueueInfo, Queues, QueueState, Replayed
 from pipeline.api.strict import reject_unknown_query
@@ -69,12 +69,8 @@ def _switch(action: str) -> Callable[[str], QueueState]:
     def route(
         name: Annotated[str, Path(description="A work queue.", json_schema_extra={"enum": list(WORK_QUEUES)})],
     ) -> QueueState:
-        try:
+        with answers({pausing.UnknownQueue: 404, pausing.NotPausable: 409}):
             changed = switch(name)
-        except pausing.UnknownQueue as exc:
-            raise HTTPException(404, detail=str(exc)) from None
-        except pausing.NotPausable as exc:
-            raise HTTPException(409, detail=str(exc)) from None
         return QueueState(name=name, paused=action == "pause", changed=changed)
 
     return route

@@ -12,12 +12,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from pipeline.cli.output import emit_json, fail, invalid, read_payload, refused
-from pipeline.errors import BrokerWriteRefused, PayloadInvalid
+from pipeline.cli.output import emit_json, exits, fail, read_payload
 
 if TYPE_CHECKING:
+    from pipeline.control.flows import FlowStatus
     from pipeline.flows import Flow
-    from pipeline.flows.view import FlowStatus
 
 app = typer.Typer(help="Multi-step flows: start one, follow its steps, list and cancel flows.", no_args_is_help=True)
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
@@ -75,7 +74,7 @@ def follow(flow_id: str, timeout: float, show: bool) -> FlowStatus:
     from rich.live import Live
     from rich.text import Text
 
-    from pipeline.flows.view import flow_status
+    from pipeline.control.flows import flow_status
 
     deadline = time.monotonic() + timeout
     with contextlib.ExitStack() as stack:
@@ -145,12 +144,8 @@ def start(
     if example and flow.example is None:
         raise fail(f"flow {name} has no example input", 2, as_json)
     given = flow.example if example else read_payload(f"@{input_file}" if input_file else input_json, [])
-    try:
+    with exits(as_json, {}):
         flow_id = start_flow(flow, given or {}, idempotency_key=idempotency_key)
-    except PayloadInvalid as exc:
-        raise invalid(exc, as_json) from None
-    except BrokerWriteRefused as exc:
-        raise refused(exc, as_json) from None
     if not wait:
         emit_json({"id": flow_id, "flow": name}) if as_json else typer.echo(flow_id)
         return
@@ -166,8 +161,8 @@ def status(
     as_json: JsonOpt = False,
 ) -> None:
     """A flow step by step: each step's state, jobs done/total and progress; the flow's state and failed step."""
+    from pipeline.control.flows import flow_status
     from pipeline.flows import FlowNotFound
-    from pipeline.flows.view import flow_status
 
     try:
         current = flow_status(flow_id)
@@ -186,7 +181,7 @@ def list_(
     as_json: JsonOpt = False,
 ) -> None:
     """Recent flows, newest first: state, progress, when they started, the step a failed one failed at."""
-    from pipeline.flows.view import list_flows
+    from pipeline.control.flows import list_flows
 
     if flow is not None:
         _declared(flow, as_json)
@@ -209,15 +204,9 @@ def cancel(flow_id: IdArg, as_json: JsonOpt = False) -> None:
     """Cancel a flow: no further step is queued; its waiting and running jobs are cancelled.
 
     Exit 1 if it has finished already (succeeded or cancelled), 2 if no flow has this id."""
+    from pipeline.control.flows import FlowFinished, cancel_flow
     from pipeline.flows import FlowNotFound
-    from pipeline.flows.view import FlowFinished, cancel_flow
 
-    try:
+    with exits(as_json, {FlowNotFound: 2, FlowFinished: 1}):
         done = cancel_flow(flow_id)
-    except FlowNotFound as exc:
-        raise fail(str(exc), 2, as_json) from None
-    except FlowFinished as exc:
-        raise fail(str(exc), 1, as_json) from None
-    except BrokerWriteRefused as exc:
-        raise refused(exc, as_json) from None
     emit_json(done.model_dump(mode="json")) if as_json else typer.echo(f"{flow_id} cancelled")

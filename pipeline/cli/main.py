@@ -17,16 +17,15 @@ from pipeline.cli import queues as cli_queues
 from pipeline.cli.output import (
     broker_errors,
     emit_json,
+    exits,
     fail,
-    invalid,
     parse_time,
     read_payload,
     read_payloads,
-    refused,
 )
 from pipeline.compat import PRODUCER_LIBRARIES, versions
 from pipeline.config import get_settings
-from pipeline.errors import BrokerWriteRefused, PayloadInvalid, PriorityInvalid
+from pipeline.errors import PriorityInvalid
 from pipeline.status import JobState, JobStatus, job_status
 
 app = typer.Typer(
@@ -83,7 +82,7 @@ def enqueue(
     """Validate a payload and publish the job; print its id (and with --wait, its result)."""
     typed = _typed(kind, as_json)
     eta: datetime | None = parse_time(at) if at else None
-    try:
+    with exits(as_json, {PriorityInvalid: 2}):
         task_id = typed.enqueue(
             read_payload(payload, set_ or []),
             countdown=delay,
@@ -92,12 +91,6 @@ def enqueue(
             priority=priority,
             group=group,
         )
-    except PayloadInvalid as exc:
-        raise invalid(exc, as_json) from None
-    except PriorityInvalid as exc:
-        raise fail(str(exc), 2, as_json) from None
-    except BrokerWriteRefused as exc:
-        raise refused(exc, as_json) from None
     if not wait:
         emit_json({"id": task_id, "task": typed.name}) if as_json else typer.echo(task_id)
         return
@@ -128,14 +121,8 @@ def enqueue_many(
 ) -> None:
     """Validate every payload, then publish one job each (all or none); print their ids in order."""
     typed = _typed(kind, as_json)
-    try:
+    with exits(as_json, {PriorityInvalid: 2}):
         ids = typed.enqueue_many(read_payloads(payloads), priority=priority, group=group)
-    except PayloadInvalid as exc:
-        raise invalid(exc, as_json) from None
-    except PriorityInvalid as exc:
-        raise fail(str(exc), 2, as_json) from None
-    except BrokerWriteRefused as exc:
-        raise refused(exc, as_json) from None
     if as_json:
         emit_json({"task": typed.name, "ids": ids})
     else:
@@ -202,14 +189,8 @@ def cancel(task_id: Annotated[str, typer.Argument(metavar="ID")], as_json: JsonO
     from pipeline.control.cancel import JobFinished, JobNotFound
     from pipeline.control.cancel import cancel as cancel_job
 
-    try:
+    with exits(as_json, {JobNotFound: 2, JobFinished: 1}):
         status = cancel_job(task_id)
-    except JobNotFound as exc:
-        raise fail(str(exc), 2, as_json) from None
-    except JobFinished as exc:
-        raise fail(str(exc), 1, as_json) from None
-    except BrokerWriteRefused as exc:
-        raise refused(exc, as_json) from None
     if as_json:
         emit_json(status.model_dump(mode="json"))
     else:

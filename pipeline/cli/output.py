@@ -14,7 +14,7 @@ import typer
 
 from pipeline.broker import full, oom_cause, redact_url
 from pipeline.dlq import filters
-from pipeline.errors import PayloadInvalid
+from pipeline.errors import BrokerWriteRefused, PayloadInvalid
 
 
 def parse_duration(text: str) -> timedelta:
@@ -63,6 +63,21 @@ BROKER_EXIT = 3
 def refused(exc: Exception, as_json: bool = False) -> typer.Exit:
     """One line for a write the broker refused (replicas did not confirm it, or Redis is at maxmemory): exit 3."""
     return fail(str(exc), BROKER_EXIT, as_json)
+
+
+@contextmanager
+def exits(as_json: bool, codes: dict[type[Exception], int]) -> Iterator[None]:
+    """A command's failures as exits: an invalid payload exits 2 with its field errors, each exception of `codes`
+    with its code and its message, a write the broker refused 3 (`refused`)."""
+    try:
+        yield
+    except PayloadInvalid as exc:
+        raise invalid(exc, as_json) from None
+    except BrokerWriteRefused as exc:
+        raise refused(exc, as_json) from None
+    except tuple(codes) as exc:
+        code = next(code for kind, code in codes.items() if isinstance(exc, kind))
+        raise fail(str(exc), code, as_json) from None
 
 
 @contextmanager

@@ -14,9 +14,9 @@ registry per state stored.
 
 A worker whose event loop runs the job itself (a solo worker) can take a SUCCESS off the backend's hands: it sets
 `carrier` on these backend classes (`pipeline.delivery.acks.enable_carried_results`; a test may set it on one
-backend), and the same `store` function
-(written out in the delivery layer's scripts) then runs inside the script that acknowledges the job, so the result
-and the acknowledgement land together, in one round trip and atomically.
+backend), and the same `store` function (`pipeline/lua/parts/results.lua`, included in the delivery layer's
+scripts) then runs inside the script that acknowledges the job, so the result and the acknowledgement land together,
+in one round trip and atomically.
 
 A flow's step stores its SUCCESS with the call that records its node instead (`success_to_store`, then
 `mark_stored`: the backend's own write of that SUCCESS is skipped), when the backend is on the broker's Redis.

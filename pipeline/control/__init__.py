@@ -1,2 +1,3 @@
-"""Operators' actions on jobs that are under way: `cancel` (a waiting, scheduled, retrying or running job ends
-`cancelled`). The CLI (`pipeline cancel`), the API (`POST /jobs/{id}/cancel`) and the page call them."""
+"""Operators' actions on jobs and flows that are under way: `cancel` (a waiting, scheduled, retrying or running job
+ends `cancelled`) and `flows` (a flow's status, the recent flows, a flow's cancel). The CLI (`pipeline cancel`,
+`pipeline flow ...`), the API (`POST /jobs/{id}/cancel`, `/flows`) and the page call them."""

@@ -6,9 +6,13 @@
 -- ARGV[1] the task id, ARGV[2] the tombstone's TTL (seconds).
 -- Returns 1 when a parked entry was deleted, else 0. At maxmemory the tombstone's SET may be refused (an OOM
 -- error, nothing written): the caller reports it; a parked entry is deleted first, which frees memory.
-local parked = redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
-redis.call('SET', KEYS[1], '1', 'EX', tonumber(ARGV[2]))
-redis.call('PUBLISH', KEYS[5], ARGV[1])
-return parked
+local function cancel(KEYS, ARGV)
+  local parked = redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('HDEL', KEYS[3], ARGV[1])
+  redis.call('HDEL', KEYS[4], ARGV[1])
+  redis.call('SET', KEYS[1], '1', 'EX', tonumber(ARGV[2]))
+  redis.call('PUBLISH', KEYS[5], ARGV[1])
+  return parked
+end
+
+return cancel(KEYS, ARGV)

@@ -9,21 +9,25 @@
 -- key prefix (`pipeline:wake:`).
 -- Returns how many entries were pushed onto a queue. Runs at maxmemory: an entry is deleted (a write that frees
 -- memory) before its message is pushed.
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-local released = 0
-for _, id in ipairs(due) do
-  local dest = redis.call('HGET', KEYS[3], id)
-  local body = redis.call('HGET', KEYS[2], id)
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('HDEL', KEYS[2], id)
-  redis.call('HDEL', KEYS[3], id)
-  if dest and body then
-    redis.call('LPUSH', dest, body)
-    released = released + 1
-    local cut = string.find(dest, '\6\22', 1, true)
-    local wake = ARGV[3] .. (cut and string.sub(dest, 1, cut - 1) or dest)
-    redis.call('LPUSH', wake, '1')
-    redis.call('LTRIM', wake, 0, 15)
+local function delayed_release(KEYS, ARGV)
+  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+  local released = 0
+  for _, id in ipairs(due) do
+    local dest = redis.call('HGET', KEYS[3], id)
+    local body = redis.call('HGET', KEYS[2], id)
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('HDEL', KEYS[3], id)
+    if dest and body then
+      redis.call('LPUSH', dest, body)
+      released = released + 1
+      local cut = string.find(dest, '\6\22', 1, true)
+      local wake = ARGV[3] .. (cut and string.sub(dest, 1, cut - 1) or dest)
+      redis.call('LPUSH', wake, '1')
+      redis.call('LTRIM', wake, 0, 15)
+    end
   end
+  return released
 end
-return released
+
+return delayed_release(KEYS, ARGV)

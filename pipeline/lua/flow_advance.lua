@@ -19,10 +19,14 @@
 -- The call that records a node may also store its job's SUCCESS in the result backend (ARGV[17] not ''), as
 -- store.lua does and fenced the same way (stored only while ARGV[20] holds the job's lease ARGV[19]): the job's
 -- result costs no call of its own (`pipeline.flows.steps`). The node is recorded either way, as without a result.
--- The `held` and `store` functions are store.lua's, written out; `record` and `finish` are written out in fetch.lua,
--- which records a solo worker's fan-out items with their acknowledgements (`pipeline.delivery.acks`). The result is
--- stored after the node is recorded: at maxmemory the call is refused as a whole (its first write may grow memory),
--- as it was without a result, and the job retries.
+-- `held` and `store` are store.lua's (parts/results.lua); `record` and `finish` (parts/flow_node.lua) are shared with
+-- fetch.lua, which records a solo worker's fan-out items with their acknowledgements (`pipeline.delivery.acks`). The
+-- result is stored after the node is recorded: at maxmemory the call is refused as a whole (its first write may grow
+-- memory), as it was without a result, and the job retries.
+--- @include "results"
+--- @include "flow_node"
+
+-- flow_advance(KEYS, ARGV):
 -- KEYS[1] M, KEYS[2] the flows index (ZSET id -> created), then 3 per candidate step (below): its queue list, that
 -- queue's wake-up marker list (`pipeline.queues.wake`), its recent-jobs index; last, when creating with an
 -- idempotency key, the key's holder (`pipeline:flow-start:<name>:<key>`, STRING: the id of the flow that claimed it),
@@ -42,130 +46,79 @@
 -- step was queued (its `on:` field) if this call recorded its last node (else ''), '' (creating with an idempotency
 -- key an earlier start holds: that flow's id, and nothing is written), what became of the job's result (1 stored, 0 a
 -- SUCCESS or REVOKED was there, -1 fenced; '' none given, or no such flow), then the steps it queued}.
-
--- held(lease, tag, owner): whether the result of delivery `tag` may be stored by `owner`.
-local function held(lease, tag, owner)
-  return tag == '' or redis.call('HGET', lease, tag) == owner
-end
-
--- store(key, value, expires): the result backend's write, leaving a stored SUCCESS or REVOKED (cancelled) alone.
-local function store(key, value, expires)
-  local current = redis.call('GET', key)
-  if current then
-    local ok, meta = pcall(cjson.decode, current)
-    if ok and type(meta) == 'table' and (meta['status'] == 'SUCCESS' or meta['status'] == 'REVOKED') then
-      return 0
+local function flow_advance(KEYS, ARGV)
+  local M = KEYS[1]
+  local node, value, job, now, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+  local prefix, keep, step, item = ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9] == '1'
+  local w, m = tonumber(ARGV[13]), tonumber(ARGV[14])
+  local at = 21
+  local keyed = ARGV[16] ~= ''
+  local complete = true
+  local since = ''
+  local recorded = 1
+  local stored = ''
+  local state
+  if node == '' then
+    if keyed then
+      local first = redis.call('GET', KEYS[#KEYS])
+      if first then return {0, '', 0, '', first, ''} end
     end
-  end
-  redis.call('DEL', key)
-  if tonumber(expires) > 0 then
-    redis.call('SETEX', key, expires, value)
+    if redis.call('EXISTS', M) == 1 then return {0, redis.call('HGET', M, 'state'), 0, '', '', ''} end
+    if keyed then redis.call('SET', KEYS[#KEYS], ARGV[10], 'EX', ARGV[16]) end
+    state = 'running'
+    redis.call('HSET', M, 'name', ARGV[11], 'input', value, 'created', now, 'state', state, 'left', ARGV[12],
+      'total', 0, 'done', 0)
+    for i = at, at + 2 * w - 1, 2 do
+      redis.call('SADD', M .. ':wait:' .. ARGV[i], ARGV[i + 1])
+      redis.call('EXPIRE', M .. ':wait:' .. ARGV[i], ttl)
+    end
+    redis.call('ZADD', KEYS[2], now, ARGV[10])
+    redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[15]) - 1)
   else
-    redis.call('SET', key, value)
-  end
-  redis.call('PUBLISH', key, value)
-  return 1
-end
-
--- record(M, node, value, job, step, item): record a node's result, the first time only (HSETNX); returns 1 when
--- this call recorded it (else 0), whether its step is complete (all its nodes recorded), and when the step was
--- queued (its `on:` field) if this call recorded its last node (else '').
-local function record(M, node, value, job, step, item)
-  local recorded = redis.call('HSETNX', M .. ':results', node, value)
-  local complete, since = true, ''
-  if recorded == 1 then
-    redis.call('HSET', M .. ':tasks', node, job)
-    redis.call('SREM', M .. ':failed', node)
-    redis.call('HINCRBY', M, 'done', 1)
-    if item then complete = redis.call('HINCRBY', M, 'more:' .. step, -1) == 0 end
-    if complete then since = redis.call('HGET', M, 'on:' .. step) or '' end
-  elseif item then
-    complete = redis.call('HGET', M, 'more:' .. step) == '0'
-  end
-  return recorded, complete, since
-end
-
--- finish(M, state, now, ttl): a running flow whose steps are all queued and whose queued nodes are all recorded
--- succeeds (at `now`); every key of the flow gets `ttl` seconds more to live. Returns the flow's state.
-local function finish(M, state, now, ttl)
-  if state == 'running' and tonumber(redis.call('HGET', M, 'left')) == 0
-      and redis.call('HGET', M, 'done') == redis.call('HGET', M, 'total') then
-    state = 'succeeded'
-    redis.call('HSET', M, 'state', state, 'finished', now)
-  end
-  for _, suffix in ipairs({'', ':results', ':tasks', ':failed'}) do redis.call('EXPIRE', M .. suffix, ttl) end
-  return state
-end
-
-local M = KEYS[1]
-local node, value, job, now, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
-local prefix, keep, step, item = ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9] == '1'
-local w, m = tonumber(ARGV[13]), tonumber(ARGV[14])
-local at = 21
-local keyed = ARGV[16] ~= ''
-local complete = true
-local since = ''
-local recorded = 1
-local stored = ''
-local state
-if node == '' then
-  if keyed then
-    local first = redis.call('GET', KEYS[#KEYS])
-    if first then return {0, '', 0, '', first, ''} end
-  end
-  if redis.call('EXISTS', M) == 1 then return {0, redis.call('HGET', M, 'state'), 0, '', '', ''} end
-  if keyed then redis.call('SET', KEYS[#KEYS], ARGV[10], 'EX', ARGV[16]) end
-  state = 'running'
-  redis.call('HSET', M, 'name', ARGV[11], 'input', value, 'created', now, 'state', state, 'left', ARGV[12],
-    'total', 0, 'done', 0)
-  for i = at, at + 2 * w - 1, 2 do
-    redis.call('SADD', M .. ':wait:' .. ARGV[i], ARGV[i + 1])
-    redis.call('EXPIRE', M .. ':wait:' .. ARGV[i], ttl)
-  end
-  redis.call('ZADD', KEYS[2], now, ARGV[10])
-  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[15]) - 1)
-else
-  state = redis.call('HGET', M, 'state')
-  if not state then return {0, '', 0, '', '', ''} end
-  recorded, complete, since = record(M, node, value, job, step, item)
-  if ARGV[17] ~= '' then
-    stored = -1
-    if held(KEYS[#KEYS], ARGV[19], ARGV[20]) then stored = store(KEYS[#KEYS - 1], ARGV[17], ARGV[18]) end
-  end
-end
-at = at + 2 * w
-local queued = {}
-for c = 1, m do
-  local name, k, fan, record, channel = ARGV[at], tonumber(ARGV[at + 1]), ARGV[at + 2] == '1', ARGV[at + 3], ARGV[at + 4]
-  local first = at + 5
-  local events = channel ~= '' and k or 0
-  local go = state == 'running' and complete
-  if go and node ~= '' then
-    local wait = M .. ':wait:' .. name
-    redis.call('SREM', wait, step)
-    go = redis.call('SCARD', wait) == 0
-  end
-  if go and redis.call('HSETNX', M, 'on:' .. name, now) == 1 then
-    local list, marker, recent = KEYS[3 * c], KEYS[3 * c + 1], KEYS[3 * c + 2]
-    redis.call('HINCRBY', M, 'left', -1)
-    redis.call('HINCRBY', M, 'total', k)
-    if fan then redis.call('HSET', M, 'n:' .. name, k, 'more:' .. name, k) end
-    for i = 0, k - 1 do
-      local id = ARGV[first + k + i]
-      redis.call('HSET', M .. ':tasks', ARGV[first + i], id)
-      redis.call('SET', prefix .. id, record, 'EX', ttl)
-      redis.call('ZADD', recent, now, id)
-      redis.call('LPUSH', list, ARGV[first + 2 * k + i])
-      if events > 0 then redis.call('PUBLISH', channel, ARGV[first + 3 * k + i]) end
+    state = redis.call('HGET', M, 'state')
+    if not state then return {0, '', 0, '', '', ''} end
+    recorded, complete, since = record(M, node, value, job, step, item)
+    if ARGV[17] ~= '' then
+      stored = -1
+      if held(KEYS[#KEYS], ARGV[19], ARGV[20]) then stored = store(KEYS[#KEYS - 1], ARGV[17], ARGV[18]) end
     end
-    redis.call('ZREMRANGEBYRANK', recent, 0, -keep - 1)
-    for _ = 1, math.min(k, 16) do redis.call('LPUSH', marker, '1') end
-    redis.call('LTRIM', marker, 0, 15)
-    queued[#queued + 1] = name
   end
-  at = first + 3 * k + events
+  at = at + 2 * w
+  local queued = {}
+  for c = 1, m do
+    local name, k, fan, record, channel = ARGV[at], tonumber(ARGV[at + 1]), ARGV[at + 2] == '1', ARGV[at + 3], ARGV[at + 4]
+    local first = at + 5
+    local events = channel ~= '' and k or 0
+    local go = state == 'running' and complete
+    if go and node ~= '' then
+      local wait = M .. ':wait:' .. name
+      redis.call('SREM', wait, step)
+      go = redis.call('SCARD', wait) == 0
+    end
+    if go and redis.call('HSETNX', M, 'on:' .. name, now) == 1 then
+      local list, marker, recent = KEYS[3 * c], KEYS[3 * c + 1], KEYS[3 * c + 2]
+      redis.call('HINCRBY', M, 'left', -1)
+      redis.call('HINCRBY', M, 'total', k)
+      if fan then redis.call('HSET', M, 'n:' .. name, k, 'more:' .. name, k) end
+      for i = 0, k - 1 do
+        local id = ARGV[first + k + i]
+        redis.call('HSET', M .. ':tasks', ARGV[first + i], id)
+        redis.call('SET', prefix .. id, record, 'EX', ttl)
+        redis.call('ZADD', recent, now, id)
+        redis.call('LPUSH', list, ARGV[first + 2 * k + i])
+        if events > 0 then redis.call('PUBLISH', channel, ARGV[first + 3 * k + i]) end
+      end
+      redis.call('ZREMRANGEBYRANK', recent, 0, -keep - 1)
+      for _ = 1, math.min(k, 16) do redis.call('LPUSH', marker, '1') end
+      redis.call('LTRIM', marker, 0, 15)
+      queued[#queued + 1] = name
+    end
+    at = first + 3 * k + events
+  end
+  state = finish(M, state, now, ttl)
+  local reply = {recorded, state, complete and 1 or 0, since, '', stored}
+  for _, name in ipairs(queued) do reply[#reply + 1] = name end
+  return reply
 end
-state = finish(M, state, now, ttl)
-local reply = {recorded, state, complete and 1 or 0, since, '', stored}
-for _, name in ipairs(queued) do reply[#reply + 1] = name end
-return reply
+
+return flow_advance(KEYS, ARGV)

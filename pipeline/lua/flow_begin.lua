@@ -6,26 +6,30 @@
 -- Returns {the flow's state (nil: no such flow), the node's result if it was recorded before (else nil), the input
 -- (if asked, else nil), then per step of ARGV[4..]: -1 and its result for a plain step, or a fan-out step's item
 -- count n and its n items' results in order (nil for one not recorded)}. A cancelled flow's step gets only the state.
-local M = KEYS[1]
-local state = redis.call('HGET', M, 'state')
-if not state then return {false} end
-local node = ARGV[1]
-local result = redis.call('HGET', M .. ':results', node)
-if state == 'cancelled' and not result then return {state} end
-redis.call('HSET', M .. ':tasks', node, ARGV[2])
-redis.call('SREM', M .. ':failed', node)
-local out = {state, result or false, ARGV[3] == '1' and redis.call('HGET', M, 'input') or false}
-for i = 4, #ARGV do
-  local step = ARGV[i]
-  local n = redis.call('HGET', M, 'n:' .. step)
-  if n then
-    out[#out + 1] = tonumber(n)
-    for j = 0, tonumber(n) - 1 do
-      out[#out + 1] = redis.call('HGET', M .. ':results', step .. '[' .. j .. ']') or false
+local function flow_begin(KEYS, ARGV)
+  local M = KEYS[1]
+  local state = redis.call('HGET', M, 'state')
+  if not state then return {false} end
+  local node = ARGV[1]
+  local result = redis.call('HGET', M .. ':results', node)
+  if state == 'cancelled' and not result then return {state} end
+  redis.call('HSET', M .. ':tasks', node, ARGV[2])
+  redis.call('SREM', M .. ':failed', node)
+  local out = {state, result or false, ARGV[3] == '1' and redis.call('HGET', M, 'input') or false}
+  for i = 4, #ARGV do
+    local step = ARGV[i]
+    local n = redis.call('HGET', M, 'n:' .. step)
+    if n then
+      out[#out + 1] = tonumber(n)
+      for j = 0, tonumber(n) - 1 do
+        out[#out + 1] = redis.call('HGET', M .. ':results', step .. '[' .. j .. ']') or false
+      end
+    else
+      out[#out + 1] = -1
+      out[#out + 1] = redis.call('HGET', M .. ':results', step) or false
     end
-  else
-    out[#out + 1] = -1
-    out[#out + 1] = redis.call('HGET', M .. ':results', step) or false
   end
+  return out
 end
-return out
+
+return flow_begin(KEYS, ARGV)

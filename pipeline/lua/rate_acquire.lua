@@ -1,5 +1,8 @@
 -- Takes a slot of a cluster-wide rate limit (`pipeline.scheduling.ratelimit.acquire`): GCRA with
 -- reservation, on Redis's own clock (TIME), so every worker on every host shares one limiter and one clock.
+--- @include "gcra"
+
+-- rate_acquire(KEYS, ARGV):
 -- KEYS: the limiter's key (its theoretical arrival time, in ms).
 -- ARGV: emission interval T and burst tolerance tau, in ms; the slot (ms, Redis's clock) a deferred job was
 -- given, or '' for none. A job within half an interval of its slot starts on it; one earlier than that (held by
@@ -7,18 +10,17 @@
 -- cannot bunch deferred jobs into a burst. Neither of the first two takes another slot.
 -- Returns {wait, slot} as strings, in ms: the wait before the caller's slot (0: start now) and that slot on Redis's
 -- clock.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local interval, tau = tonumber(ARGV[1]), tonumber(ARGV[2])
-local carried = tonumber(ARGV[3])
-if carried and now - carried <= interval / 2 then
-  if carried - now > interval / 2 then return {tostring(carried - now), ARGV[3]} end
-  return {'0', ARGV[3]}
+local function rate_acquire(KEYS, ARGV)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+  local interval, tau = tonumber(ARGV[1]), tonumber(ARGV[2])
+  local carried = tonumber(ARGV[3])
+  if carried and now - carried <= interval / 2 then
+    if carried - now > interval / 2 then return {tostring(carried - now), ARGV[3]} end
+    return {'0', ARGV[3]}
+  end
+  local wait, slot = gcra(KEYS[1], interval, tau, now)
+  return {wait, slot}
 end
-local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tat < now then tat = now end
-local start = tat - tau
-if start < now then start = now end
-local new_tat = tat + interval
-redis.call('SET', KEYS[1], tostring(new_tat), 'PX', math.ceil(new_tat - now + tau) + 1000)
-return {tostring(start - now), tostring(start)}
+
+return rate_acquire(KEYS, ARGV)

@@ -5,16 +5,20 @@
 -- ARGV[1] the owner (the worker's incarnation id), ARGV[2] the lease (seconds), ARGV[3..] the delivery tags it holds.
 -- Returns the tags this owner no longer holds (lost: a sweep gave them to a peer, or they were settled).
 -- Runs at maxmemory: each entry is removed before it is added again (a first write that frees memory).
-local t = redis.call('TIME')
-local expiry = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[2])
-local lost = {}
-for i = 3, #ARGV do
-  local tag = ARGV[i]
-  if redis.call('HGET', KEYS[2], tag) == ARGV[1] then
-    redis.call('ZREM', KEYS[1], tag)
-    redis.call('ZADD', KEYS[1], expiry, tag)
-  else
-    lost[#lost + 1] = tag
+local function renew(KEYS, ARGV)
+  local t = redis.call('TIME')
+  local expiry = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[2])
+  local lost = {}
+  for i = 3, #ARGV do
+    local tag = ARGV[i]
+    if redis.call('HGET', KEYS[2], tag) == ARGV[1] then
+      redis.call('ZREM', KEYS[1], tag)
+      redis.call('ZADD', KEYS[1], expiry, tag)
+    else
+      lost[#lost + 1] = tag
+    end
   end
+  return lost
 end
-return lost
+
+return renew(KEYS, ARGV)

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery import Celery
 from kombu.asynchronous import Hub, set_event_loop
 
 from tests.support.procs import RedisServer
@@ -17,15 +16,6 @@ from tests.support.procs import RedisServer
 @pytest.fixture(autouse=True)
 def _services(services: None) -> None:
     """Start the session's Redis and SMTP server before the first test of this package."""
-
-
-@pytest.fixture
-def producer(own_redis: RedisServer) -> Iterator[Celery]:
-    """A plain Celery client on this test's own Redis (what a foreign producer sends)."""
-    app = Celery("lease-producer", broker=own_redis.url, backend=own_redis.url, set_as_current=False)
-    app.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
-    yield app
-    app.close()
 
 
 @pytest.fixture

@@ -43,6 +43,21 @@ def _drain(conn: Connection, name: str, n: int, timeout: float = 5) -> list[Any]
     return got
 
 
+def _lapsed(own_redis: RedisServer, conn: Connection, queue_name: str, n: int) -> tuple[Any, redis.Redis]:
+    """A job published and fetched by this worker, its lease past (its holder stopped renewing)."""
+    _publish(conn, queue_name, {"n": n})
+    (message,) = _drain(conn, queue_name, 1)
+    client = own_redis.client()
+    client.zadd("unacked_index", {message.delivery_tag: time.time() - 60})
+    return message, client
+
+
+def _sweep_after_a_whole_lease(conn: Connection, leases: Leases) -> None:
+    """The sweep of expired leases, this worker's renewals having succeeded for a whole lease."""
+    leases._streak_since, leases._renewed_at = time.monotonic() - 60, time.monotonic()
+    conn.default_channel.qos.restore_visible(interval=1)
+
+
 def test_a_fetch_records_the_delivery_lease_count_and_history_in_one_step(
     own_redis: RedisServer, conn: Connection, queue_name: str, leases: Leases
 ) -> None:
@@ -71,13 +86,9 @@ def test_a_fetch_records_the_delivery_lease_count_and_history_in_one_step(
 def test_a_delivery_restored_after_its_lease_counts_its_second_delivery(
     own_redis: RedisServer, conn: Connection, queue_name: str, leases: Leases
 ) -> None:
-    _publish(conn, queue_name, {"n": 2})
-    (first,) = _drain(conn, queue_name, 1)
-    client = own_redis.client()
-    client.zadd("unacked_index", {first.delivery_tag: time.time() - 60})  # its holder stopped renewing
+    first, client = _lapsed(own_redis, conn, queue_name, 2)
     leases.release(first.delivery_tag)  # and it was another worker: this one holds nothing of it
-    leases._streak_since, leases._renewed_at = time.monotonic() - 60, time.monotonic()  # renewing for a whole lease
-    conn.default_channel.qos.restore_visible(interval=1)
+    _sweep_after_a_whole_lease(conn, leases)
     assert client.hlen(LEASE_KEY) == 0 and client.llen(queue_name) == 1  # back on its queue, lease cleared
     (second,) = _drain(conn, queue_name, 1)
     assert second.delivery_tag == first.delivery_tag
@@ -90,12 +101,8 @@ def test_a_job_fetched_again_while_this_worker_still_holds_it_is_not_delivered_t
 ) -> None:
     """A worker frozen past its lease can fetch its own job back after a sweep restored it: the copy it holds goes
     on (under the new lease); the new delivery is not handed to Celery a second time."""
-    _publish(conn, queue_name, {"n": 8})
-    (held,) = _drain(conn, queue_name, 1)
-    client = own_redis.client()
-    client.zadd("unacked_index", {held.delivery_tag: time.time() - 60})
-    leases._streak_since, leases._renewed_at = time.monotonic() - 60, time.monotonic()
-    conn.default_channel.qos.restore_visible(interval=1)  # the lease expired: back on its queue
+    held, client = _lapsed(own_redis, conn, queue_name, 8)
+    _sweep_after_a_whole_lease(conn, leases)  # the lease expired: back on its queue
     assert client.llen(queue_name) == 1
     assert _drain(conn, queue_name, 1, timeout=2) == []  # fetched (the queue is empty) but not delivered again
     assert client.llen(queue_name) == 0 and client.hget(LEASE_KEY, held.delivery_tag).decode() == leases.owner()
@@ -107,10 +114,7 @@ def test_a_job_fetched_again_while_this_worker_still_holds_it_is_not_delivered_t
 def test_the_sweep_waits_a_whole_lease_of_renewals_and_skips_renewed_leases(
     own_redis: RedisServer, conn: Connection, queue_name: str, leases: Leases
 ) -> None:
-    _publish(conn, queue_name, {"n": 3})
-    (message,) = _drain(conn, queue_name, 1)
-    client = own_redis.client()
-    client.zadd("unacked_index", {message.delivery_tag: time.time() - 60})
+    _, client = _lapsed(own_redis, conn, queue_name, 3)
     now = time.monotonic()
     leases._streak_since, leases._renewed_at = now, now  # renewing since just now: e.g. Redis just came back
     conn.default_channel.qos.restore_visible(interval=1)
@@ -134,8 +138,7 @@ def test_the_sweep_leaves_a_delivery_of_a_worker_without_leases_for_its_old_time
         client = own_redis.client()
         assert client.hlen("unacked") == 1 and client.hlen(LEASE_KEY) == 0
         client.zadd("unacked_index", {old.delivery_tag: time.time() - 600})  # running for ten minutes
-        leases._streak_since, leases._renewed_at = time.monotonic() - 60, time.monotonic()
-        conn.default_channel.qos.restore_visible(interval=1)
+        _sweep_after_a_whole_lease(conn, leases)
         assert client.hlen("unacked") == 1 and client.llen(queue_name) == 0
         client.zadd("unacked_index", {old.delivery_tag: time.time() - transport.LEGACY_TIMEOUT_S - 1})
         conn.default_channel.qos.restore_visible(interval=1)
@@ -287,8 +290,7 @@ def test_a_sweeper_with_a_short_lease_leaves_a_longer_lease_alone(
     leases.release(message.delivery_tag)  # a peer's delivery: this process only sweeps
     client.hset(LEASE_KEY, message.delivery_tag, "peer-with-a-long-lease")
     client.zadd("unacked_index", {message.delivery_tag: time.time() + 50})  # renewed 70 s ago; a 30 s sweeper runs
-    leases._streak_since, leases._renewed_at = time.monotonic() - 60, time.monotonic()
-    conn.default_channel.qos.restore_visible(interval=1)
+    _sweep_after_a_whole_lease(conn, leases)
     assert client.hlen("unacked") == 1 and client.llen(queue_name) == 0  # not restored: its lease has 50 s left
     client.zadd("unacked_index", {message.delivery_tag: time.time() - 1})  # the long lease lapsed
     conn.default_channel.qos.restore_visible(interval=1)

@@ -41,15 +41,7 @@ def topology(tmp_path: Path) -> Iterator[Topology]:
 def test_beat_sends_no_slot_the_replica_does_not_hold(topology: Topology, tmp_path: Path) -> None:
     run = uuid.uuid4().hex[:6]
     entry = f"ha-tick-{run}"
-    schedule = {entry: {"task": "test.ledger", "every": EVERY, "payload": {"key": f"tick-{run}"}}}
-    env = {
-        **topology.env(),
-        "REDIS_WAIT_REPLICAS": "1",
-        "REDIS_WAIT_TIMEOUT_MS": "300",
-        "BEAT_SCHEDULE": json.dumps(schedule),
-        "BEAT_LOCK_TIMEOUT": "6",
-        "BEAT_MAX_LOOP_INTERVAL": "1",
-    }
+    env = topology.beat_env(entry, f"tick-{run}", EVERY, wait_timeout_ms=300)
     beat = Beat(run, tmp_path / "logs", env).start()
     try:
         wait_for(lambda: len(beat_sends(beat, entry)) >= 3, 30, 0.1, what="three sends")

@@ -37,14 +37,6 @@ JOB_S = 3 * LEASE_S
 
 
 @pytest.fixture
-def producer(own_redis: RedisServer) -> Iterator[Celery]:
-    app = Celery("skew-producer", broker=own_redis.url, backend=own_redis.url, set_as_current=False)
-    app.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
-    yield app
-    app.close()
-
-
-@pytest.fixture
 def workers(own_redis: RedisServer, ledger_redis: RedisServer, work_dir: Path) -> Iterator[dict[str, Worker]]:
     """One worker per entry of CLOCKS, started together; stopped by PID (and libfaketime's shared memory removed)."""
     tag = uuid.uuid4().hex[:6]

@@ -198,16 +198,10 @@ def test_a_primary_killed_under_load_loses_no_acknowledged_job(
 ) -> None:
     run = uuid.uuid4().hex[:6]
     entry = f"ha-beat-{run}"
-    schedule = {entry: {"task": "test.ledger", "every": EVERY, "payload": {"key": f"beat-{run}"}}}
     env = {
-        **topology.env(),
-        "REDIS_WAIT_REPLICAS": "1",
-        "REDIS_WAIT_TIMEOUT_MS": "1000",
+        **topology.beat_env(entry, f"beat-{run}", EVERY, wait_timeout_ms=1000),
         "LEASE_SECONDS": "5",
         "TEST_LEDGER_URL": ledger_redis.url,
-        "BEAT_SCHEDULE": json.dumps(schedule),
-        "BEAT_LOCK_TIMEOUT": "6",
-        "BEAT_MAX_LOOP_INTERVAL": "1",
         "WORKER_PREFETCH_MULTIPLIER": str(PREFETCH),
         "DELAYED_POLL_INTERVAL": "60",
     }

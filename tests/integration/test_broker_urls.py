@@ -16,32 +16,16 @@ from typing import Any
 
 import pytest
 
+from tests.support.cli import run_pipeline
 from tests.support.procs import free_port, redis_binary, wait_for
+from tests.support.topology import start_sentinel
 
 pytestmark = pytest.mark.integration
 
 
 def enqueue_probe(env: dict[str, str], timeout: int = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "enqueue",
-            "probe",
-            "--set",
-            "message=over-the-wire",
-            "--wait",
-            "--json",
-            "--timeout",
-            "60",
-        ],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    probe = ["enqueue", "probe", "--set", "message=over-the-wire", "--wait", "--json", "--timeout", "60"]
+    return run_pipeline(*probe, env={**os.environ, **env}, timeout=timeout)
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -181,13 +165,7 @@ def sentinel(redis_server: Any, tmp_path: Path) -> Iterator[int]:
         f"port {port}\nbind 127.0.0.1\nsentinel monitor pipemaster 127.0.0.1 {redis_server.port} 1\n"
         "sentinel down-after-milliseconds pipemaster 60000\n"
     )
-    proc = subprocess.Popen(
-        [redis_binary(), str(conf), "--sentinel"],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = start_sentinel(conf)
     try:
         import redis
 

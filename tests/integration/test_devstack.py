@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.support.cli import run_pipeline
 from tests.support.full import fill, full_node, pipeline_command, states
 from tests.support.procs import Command, free_port, wait_for
 from tests.support.replicas import ProducerProcess
@@ -50,50 +51,19 @@ def test_local_stack_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         embedded = re.search(r"\(embedded (Redis|Valkey) (\d+)\.\d+\.\d+ \((\S+)\)", Path(log.name).read_text())
         assert embedded and int(embedded[2]) >= 7, Path(log.name).read_text()[:2000]
         assert os.path.realpath(embedded[3]) in [child.exe() for child in children]  # the one started
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pipeline",
-                "enqueue",
-                "probe",
-                "--set",
-                "message=local",
-                "--wait",
-                "--json",
-                "--timeout",
-                "60",
-            ],
-            env={**env, "REDIS_URL": f"redis://127.0.0.1:{port}/0"},
-            capture_output=True,
-            text=True,
-            timeout=90,
-            check=False,
-        )
+        local = {**env, "REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+        probe = ("enqueue", "probe", "--set", "message=local", "--wait", "--json", "--timeout", "60")
+        proc = run_pipeline(*probe, env=local)
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["result"]["message"] == "local"
         assert (tmp_path / "data" / "redis" / "appendonlydir").is_dir()  # AOF persistence on
 
         # With no SMTP_HOST, email jobs go to the stack's development sink, which prints them.
-        mail = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pipeline",
-                "enqueue",
-                "email",
-                "--wait",
-                "--json",
-                "--timeout",
-                "60",
-                '{"to": ["dev@example.com"], "template_id": "welcome", "variables": '
-                '{"name": "Dev", "product": "Pipeline", "action_url": "https://example.com/start"}}',
-            ],
-            env={**env, "REDIS_URL": f"redis://127.0.0.1:{port}/0"},
-            capture_output=True,
-            text=True,
-            timeout=90,
-            check=False,
+        mail = run_pipeline(
+            *("enqueue", "email", "--wait", "--json", "--timeout", "60"),
+            '{"to": ["dev@example.com"], "template_id": "welcome", "variables": '
+            '{"name": "Dev", "product": "Pipeline", "action_url": "https://example.com/start"}}',
+            env=local,
         )
         assert mail.returncode == 0, mail.stderr
         wait_for(lambda: "dev@example.com" in Path(log.name).read_text(), 10, 0.2, what="the printed message")
@@ -102,12 +72,8 @@ def test_local_stack_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         # With no WEBHOOK_SIGNING_SECRET, webhooks are signed with a development secret and the stack's sink
         # prints them; the examples point at it.
         hook = f"http://127.0.0.1:{env['LOCAL_WEBHOOK_PORT']}/hooks/orders"
-        sent = subprocess.run(
-            [sys.executable, "-m", "pipeline", "enqueue", "webhook", "--wait", "--json", "--timeout", "60",
-             json.dumps({"url": hook, "event": "order.paid", "payload": {"order": 1}})],
-            env={**env, "REDIS_URL": f"redis://127.0.0.1:{port}/0"},
-            capture_output=True, text=True, timeout=90, check=False,
-        )  # fmt: skip
+        webhook = json.dumps({"url": hook, "event": "order.paid", "payload": {"order": 1}})
+        sent = run_pipeline("enqueue", "webhook", "--wait", "--json", "--timeout", "60", webhook, env=local)
         assert sent.returncode == 0, sent.stderr
         printed = "webhook /hooks/orders event=order.paid signature=valid"
         wait_for(lambda: printed in Path(log.name).read_text(), 10, 0.2, what="the printed webhook")
@@ -116,12 +82,8 @@ def test_local_stack_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         # Both shipped flows run from their example input: the invoice is mailed to the sink with its PDF, the
         # media flow's three renditions are announced by one webhook to the sink.
         for flow in ("invoice", "media"):
-            started = subprocess.run(
-                [sys.executable, "-m", "pipeline", "flow", "start", flow, "--example", "--wait", "--json",
-                 "--timeout", "120"],
-                env={**env, "REDIS_URL": f"redis://127.0.0.1:{port}/0"},
-                capture_output=True, text=True, timeout=150, check=False,
-            )  # fmt: skip
+            start = ("flow", "start", flow, "--example", "--wait", "--json", "--timeout", "120")
+            started = run_pipeline(*start, env=local, timeout=150)
             assert started.returncode == 0, started.stdout + started.stderr
             assert json.loads(started.stdout)["state"] == "succeeded"
         wait_for(lambda: "event=media.transcoded signature=valid" in Path(log.name).read_text(), 10, 0.2)

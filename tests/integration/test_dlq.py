@@ -89,15 +89,14 @@ def test_replay_that_cannot_publish_leaves_the_entry(clean_dlq: None) -> None:
     assert [e.id for e in entries()] == [entry.id]
 
 
+def _failed(task: str, exception: str, **fields: Any) -> dlq.DeadLetter:
+    """An entry of a job of `task` that failed with `exception`, payload `{}`."""
+    return dlq.DeadLetter(reason="failed", task_name=task, args=[{}], exception_type=exception, **fields)
+
+
 def test_purge_older_than_removes_only_old_entries(clean_dlq: None) -> None:
-    old = dlq.DeadLetter(
-        reason="failed",
-        task_name="pipeline.probe",
-        args=[{}],
-        exception_type="X",
-        failed_at=datetime.now(UTC) - timedelta(days=3),
-    )
-    new = dlq.DeadLetter(reason="failed", task_name="pipeline.probe", args=[{}], exception_type="X")
+    old = _failed("pipeline.probe", "X", failed_at=datetime.now(UTC) - timedelta(days=3))
+    new = _failed("pipeline.probe", "X")
     dlq.publish(old)
     dlq.publish(new)
     proc = cli("dlq", "purge", "--older-than", "2d", "--json")
@@ -109,16 +108,8 @@ def test_purge_older_than_removes_only_old_entries(clean_dlq: None) -> None:
 
 
 def test_list_filters_and_show(clean_dlq: None) -> None:
-    a = dlq.DeadLetter(
-        reason="failed", task_name="email.send", args=[{}], exception_type="pkg.SMTPError", traceback="Traceback: boom"
-    )
-    b = dlq.DeadLetter(
-        reason="failed",
-        task_name="pdf.render",
-        args=[{}],
-        exception_type="pkg.BadPdf",
-        failed_at=datetime.now(UTC) - timedelta(hours=5),
-    )
+    a = _failed("email.send", "pkg.SMTPError", traceback="Traceback: boom")
+    b = _failed("pdf.render", "pkg.BadPdf", failed_at=datetime.now(UTC) - timedelta(hours=5))
     dlq.publish(a)
     dlq.publish(b)
     listed = json.loads(cli("dlq", "list", "--task", "email.*", "--json").stdout)

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from pipeline.control.flows import FlowState, FlowStatus, flow_status
 from pipeline.dlq import admin as dlq
 from pipeline.flows import start
-from pipeline.flows.view import FlowState, FlowStatus, flow_status
 from pipeline.status import JobState
 from pipeline.storage import get_storage
 from tests.support.procs import wait_for

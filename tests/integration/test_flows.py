@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from pipeline.control.flows import FlowFinished, FlowState, FlowStatus, cancel_flow, flow_status, list_flows
 from pipeline.dlq import admin as dlq
 from pipeline.errors import PayloadInvalid
 from pipeline.flows import FlowNotFound, start
-from pipeline.flows.view import FlowFinished, FlowState, FlowStatus, cancel_flow, flow_status, list_flows
 from pipeline.status import JobState
 from tests.support.flow_client import FlowClient
 from tests.support.procs import RedisServer, wait_for

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,10 +22,12 @@ from kombu.utils.encoding import bytes_to_str
 
 from pipeline.broker import is_oom
 from pipeline.constants import CANCEL_KEY, GROUP_KEY_PREFIX, HEADER_GROUP
-from pipeline.lua import names, script, sha, source
+from pipeline.lua import INCLUDE, names, parts, script, sha, source
 from pipeline.queues.wake import WAKE_MAX
 from tests.support.monitor import Monitor
 from tests.support.procs import RedisServer
+
+LUA = Path(__file__).resolve().parents[2] / "pipeline" / "lua"
 
 pytestmark = pytest.mark.integration
 
@@ -227,14 +230,28 @@ def test_enqueue_and_delayed_release_push_one_wake_marker_per_job_kept_to_wake_m
     assert client.llen("mail") + client.llen("mail\x06\x163") == 39
 
 
-def test_every_script_documents_its_keys_and_argv_at_its_top_and_is_named_by_its_sha() -> None:
+def _raw(path: str) -> str:
+    return (LUA / path).read_text()
+
+
+def test_every_script_is_a_named_entry_point_with_its_keys_and_argv_at_its_head_and_is_named_by_its_sha() -> None:
+    """Each `<name>.lua` defines one entry point, `local function <entry>(KEYS, ARGV)` (`<name>`, or `store_result`
+    where the helper is `store`), under a comment giving its KEYS, ARGV and reply, and ends by calling it; no file
+    (script or part) is over 300 lines."""
     assert {"enqueue", "once_cas", "rate_acquire", "delayed_release"} <= set(names())
     for name in names():
-        lines = source(name).decode().splitlines()
+        lines = _raw(f"{name}.lua").splitlines()
         assert lines and lines[0].startswith("--"), name
-        header = "\n".join(itertools.takewhile(lambda line: line.startswith("--"), lines))
-        assert "KEYS" in header and "ARGV" in header, name
+        [head] = [i for i, line in enumerate(lines) if re.fullmatch(r"local function \w+\(KEYS, ARGV\)", line)]
+        entry = lines[head].split()[2].partition("(")[0]
+        assert entry in (name, f"{name}_result"), name
+        above = itertools.takewhile(lambda line: line.startswith("--"), lines[head - 1 :: -1])
+        contract = "\n".join(above)
+        assert "KEYS" in contract and "ARGV" in contract and "Returns" in contract, name
+        assert lines[-1] == f"return {entry}(KEYS, ARGV)", name
         assert script(name).sha == sha(name), name
+    files = [*(f"{n}.lua" for n in names()), *(f"parts/{p}.lua" for p in parts())]
+    assert {f: n for f in files if (n := len(_raw(f).splitlines())) > 300} == {}
 
 
 def test_a_server_that_lost_the_script_is_sent_it_again(client: redis.Redis) -> None:
@@ -246,23 +263,34 @@ def test_a_server_that_lost_the_script_is_sent_it_again(client: redis.Redis) -> 
     assert cas(client, "x", "y", 60) == 1  # NOSCRIPT answered by loading it, inside the call
     assert client.get("once") == b"y"
     assert client.script_exists(sha("once_cas")) == [True]
+    client.script_flush()  # an assembled script (its parts included) is sent again the same way
+    meta = json.dumps({"status": "SUCCESS", "result": 1})
+    assert script("store")(keys=["celery-task-meta-1", "pipeline:lease"], args=[meta, 0, "", ""], client=client) == 1
+    assert client.get("celery-task-meta-1") == meta.encode()
+    assert client.script_exists(sha("store")) == [True]
 
 
-def _function(name: str, function: str) -> str:
-    text = source(name).decode()
-    start = text.index(f"local function {function}(")
-    return text[start : text.index("\nend\n", start) + 5]
-
-
-def test_every_script_that_stores_a_result_has_the_same_store_and_held_functions() -> None:
-    """`store` (the result backend's write, leaving a stored SUCCESS alone) and `held` (its lease check) are written
-    out in each script that stores results, never assembled at run time: the copies must not drift."""
-    for function in ("store", "held"):
-        copies = {name: _function(name, function) for name in ("store", "settle", "fetch", "flow_advance")}
-        assert len(set(copies.values())) == 1, copies
-    for function in ("record", "finish"):  # a flow's node, recorded by the fetch as by flow_advance.lua
-        copies = {name: _function(name, function) for name in ("fetch", "flow_advance")}
-        assert len(set(copies.values())) == 1, copies
+def test_every_shared_function_is_written_once_and_included_where_it_is_used() -> None:
+    """`store`, `held`, `acknowledge`, a flow node's `record` and `finish`, `gcra`: each is defined in one part only,
+    never in a script, and each script that uses it has it exactly once once assembled (`--- @include`)."""
+    defined: dict[str, list[str]] = {}
+    for path in [*(f"{n}.lua" for n in names()), *(f"parts/{p}.lua" for p in parts())]:
+        for function in re.findall(r"^local function (\w+)\(", _raw(path), flags=re.M):
+            defined.setdefault(function, []).append(path)
+    assert {f: paths for f, paths in defined.items() if len(paths) > 1} == {}
+    users = {
+        "store": ("store", "settle", "fetch", "flow_advance"),
+        "held": ("store", "settle", "fetch", "flow_advance"),
+        "acknowledge": ("settle", "fetch"),
+        "record": ("fetch", "flow_advance"),
+        "finish": ("fetch", "flow_advance"),
+        "gcra": ("rate_acquire", "fetch"),
+    }
+    for function, scripts in users.items():
+        assert defined[function][0].startswith("parts/"), function
+        for name in scripts:
+            assert source(name).decode().count(f"local function {function}(") == 1, (function, name)
+    assert not any(INCLUDE.search(source(name)) for name in names()), "every include line is replaced"
 
 
 def _lease(client: redis.Redis, tags: dict[str, str]) -> None:

@@ -6,7 +6,7 @@ Redis's URL::
 
     with FlowClient(own_redis.url) as flows:
         flow_id = flows.start("test_fan", {"key": key, "n": 50})
-        status = flows.status(flow_id)          # `pipeline.flows.view.FlowStatus` as JSON
+        status = flows.status(flow_id)          # `pipeline.control.flows.FlowStatus` as JSON
 
 Commands go as JSON lines on the process's stdin, one JSON line answers each on its stdout
 (`python -m tests.support.flow_client`).
@@ -23,7 +23,7 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from tests.support.procs import ROOT
+from tests.support.procs import ROOT, ask
 
 
 class FlowClient:
@@ -35,13 +35,9 @@ class FlowClient:
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def call(self, op: str, **args: Any) -> Any:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
+        reply = ask(self.proc, op, args)
+        if reply is None:
             raise RuntimeError(f"the flow client exited ({self.proc.wait(5)}) on {op}")
-        reply = json.loads(line)
         if "error" in reply:
             raise RuntimeError(f"flow client {op}: {reply['error']}")
         return reply["ok"]
@@ -116,8 +112,8 @@ def serve() -> None:
     """Answer commands from stdin until it closes."""
     import tasks.flows  # noqa: F401  # declares the shipped flows (invoice, media)
     import tests.support.worker_app  # noqa: F401  # the test flows and their tasks
+    from pipeline.control.flows import flow_status
     from pipeline.flows import start
-    from pipeline.flows.view import flow_status
 
     for line in sys.stdin:
         command = json.loads(line)

@@ -1,4 +1,4 @@
-"""Flows that only tests run, built from the test tasks (`tests.support.worker_app`): a chain, a fan-out with its
+"""Flows that only tests run, built from the test tasks (`tests.support.ledger_tasks`): a chain, a fan-out with its
 join, and a diamond (two parallel steps and their join). Each join records what it was given in its payload's key,
 so a test reads from the ledger what the join saw, and how many times it ran."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from pipeline.flows import Flow
-from tests.support.worker_app import LedgerJob, LedgerResult, RunJob, RunResult, ledger, run
+from tests.support.ledger_tasks import LedgerJob, LedgerResult, RunJob, RunResult, ledger, run
 
 
 class ChainInput(BaseModel):

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import logging
 
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 
 from pipeline.config import get_settings
 from pipeline.errors import PermanentError
 from pipeline.task import JobContext, typed_task
 
 log = logging.getLogger("tests.obs")
+
+
+def _plain(secret: SecretStr | None) -> str:
+    """A secret setting's text ('' when unset): what the task leaks on purpose."""
+    return secret.get_secret_value() if secret else ""
 
 
 class LeakyJob(BaseModel):
@@ -31,8 +36,7 @@ class LeakyResult(BaseModel):
 @typed_task("test.leaky", kind="test-leaky", payload=LeakyJob, result=LeakyResult)
 def leaky(job: LeakyJob, ctx: JobContext) -> LeakyResult:
     settings = get_settings()
-    flower = settings.flower_basic_auth.get_secret_value() if settings.flower_basic_auth else ""
-    sentinel = settings.redis_sentinel_password.get_secret_value() if settings.redis_sentinel_password else ""
+    flower, sentinel = _plain(settings.flower_basic_auth), _plain(settings.redis_sentinel_password)
     log.info("rendering the report", extra={"report_kind": "weekly"})
     log.warning("retrying smtp://mailer:%s@smtp.example.com with sentinel password %s", job.smtp_password, sentinel)
     if not job.fail:
@@ -55,8 +59,7 @@ class TalkResult(BaseModel):
 def talker(job: TalkJob, ctx: JobContext) -> TalkResult:
     """Logs an error naming a user, a URL, Flower's password and the Sentry DSN; returns its payload."""
     settings = get_settings()
-    flower = settings.flower_basic_auth.get_secret_value() if settings.flower_basic_auth else ""
-    dsn = settings.sentry_dsn.get_secret_value() if settings.sentry_dsn else ""
+    flower, dsn = _plain(settings.flower_basic_auth), _plain(settings.sentry_dsn)
     log.error(
         "user admin fetched https://example.org/report; flower password %s; dsn %s", flower.partition(":")[2], dsn
     )

@@ -6,6 +6,7 @@ Nothing here touches the developer's Redis on 6379 or any process it did not sta
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -14,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import redis
 
@@ -63,6 +64,29 @@ def stop_process(proc: subprocess.Popen[bytes] | None, timeout: float = 10) -> N
         proc.wait(5)
 
 
+def ask(proc: subprocess.Popen[str], op: str, args: Mapping[str, Any]) -> dict[str, Any] | None:
+    """One request to a child answering JSON lines on stdin/stdout: `{"op": op, **args}` out, its reply back (None
+    when it exited instead of answering)."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+    proc.stdin.flush()
+    line = proc.stdout.readline()
+    return dict(json.loads(line)) if line else None
+
+
+def spawn_redis(argv: list[str], client: Callable[[], redis.Redis], what: str) -> subprocess.Popen[bytes]:
+    """Start redis-server `argv` in its own session and wait until `client()` answers PING."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def ready() -> bool:
+        with contextlib.suppress(redis.RedisError):
+            return bool(client().ping())
+        return False
+
+    wait_for(ready, 15, what=what)
+    return proc
+
+
 class RedisServer:
     """redis-server on a free loopback port with AOF under `directory`."""
 
@@ -99,14 +123,7 @@ class RedisServer:
             "--logfile",
             str(self.directory / "redis.log"),
         ]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-        def ready() -> bool:
-            with contextlib.suppress(redis.RedisError):
-                return bool(self.client().ping())
-            return False
-
-        wait_for(ready, 15, what=f"redis-server on port {self.port}")
+        self.proc = spawn_redis(argv, self.client, f"redis-server on port {self.port}")
         return self
 
     def stop(self) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import redis
 
 from pipeline.cli.redis_bin import redis_binary
-from tests.support.procs import ROOT, free_port, stop_process, wait_for
+from tests.support.procs import ROOT, ask, free_port, spawn_redis, stop_process, wait_for
 
 
 class Node:
@@ -54,14 +54,7 @@ class Node:
         argv = [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory)]
         argv += ["--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction"]
         argv += ["--dbfilename", f"{self.name}.rdb", "--logfile", str(self.directory / f"{self.name}.log"), *self.extra]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-        def ready() -> bool:
-            with contextlib.suppress(redis.RedisError):
-                return bool(self.client().ping())
-            return False
-
-        wait_for(ready, 15, what=f"redis-server {self.name} on port {self.port}")
+        self.proc = spawn_redis(argv, self.client, f"redis-server {self.name} on port {self.port}")
         return self
 
     def stop(self) -> None:
@@ -148,13 +141,10 @@ class ProducerProcess:
 
     def timed(self, op: str, **args: Any) -> tuple[Any, float]:
         """The call's answer and how long it took in the producer; `CallFailed` if it raised."""
-        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
+        assert self.proc is not None
+        reply = ask(self.proc, op, args)
+        if reply is None:
             raise RuntimeError(f"the producer process exited:\n{self.log()[-4000:]}")
-        reply = json.loads(line)
         if "error" in reply:
             raise CallFailed(reply["error"], reply["message"], reply["elapsed"])
         return reply["ok"], reply["elapsed"]

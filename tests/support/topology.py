@@ -10,6 +10,7 @@ replica (REDIS_WAIT_REPLICAS=1) can succeed again.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import time
@@ -34,6 +35,13 @@ def _answers(port: int) -> bool:
     with contextlib.suppress(redis.RedisError):
         return bool(_client(port).ping())
     return False
+
+
+def start_sentinel(conf: Path) -> subprocess.Popen[bytes]:
+    """A Sentinel on config file `conf` (it rewrites it), in its own session, run from the file's directory."""
+    argv = [redis_binary(), str(conf), "--sentinel"]
+    devnull = subprocess.DEVNULL
+    return subprocess.Popen(argv, cwd=conf.parent, stdout=devnull, stderr=devnull, start_new_session=True)
 
 
 @dataclass
@@ -109,13 +117,7 @@ class Topology:
             f"sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n"
             f"sentinel parallel-syncs {MASTER_NAME} 1\n"
         )
-        proc = subprocess.Popen(
-            [redis_binary(), str(conf), "--sentinel"],
-            cwd=directory,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        proc = start_sentinel(conf)
         wait_for(lambda: _answers(port), 15, what=f"Sentinel on port {port}")
         return proc
 
@@ -134,6 +136,19 @@ class Topology:
 
     def env(self, db: int = 0) -> dict[str, str]:
         return {"REDIS_URL": self.url(db), "REDIS_SENTINEL_MASTER": MASTER_NAME}
+
+    def beat_env(self, entry: str, key: str, every: float, wait_timeout_ms: int) -> dict[str, str]:
+        """Settings for processes on this topology whose writes a replica confirms (REDIS_WAIT_REPLICAS=1), with a
+        beat that sends `test.ledger` {key} every `every` seconds as `entry`, its lock short (6 s)."""
+        schedule = {entry: {"task": "test.ledger", "every": every, "payload": {"key": key}}}
+        return {
+            **self.env(),
+            "REDIS_WAIT_REPLICAS": "1",
+            "REDIS_WAIT_TIMEOUT_MS": str(wait_timeout_ms),
+            "BEAT_SCHEDULE": json.dumps(schedule),
+            "BEAT_LOCK_TIMEOUT": "6",
+            "BEAT_MAX_LOOP_INTERVAL": "1",
+        }
 
     def master_port(self, sentinel_port: int) -> int | None:
         """The primary's port as one Sentinel names it (None: that Sentinel does not answer)."""

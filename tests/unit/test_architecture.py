@@ -2,7 +2,7 @@
 
 `LAYERS` states the layers, bottom to top, each a package or a few modules with one job. A module imports modules of
 its own layer and of the layers below it, never of one above (function-level imports count too); every module is in
-a layer. Within a layer, imports run one way too (no loops).
+a layer. No import circle anywhere in the tree (bench/ and tests/ included), between modules or between packages.
 
 `tasks/` sits on the pipeline's services and is named by string (`TASK_MODULES`), never imported by `pipeline/`.
 `pipeline/__init__.py` and `__main__.py` are entry points (`celery -A pipeline`, `python -m pipeline`) and sit above
@@ -39,8 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("flows", ("pipeline.flows",)),  # multi-step jobs: declared, started, advanced step by step
     ("dlq", ("pipeline.dlq",)),  # the dead-letter queue: capture, store, replay (a dead step fails its flow)
     ("reading jobs", ("pipeline.status", "pipeline.browse")),  # a job's status, every queue's jobs by state
-    ("control", ("pipeline.control",)),  # operators' actions on jobs under way (reads their status)
-    ("flow views", ("pipeline.flows.view",)),  # watching and cancelling flows: job status and cancel
+    ("control", ("pipeline.control",)),  # operators' actions on jobs and flows under way (reads their status)
     ("tasks", ("tasks",)),  # the job kinds, on the services below (named by string, never imported by pipeline)
     ("delivery", ("pipeline.delivery",)),  # the worker's Redis transport: fetch, leases, acknowledgements
     ("runtime", ("pipeline.runtime",)),  # the worker's wiring: bootsteps, signals, pools, Flower's auth
@@ -56,19 +55,21 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _modules() -> dict[str, Path]:
+def _modules(*folders: str) -> dict[str, Path]:
     found = {}
-    for package in ("pipeline", "tasks"):
-        for path in sorted((ROOT / package).rglob("*.py")):
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*.py")):
             found[_module_name(path)] = path
     return found
 
 
-MODULES = _modules()
+MODULES = _modules("pipeline", "tasks")
+#: Every Python module of the tree: the package, the tasks, the benchmarks, the tests and the docs' build hook.
+TREE = _modules("pipeline", "tasks", "bench", "tests", "docs/hooks")
 
 
-def _imports(name: str, path: Path) -> set[str]:
-    """Project modules `name` imports anywhere in its body (function-level imports count too)."""
+def _imports(name: str, path: Path, modules: dict[str, Path] = MODULES) -> set[str]:
+    """Modules of `modules` that `name` imports anywhere in its body (function-level imports count too)."""
     targets: set[str] = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -80,11 +81,41 @@ def _imports(name: str, path: Path) -> set[str]:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
             for alias in node.names:  # `from package import module` imports the module (parents load implicitly)
-                targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
-    return {t for t in targets if t in MODULES and t != name}
+                targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    return {t for t in targets if t in modules and t != name}
 
 
 GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+TREE_GRAPH = {name: _imports(name, path, TREE) for name, path in TREE.items()}
+
+
+def _package(name: str) -> str:
+    """The package a module belongs to for the package graph: `pipeline.flows`, `pipeline.broker`, `tests.support`,
+    `bench.compare` (a top-level module is a package of its own)."""
+    return ".".join(name.split(".")[:2])
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle a depth-first walk of `graph` meets, each as the path that closes it."""
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append([*path[path.index(dep) :], dep])
+            elif dep not in state:
+                visit(dep)
+        path.pop()
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+    return cycles
 
 
 def layer(name: str) -> int:
@@ -138,26 +169,25 @@ def test_the_delivery_layer_does_not_import_the_workers_wiring() -> None:
     ]
 
 
-def test_no_import_loops() -> None:
-    cycles: list[list[str]] = []
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
+def test_no_import_loops_between_modules_anywhere_in_the_tree() -> None:
+    """bench/, tests/ and docs/hooks/ included; the entry points (`pipeline`, `pipeline.__main__`) sit above all."""
+    graph = {name: deps - ENTRY_POINTS for name, deps in TREE_GRAPH.items() if name not in ENTRY_POINTS}
+    assert _cycles(graph) == []
 
-    def visit(node: str) -> None:
-        state[node] = 1
-        path.append(node)
-        for dep in sorted(GRAPH[node] - ENTRY_POINTS):
-            if state.get(dep) == 1:
-                cycles.append([*path[path.index(dep) :], dep])
-            elif dep not in state:
-                visit(dep)
-        path.pop()
-        state[node] = 2
 
-    for name in sorted(MODULES):
-        if name not in state:
-            visit(name)
-    assert cycles == []
+def test_no_import_loops_between_packages() -> None:
+    """A package is one layer: `dlq` -> `flows` -> `status` -> `dlq` would be a circle even with no module loop."""
+    graph: dict[str, set[str]] = {}
+    for name, deps in TREE_GRAPH.items():
+        if name in ENTRY_POINTS:
+            continue
+        edges = graph.setdefault(_package(name), set())
+        edges.update(_package(dep) for dep in deps - ENTRY_POINTS if _package(dep) != _package(name))
+    assert _cycles(graph) == []
+
+
+def test_the_loop_check_sees_a_loop() -> None:
+    assert _cycles({"a.x": {"b.y"}, "b.y": {"c.z"}, "c.z": {"a.x"}, "d": set()}) == [["a.x", "b.y", "c.z", "a.x"]]
 
 
 def test_modules_stay_small_and_the_top_level_short() -> None:
@@ -167,9 +197,11 @@ def test_modules_stay_small_and_the_top_level_short() -> None:
     assert len(top_level) <= 15, top_level
 
 
-def _env(**extra: str) -> dict[str, str]:
+def _with_invalid_settings(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """`argv` run in the tree with no settings of the caller's and an unusable REDIS_URL."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "REDIS_", "PIPELINE_"))}
-    return {**env, "ENV_FILE": "", "SECRETS_DIR": "/nonexistent", **extra}
+    env = {**env, "ENV_FILE": "", "SECRETS_DIR": "/nonexistent", "REDIS_URL": "http://not-redis:1"}
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def test_every_module_imports_with_invalid_settings() -> None:
@@ -183,15 +215,7 @@ def test_every_module_imports_with_invalid_settings() -> None:
         "assert get_settings.cache_info().currsize == 0, 'settings were read at import'\n"
         "print('imported', len(sys.modules))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env=_env(REDIS_URL="http://not-redis:1"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _with_invalid_settings([sys.executable, "-c", code], timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("imported")
 
@@ -199,15 +223,7 @@ def test_every_module_imports_with_invalid_settings() -> None:
 @pytest.mark.parametrize("command", ["worker", "beat"])
 def test_processes_refuse_invalid_settings_at_start_naming_the_variable(command: str) -> None:
     celery = Path(sys.executable).with_name("celery")
-    done = subprocess.run(
-        [str(celery), "-A", "pipeline", command],
-        cwd=ROOT,
-        env=_env(REDIS_URL="http://not-redis:1"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _with_invalid_settings([str(celery), "-A", "pipeline", command], timeout=60)
     assert done.returncode != 0
     assert "REDIS_URL" in done.stderr + done.stdout
     assert "Traceback" not in done.stderr

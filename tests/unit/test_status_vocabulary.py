@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.api.models import Accepted
+from pipeline.control.flows import FlowState
 from pipeline.dlq import filters, store
 from pipeline.dlq.envelope import DeadLetter, DeadLetterRow
-from pipeline.flows.view import FlowState
 from pipeline.status import CELERY_STATES, FAILED_GRACE_S, JobState, JobStatus, is_final
 
 PIPELINE = Path(__file__).resolve().parents[2] / "pipeline"
