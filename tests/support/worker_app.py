@@ -22,7 +22,7 @@ from pipeline import app  # the worker's app, runtime installed (`celery -A pipe
 from pipeline.config import get_settings
 from pipeline.errors import PermanentError, TransientError
 from pipeline.task import JobContext, typed_task
-from tests.support import limited, obs_tasks, ticks, tracked  # noqa: F401  # registers test.limited, test.leaky, test.tick, test.tracked
+from tests.support import limited, obs_tasks, plain_tasks, ticks, tracked  # noqa: F401  # registers test.limited, test.leaky, test.tick, test.tracked, plain.*
 
 __all__ = ["app"]
 
