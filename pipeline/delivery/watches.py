@@ -10,7 +10,8 @@ So while a channel waits, each list key it consumes with acknowledgement (every 
 `queue\\x06\\x16N`; not a paused queue's) has a connection of its own blocked in `BLMOVE k k RIGHT RIGHT <WATCH_S>`:
 the list's oldest element moved onto its own tail, which changes nothing and consumes nothing, answered as soon as
 `k` holds an element. A watch that answers with an element while the channel's own connection waits (on the markers,
-`pipeline.delivery.waking`) rings the channel's doorbell: `LPUSH` on a list only that channel waits on (the first key
+`pipeline.delivery.waking`) and has no answer yet (a marker pushed with the message answers both) rings the
+channel's doorbell: `LPUSH` on a list only that channel waits on (the first key
 of its marker wait, `DOORBELL_KEY`), so the wait returns and the channel fetches. A doorbell rung before the wait
 reached Redis is still heard (CLIENT UNBLOCK would be lost then). A watch is armed again only when its channel starts
 a wait and the watch has answered: one answer per wait at most, and none while the channel is busy taking jobs.
@@ -93,8 +94,19 @@ class Watches:
         except redis.exceptions.ResponseError as exc:  # refused (a full Redis): the markers and the poll go on
             log.debug("watch on %r refused: %s", key, exc)
             return
-        if element is not None and self._channel._waiting and self._channel._in_poll is not None:
+        if element is not None and self._waiting_unanswered():
             self.ring(watch)
+
+    def _waiting_unanswered(self) -> bool:
+        """Whether the channel's own connection waits and no answer came yet (a push with a marker answers both the
+        marker's wait and the list's watch at once: no doorbell then, and no empty fetch after it)."""
+        waiting = self._channel._in_poll if self._channel._waiting else None
+        if waiting is None:
+            return False
+        try:
+            return not waiting.can_read(timeout=0)
+        except (redis.exceptions.ConnectionError, OSError):
+            return False  # its reader finds out
 
     def ring(self, watch: Watch) -> None:
         """Ring the channel's doorbell on `watch`'s connection (free now: its watch answered)."""
