@@ -160,12 +160,21 @@ class Poller(kombu_redis.MultiChannelPoller):
     socket only while it can: a watch's answer left unread would keep the loop awake)."""
 
     def on_readable(self, fileno: int) -> None:
+        if not self._watch_read(fileno):
+            super().on_readable(fileno)
+
+    def handle_event(self, fileno: int, event: int) -> Any:
+        """Without an event loop (`drain_events`): a watch's socket, readable or in error, is read by its watch
+        (kombu would parse an error on the channel's own connection)."""
+        return None if self._watch_read(fileno) else super().handle_event(fileno, event)
+
+    def _watch_read(self, fileno: int) -> bool:
         registered = self._fd_to_chan.get(fileno)  # type: ignore[attr-defined]  # kombu's, untyped
-        if registered is not None and is_watch(registered[1]):
-            channel, event_type = registered
-            channel.handlers[event_type]()
-            return
-        super().on_readable(fileno)
+        if registered is None or not is_watch(registered[1]):
+            return False
+        channel, event_type = registered
+        channel.handlers[event_type]()
+        return True
 
 
 class Polled:
