@@ -17,8 +17,9 @@ reached Redis is still heard (CLIENT UNBLOCK would be lost then). A watch is arm
 a wait and the watch has answered: one answer per wait at most, and none while the channel is busy taking jobs.
 
 What it costs: one connection per watched key while the worker runs; the project's own enqueue, the markers and the
-fetch are unchanged. Every idle channel on a queue wakes on a message pushed there (a marker wakes one): the others
-find nothing and wait again, one empty fetch each. On a full Redis (`pipeline.delivery.full`) no watch is armed:
+fetch are unchanged. Every idle channel on a queue wakes on a message pushed there, a pipeline publish's too (its
+marker wakes one channel, which rings no doorbell): the others find nothing and wait again, one doorbell and one
+empty fetch each (docs/leases.md has the measured cost). On a full Redis (`pipeline.delivery.full`) no watch is armed:
 BLMOVE is refused there.
 """
 
