@@ -5,9 +5,9 @@ last fetch found nothing) waits with one `BLMPOP <timeout> n <markers> RIGHT` ov
 it consumes with acknowledgement: any publish of the pipeline pushes one in the round trip of its message, so a job
 on any of them (at any priority step) wakes the channel at once, and a marker wakes one channel only. A message
 pushed without a marker (Celery's `apply_async` from a stock app, another language's client, Flower) wakes it through
-the watches on the queue lists (`pipeline.delivery.watches`), which ring the channel's doorbell, the first key of the
-same BLMPOP. It waits at most `wake_poll_s` (WAKE_POLL_S) in any case; WAIT_MIN_S while it also consumes a queue
-without acknowledgement (Celery's control replies, which get no marker). A channel consuming only such queues waits
+the watches on the queue lists (`pipeline.delivery.watches`), which push the queue's marker for it. It waits at most
+`wake_poll_s` (WAKE_POLL_S) in any case; WAIT_MIN_S while it also consumes a queue without acknowledgement (Celery's
+control replies, which get no marker). A channel consuming only such queues waits
 as before markers: `BLMOVE k k RIGHT RIGHT <timeout>` (a list's last element moved onto itself: no change, awake as
 soon as `k` has one), on its one queue for `brpop_timeout`, on several in turn, WAIT_MIN_S doubling to WAIT_MAX_S.
 On a full Redis (`pipeline.delivery.full`) it waits with BRPOP on a key nothing writes instead (BLMOVE is refused
@@ -48,7 +48,6 @@ class Waking:
             markers = [wake.marker(queue) for queue in awake] or [full.WAIT_KEY]  # all paused: a key nothing writes
             if not full.waiting(self):  # the lists themselves, for a message pushed without a marker
                 self.watches.arm([self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in awake])
-                markers.insert(0, self.watches.doorbell)
             command: list[Any] = ["BLMPOP", f"{wait:.3f}", len(markers), *markers, "RIGHT"]
         else:
             if len(queues) == 1:

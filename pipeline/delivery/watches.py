@@ -9,37 +9,45 @@ blocking pop would take a message out of Redis before anything recorded it (a wo
 So while a channel waits, each list key it consumes with acknowledgement (every queue at every priority step,
 `queue\\x06\\x16N`; not a paused queue's) has a connection of its own blocked in `BLMOVE k k RIGHT RIGHT <WATCH_S>`:
 the list's oldest element moved onto its own tail, which changes nothing and consumes nothing, answered as soon as
-`k` holds an element. A watch that answers with an element while the channel's own connection waits (on the markers,
-`pipeline.delivery.waking`) and has no answer yet (a marker pushed with the message answers both) rings the
-channel's doorbell: `LPUSH` on a list only that channel waits on (the first key
-of its marker wait, `DOORBELL_KEY`), so the wait returns and the channel fetches. A doorbell rung before the wait
-reached Redis is still heard (CLIENT UNBLOCK would be lost then). A watch is armed again only when its channel starts
-a wait and the watch has answered: one answer per wait at most, and none while the channel is busy taking jobs.
+`k` holds an element. Every idle worker's watch on `k` answers with the same element; the first to claim it
+(`SET NX` on CLAIM_KEY, named by its delivery tag) pushes the queue's wake-up marker, which wakes one idle worker of
+the queue, as a marker pushed with the message would (the others do nothing more). A channel whose own wait already
+has its answer (a marker pushed with the message) claims it without a marker: it fetches next, and takes it (the
+oldest on its list). A watch is armed again only when its channel starts its next wait: one answer per wait at most,
+none while the channel is busy taking jobs, and a message pushed while no watch is armed is still on its list when
+the next watch is armed (which answers at once) or the next fetch comes.
 
-What it costs: one connection per watched key while the worker runs; the project's own enqueue, the markers and the
-fetch are unchanged. Every idle channel on a queue wakes on a message pushed there, a pipeline publish's too (its
-marker wakes one channel, which rings no doorbell): the others find nothing and wait again, one doorbell and one
-empty fetch each (docs/leases.md has the measured cost). On a full Redis (`pipeline.delivery.full`) no watch is armed:
-BLMOVE is refused there.
+What it costs: one connection per watched key while the worker runs, and per message pushed on a list each idle
+worker's watch answers and tries the claim (one `SET NX`), armed again at its next wait; the project's own enqueue,
+its markers and the fetch are unchanged. A pipeline publish answers the watches too: its claim goes to one of them,
+which pushes a second marker unless it is the worker the publish's marker woke (else one worker fetches for
+nothing). On a full
+Redis (`pipeline.delivery.full`) no watch is armed: BLMOVE is refused there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
-import uuid
+import re
 from typing import Any, Final
 
 import redis
 from kombu.transport import redis as kombu_redis
 
 from pipeline.constants import KEY_PREFIX
+from pipeline.queues import wake
 
 log = logging.getLogger(__name__)
 
-#: The list a channel's doorbell is rung on (its id is fresh per channel); it expires DOORBELL_TTL_MS after a ring.
-DOORBELL_KEY: Final = KEY_PREFIX + "doorbell:{id}"
-DOORBELL_TTL_MS: Final = 60_000
+#: A message's claim: the first watch that answers with it (SET NX) wakes a worker for it, the others do not. It
+#: outlives the message's stay on its list (the next fetch of any idle worker of the queue takes it).
+CLAIM_KEY: Final = KEY_PREFIX + "wake-claim:{id}"
+CLAIM_TTL_MS: Final = 10_000
+#: Where a message envelope's delivery tag sits: near its end (kombu writes `properties` last).
+_TAG = re.compile(rb'"delivery_tag"\s*:\s*"([^"]{1,200})"')
+_TAIL = 4096
 #: How long one watch blocks before it answers nil (seconds); it is armed again at the channel's next wait.
 WATCH_S: Final = 10.0
 #: The poller's event type of a watch (`MultiChannelPoller._fd_to_chan`), followed by the watched key.
@@ -59,7 +67,6 @@ class Watches:
 
     def __init__(self, channel: Any) -> None:
         self._channel = channel
-        self.doorbell = DOORBELL_KEY.format(id=uuid.uuid4().hex)
         self._watches: dict[str, Watch] = {}
 
     def arm(self, keys: list[str]) -> None:
@@ -82,7 +89,8 @@ class Watches:
             watch.armed = True
 
     def answered(self, key: str) -> None:
-        """A watch's reply is readable: read it; an element there while the channel waits rings its doorbell."""
+        """A watch's reply is readable: read it. A message there that no other watch claimed wakes a worker: this
+        channel, when its wait already has its answer (it fetches next); else the queue's marker."""
         watch = self._watches.get(key)
         if watch is None or not watch.armed:
             return
@@ -95,39 +103,45 @@ class Watches:
         except redis.exceptions.ResponseError as exc:  # refused (a full Redis): the markers and the poll go on
             log.debug("watch on %r refused: %s", key, exc)
             return
-        if element is not None and self._waiting_unanswered():
-            self.ring(watch)
+        answered = self._wait_answered()
+        if element is None or answered is None:
+            return  # timed out, or the channel is busy: its next fetch, or the watch armed at its next wait, sees it
+        try:
+            if self._claim(watch, element) and not answered:
+                self._mark(watch, key)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            self._drop(key, watch)  # not heard: the workers' waits end at their fallback poll
+        except redis.exceptions.ResponseError as exc:
+            log.debug("watch on %r not followed: %s", key, exc)
 
-    def _waiting_unanswered(self) -> bool:
-        """Whether the channel's own connection waits and no answer came yet (a push with a marker answers both the
-        marker's wait and the list's watch at once: no doorbell then, and no empty fetch after it)."""
+    def _wait_answered(self) -> bool | None:
+        """None when the channel's own connection is not waiting; else whether its wait has its answer already (a
+        marker pushed with the message: it fetches next, and takes the message, the oldest on its list)."""
         waiting = self._channel._in_poll if self._channel._waiting else None
         if waiting is None:
-            return False
+            return None
         try:
-            return not waiting.can_read(timeout=0)
+            return bool(waiting.can_read(timeout=0))
         except (redis.exceptions.ConnectionError, OSError):
-            return False  # its reader finds out
+            return None  # its reader finds out
 
-    def ring(self, watch: Watch) -> None:
-        """Ring the channel's doorbell on `watch`'s connection (free now: its watch answered)."""
+    @staticmethod
+    def _claim(watch: Watch, element: bytes) -> bool:
+        """Claim `element` for this channel (SET NX): True for the first watch of any worker that answered with it."""
+        found = _TAG.search(element, max(0, len(element) - _TAIL))
+        ident = found.group(1) if found else hashlib.blake2b(element, digest_size=16).hexdigest().encode()
         conn = watch.connection
-        try:
-            conn.send_packed_command(
-                conn.pack_commands(
-                    [
-                        ("LPUSH", self.doorbell, "1"),
-                        ("LTRIM", self.doorbell, 0, 0),
-                        ("PEXPIRE", self.doorbell, DOORBELL_TTL_MS),
-                    ]
-                )
-            )
-            for _ in range(3):
-                conn.read_response()
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-            conn.disconnect()  # not heard: the channel's wait ends at its fallback poll
-        except redis.exceptions.ResponseError as exc:
-            log.debug("doorbell not rung: %s", exc)
+        conn.send_command("SET", CLAIM_KEY.format(id=ident.decode("utf-8", "replace")), "1", "NX", "PX", CLAIM_TTL_MS)
+        return conn.read_response() is not None
+
+    @staticmethod
+    def _mark(watch: Watch, key: str) -> None:
+        """Push the queue's wake-up marker (`pipeline.queues.wake`): it wakes one idle worker of the queue."""
+        conn = watch.connection
+        name = wake.marker(key)
+        conn.send_packed_command(conn.pack_commands([("LPUSH", name, "1"), ("LTRIM", name, 0, wake.WAKE_MAX - 1)]))
+        conn.read_response()
+        conn.read_response()
 
     def close(self) -> None:
         """Drop every watch's connection (the channel closes)."""

@@ -87,7 +87,7 @@ def test_a_job_pushed_without_a_marker_wakes_an_idle_consumer_through_the_watche
 ) -> None:
     """A stock kombu publish (a stock Celery app's `apply_async`) pushes no marker. With a fallback poll of a
     minute, the job on the last of three queues (on its priority step's list when it has a priority) can only be
-    fetched within the drain's 10 s through the watch on that list, which rings the consumer's doorbell."""
+    fetched within the drain's 10 s through the watch on that list, which claims it and pushes the queue's marker."""
     names = [f"{queue_name}-{n}" for n in range(3)]
     client = own_redis.client()
     got: list[Any] = []
@@ -101,6 +101,34 @@ def test_a_job_pushed_without_a_marker_wakes_an_idle_consumer_through_the_watche
     assert [m.payload for m in got] == [{"n": 2}]
     assert client.exists(WAKE_KEY.format(queue=names[-1])) == 0  # no marker was involved
     assert _calls(client, "evalsha") - fetches <= 2  # the fetch after the wake (and the next one that finds nothing)
+
+
+def test_two_idle_consumers_claim_a_message_pushed_without_a_marker_once(
+    own_redis: RedisServer, conn: Connection, publisher: Connection, queue_name: str
+) -> None:
+    """Both consumers' watches answer with the same message; the first to claim it pushes the queue's one marker,
+    which one of them pops: one claim, one marker, the message delivered once."""
+    client = own_redis.client()
+    got: list[Any] = []
+    with (
+        Connection(own_redis.url) as foreign,
+        _consume(conn, [queue_name], got, poll=60),
+        _consume(publisher, [queue_name], got, poll=60),
+    ):
+        for each in (conn, publisher):
+            _drain_until(each, got, 1, 0.3)  # both waiting
+        Producer(foreign.channel()).publish(
+            {"n": 3}, exchange=queue_name, routing_key=queue_name, declare=[_queue(queue_name)]
+        )
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            for each in (conn, publisher):
+                _drain_until(each, got, 1, 0.05)
+        assert [m.payload for m in got] == [{"n": 3}]
+        claims = list(client.scan_iter(match="pipeline:wake-claim:*"))
+        assert claims == [f"pipeline:wake-claim:{got[0].delivery_tag}".encode()]
+        assert client.llen(WAKE_KEY.format(queue=queue_name)) == 0  # the claim's one marker, popped by the wake
+        client.lpush(WAKE_KEY.format(queue=queue_name), 1, 1)  # ends the waits (a minute each) the channels close on
 
 
 def test_the_watches_are_armed_once_per_wait_and_dropped_with_the_channel(
