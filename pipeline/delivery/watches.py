@@ -9,20 +9,20 @@ blocking pop would take a message out of Redis before anything recorded it (a wo
 So while a channel waits, each list key it consumes with acknowledgement (every queue at every priority step,
 `queue\\x06\\x16N`; not a paused queue's) has a connection of its own blocked in `BLMOVE k k RIGHT RIGHT <WATCH_S>`:
 the list's oldest element moved onto its own tail, which changes nothing and consumes nothing, answered as soon as
-`k` holds an element. Every idle worker's watch on `k` answers with the same element; the first to claim it
-(`SET NX` on CLAIM_KEY, named by its delivery tag) pushes the queue's wake-up marker, which wakes one idle worker of
-the queue, as a marker pushed with the message would (the others do nothing more). A channel whose own wait already
-has its answer (a marker pushed with the message) claims it without a marker: it fetches next, and takes it (the
-oldest on its list). A watch is armed again only when its channel starts its next wait: one answer per wait at most,
-none while the channel is busy taking jobs, and a message pushed while no watch is armed is still on its list when
-the next watch is armed (which answers at once) or the next fetch comes.
+`k` holds an element. Every idle worker's watch on `k` answers with the same element; the first to claim it (`SET
+NX` on CLAIM_KEY, named by its delivery tag), if the list still holds a message, pushes the queue's wake-up marker,
+which wakes one idle worker of the queue as a marker pushed with the message would; the others do nothing more. A
+channel whose own wait already has its answer (a marker pushed with the message) claims it without a marker: it
+fetches next, and takes it (the oldest on its list). A watch is armed again only when its channel starts its next
+wait: one answer per wait at most, none while the channel is busy taking jobs, and a message pushed while no watch
+is armed is still on its list when the next watch is armed (which answers at once) or the next fetch comes.
 
 What it costs: one connection per watched key while the worker runs, and per message pushed on a list each idle
-worker's watch answers and tries the claim (one `SET NX`), armed again at its next wait; the project's own enqueue,
-its markers and the fetch are unchanged. A pipeline publish answers the watches too: its claim goes to one of them,
-which pushes a second marker unless it is the worker the publish's marker woke (else one worker fetches for
-nothing). On a full
-Redis (`pipeline.delivery.full`) no watch is armed: BLMOVE is refused there.
+worker's watch answers and tries the claim (one round trip), armed again at its next wait; the project's own
+enqueue, its markers and the fetch are unchanged. A pipeline publish answers the watches too: its claim goes to one
+of them, which pushes a second marker unless it is the worker the publish's marker woke or that worker took the
+message already (else one worker fetches for nothing). On a full Redis (`pipeline.delivery.full`) no watch is armed:
+BLMOVE is refused there.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class Watches:
         if element is None or answered is None:
             return  # timed out, or the channel is busy: its next fetch, or the watch armed at its next wait, sees it
         try:
-            if self._claim(watch, element) and not answered:
+            if self._claim(watch, key, element) and not answered:
                 self._mark(watch, key)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
             self._drop(key, watch)  # not heard: the workers' waits end at their fallback poll
@@ -126,13 +126,17 @@ class Watches:
             return None  # its reader finds out
 
     @staticmethod
-    def _claim(watch: Watch, element: bytes) -> bool:
-        """Claim `element` for this channel (SET NX): True for the first watch of any worker that answered with it."""
+    def _claim(watch: Watch, key: str, element: bytes) -> bool:
+        """Claim `element` (SET NX): True for the first watch of any worker that answered with it, while list `key`
+        still holds a message (in the same round trip: a worker woken by the marker of a pipeline publish has often
+        taken it by then, and no second marker is pushed)."""
         found = _TAG.search(element, max(0, len(element) - _TAIL))
         ident = found.group(1) if found else hashlib.blake2b(element, digest_size=16).hexdigest().encode()
+        claim = CLAIM_KEY.format(id=ident.decode("utf-8", "replace"))
         conn = watch.connection
-        conn.send_command("SET", CLAIM_KEY.format(id=ident.decode("utf-8", "replace")), "1", "NX", "PX", CLAIM_TTL_MS)
-        return conn.read_response() is not None
+        conn.send_packed_command(conn.pack_commands([("SET", claim, "1", "NX", "PX", CLAIM_TTL_MS), ("LLEN", key)]))
+        won, left = conn.read_response(), conn.read_response()
+        return won is not None and int(left) > 0
 
     @staticmethod
     def _mark(watch: Watch, key: str) -> None:
