@@ -126,10 +126,12 @@ class Watches:
             return None  # its reader finds out
 
     @staticmethod
-    def _claim(watch: Watch, key: str, element: bytes) -> bool:
+    def _claim(watch: Watch, key: str, element: bytes | str) -> bool:
         """Claim `element` (SET NX): True for the first watch of any worker that answered with it, while list `key`
         still holds a message (in the same round trip: a worker woken by the marker of a pipeline publish has often
         taken it by then, and no second marker is pushed)."""
+        if isinstance(element, str):  # a client decoding replies
+            element = element.encode("utf-8", "surrogateescape")
         found = _TAG.search(element, max(0, len(element) - _TAIL))
         ident = found.group(1) if found else hashlib.blake2b(element, digest_size=16).hexdigest().encode()
         claim = CLAIM_KEY.format(id=ident.decode("utf-8", "replace"))
