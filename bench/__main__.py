@@ -2,7 +2,8 @@
 
 Parts: enqueue, bulk, drain, latency, every (start latency of a worker on every queue; all five by default:
 `bench.compare`), and the standalone pdf_memory, webhook_fanout, replicated_enqueue, fairness, flows,
-priority_overtake, backlog and io_concurrency benchmarks (run only when named). Not a test: nothing is asserted.
+priority_overtake, backlog, io_concurrency and celery_api benchmarks (run only when named). Not a test: nothing is
+asserted.
 
     python -m bench                                  # the comparison table, medians of 3
     python -m bench drain latency --json             # two parts, one JSON document on stdout
@@ -33,6 +34,7 @@ STANDALONE = (
     "priority_overtake",
     "backlog",
     "io_concurrency",
+    "celery_api",
 )
 #: --jobs when not given: per measurement of the comparison, and for io_concurrency.
 JOBS = 5000

@@ -12,7 +12,7 @@ from bench import job
 from pipeline import app
 from pipeline.task import JobContext, typed_task
 
-__all__ = ["QUEUE", "app", "noop"]
+__all__ = ["QUEUE", "add", "app", "noop"]
 
 QUEUE = "bench-pipeline"
 
@@ -30,3 +30,9 @@ class NoopResult(BaseModel):
 def noop(payload: NoopJob, ctx: JobContext) -> NoopResult:
     job.record(payload.run, payload.sent_at)
     return NoopResult()
+
+
+@app.task(name="bench.add", queue=QUEUE)
+def add(x: int, y: int) -> int:
+    """A Celery tutorial's task, plain `@app.task` on the pipeline's app (`bench.celery_api`)."""
+    return x + y

@@ -32,10 +32,10 @@ def bench_env(url: str) -> dict[str, str]:
     return env
 
 
-def run_producer(env: dict[str, str], system: str, *args: object) -> dict[str, Any]:
-    """One `bench.producer` measurement in a process of its own; its JSON line."""
+def run_producer(env: dict[str, str], system: str, *args: object, module: str = "bench.producer") -> dict[str, Any]:
+    """One `bench.producer` (or `module`) measurement in a process of its own; its JSON line."""
     done = subprocess.run(
-        [sys.executable, "-m", "bench.producer", system, *map(str, args)],
+        [sys.executable, "-m", module, system, *map(str, args)],
         cwd=ROOT,
         env=env,
         capture_output=True,

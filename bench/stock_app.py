@@ -62,3 +62,9 @@ def webhook(payload: dict[str, Any]) -> int:
     response = _http_client().post(payload["url"], content=body, headers=headers)
     response.raise_for_status()
     return response.status_code
+
+
+@app.task(name="stock.add")
+def add(x: int, y: int) -> int:
+    """A Celery tutorial's task (`bench.celery_api`)."""
+    return x + y

@@ -25,6 +25,9 @@ Outside the Celery, kombu and redis-py versions this was verified on (`pipeline.
 takes Celery's own `_store_result`, `_get_result_meta` and `encode` (decided once per backend), and no carrier
 is asked.
 
+Leases live on the broker's Redis. A backend on another database or server (RESULT_BACKEND_URL) reads the job's lease
+there first and stores unfenced on its own Redis, and no carrier is asked (a carrier stores on the broker's Redis).
+
 `pipeline.celery_app` makes the app use these classes for `redis://`, `rediss://` and `sentinel://` URLs
 (`Celery.loader.override_backends`, named by `pipeline.config.celery.BACKENDS`).
 """
@@ -47,6 +50,7 @@ from kombu.utils import json as kombu_json
 from kombu.utils.encoding import bytes_to_str, ensure_bytes
 
 from pipeline import compat
+from pipeline.broker import broker_redis
 from pipeline.config import get_settings
 from pipeline.constants import HEADER_LEASE_OWNER, LEASE_KEY
 from pipeline.lua import script
@@ -118,7 +122,7 @@ class OneTripStore:
         expires = self.failure_expires if state == states.FAILURE else self.expires
         key = self.get_key_for_task(task_id)
         tag, owner = lease_of(request)
-        carrier = self.carrier
+        carrier = self.carrier if _on_broker() else None  # it stores on the broker's Redis
         if state == states.SUCCESS and carrier is not None and carrier((key, value, int(expires or 0), tag), request):
             return result
         self.ensure(self._store_once, (key, value, int(expires or 0), tag, owner))
@@ -129,9 +133,8 @@ class OneTripStore:
         writes of its own (fenced the same way): (the task's key, the encoded meta, its expiry in seconds (0: none),
         the delivery tag and lease owner, both '' when not leased). None when it is stored its own way: unverified
         versions, a result store on another Redis than the broker's, results ignored, a value too large."""
-        settings = get_settings()
         request = task.request
-        if not self._fast() or settings.result_url != settings.broker_url or _ignored(task, request):
+        if not self._fast() or not _on_broker() or _ignored(task, request):
             return None
         task_id = str(request.id)
         meta = self._get_result_meta(result=result, state=states.SUCCESS, traceback=None, request=request)
@@ -221,7 +224,13 @@ class OneTripStore:
 
     def _store_once(self: Any, key: bytes, value: Any, expires: int, tag: str = "", owner: str = "") -> None:
         """`store.lua`: fenced by the job's lease (a worker that lost it stores nothing) and, with
-        REDIS_WAIT_REPLICAS, followed by WAIT on the same connection."""
+        REDIS_WAIT_REPLICAS, followed by WAIT on the same connection. Leases live on the broker's Redis: a result
+        backend elsewhere (another database or server) stores only once the lease was found held there (`_held`)."""
+        if tag and not _on_broker():
+            if not _held(tag, owner):
+                _fenced(key, tag)
+                return
+            tag = owner = ""  # checked on the broker: the backend's Redis has no leases to check
         args = [value, expires, tag, owner]
         wanted = get_settings().redis_wait_replicas
         if wanted <= 0:
@@ -239,11 +248,28 @@ class OneTripStore:
                     wanted,
                 )
         if stored == -1:
-            log.warning(
-                "result of %s not stored: this worker lost the job's lease (%s) to another worker (fenced)",
-                bytes_to_str(key),
-                tag,
-            )
+            _fenced(key, tag)
+
+
+def _on_broker() -> bool:
+    """Whether the result backend is the broker's Redis (same URL): where the leases are."""
+    settings = get_settings()
+    return settings.result_url == settings.broker_url
+
+
+def _held(tag: str, owner: str) -> bool:
+    """Whether `owner` holds delivery `tag`'s lease, read on the broker's Redis. Checked before the store, not with
+    it (two servers): a lease lost between the two lets one state through, never over a SUCCESS (`store.lua`)."""
+    with broker_redis() as client:  # the app's broker pool: TLS and Sentinel as Celery's own
+        return bytes_to_str(client.hget(LEASE_KEY, tag) or b"") == owner
+
+
+def _fenced(key: bytes, tag: str) -> None:
+    log.warning(
+        "result of %s not stored: this worker lost the job's lease (%s) to another worker (fenced)",
+        bytes_to_str(key),
+        tag,
+    )
 
 
 class RedisBackend(OneTripStore, CeleryRedisBackend):

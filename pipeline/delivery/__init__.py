@@ -5,7 +5,7 @@ pops and records up to a prefetch of messages), leases and their renewal (`lease
 acknowledgements written together (`acks`), and fencing (`fencing`: the worker bootstep that owns the `Leases`;
 `request`: the job request that refuses a lost delivery). Its Redis scripts are files in `pipeline.lua`
 (`fetch.lua`, `settle.lua`, `renew.lua`, `release.lua`); `waking` is how an idle channel waits for work
-(`pipeline.queues.wake`).
+(`pipeline.queues.wake`), `watches` how it hears a message pushed without a wake-up marker.
 
 This package and `pipeline.compat` are the only places that reach into private parts of celery, kombu, billiard and
 redis-py (`tests/unit/test_seam.py` fails on any other). Each reach is an entry of `ENTRIES`: the upstream symbols,
@@ -59,6 +59,14 @@ ENTRIES: tuple[Entry, ...] = (
         "pipeline.delivery.transport, pipeline.delivery.acks",
         _KOMBU,
         "tests/faults/test_delivery_parity.py::test_kombus_close_reads_the_fetch_in_flight_first_and_marks_closing",
+        critical=True,
+    ),
+    Entry(
+        "kombu.transport.redis.MultiChannelPoller._register, _fd_to_chan, _chan_to_sock, _unregister_from_poll, "
+        "on_readable; Channel.handlers, async_pool (a watch on a queue list in kombu's poll cycle)",
+        "pipeline.delivery.watches",
+        _KOMBU,
+        "tests/faults/test_delivery_parity.py::test_kombus_poller_registers_and_reads_a_watch_as_the_watches_drive_it",
         critical=True,
     ),
     Entry(

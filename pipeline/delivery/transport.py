@@ -57,7 +57,7 @@ from pipeline.broker import is_oom
 from pipeline.compat import marking
 from pipeline.compat.results import Stored
 from pipeline.constants import LEASE_KEY
-from pipeline.delivery import acks, fetch, full, replicas, waking
+from pipeline.delivery import acks, fetch, full, replicas, waking, watches
 from pipeline.delivery.lease import Leases
 from pipeline.dlq import elements as undecodable
 from pipeline.flows.record import Carried
@@ -235,7 +235,14 @@ class _Leased(waking.Waking, marking.Marked, full.FullRedis):
         #: Queues consumed without acknowledgement (Celery's control replies): the fetch leaves their messages
         #: unrecorded, as kombu's `basic_consume` leaves them out of its QoS.
         self.untracked: set[str] = set()
+        self.watches = watches.Watches(self)  # on the consumed lists while the channel waits
         super().__init__(connection, *args, **kwargs)  # type: ignore[call-arg]  # kombu's Channel, after this mixin
+
+    def close(self: Any) -> None:
+        try:
+            super().close()  # type: ignore[misc]  # kombu's Channel, after this mixin
+        finally:
+            self.watches.close()
 
     def basic_consume(self: Any, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
         (self.untracked.add if no_ack else self.untracked.discard)(queue)
@@ -374,7 +381,7 @@ class Channel(_Leased, kombu_redis.Channel):
     QoS = QoS
 
 
-class Transport(kombu_redis.Transport):
+class Transport(watches.Polled, kombu_redis.Transport):
     Channel = Channel
     #: The worker's deliveries (`bound`); None on the unbound class, which no connection uses.
     leases: Leases | None = None
@@ -384,7 +391,7 @@ class SentinelChannel(_Leased, kombu_redis.SentinelChannel):
     QoS = QoS
 
 
-class SentinelTransport(kombu_redis.SentinelTransport):
+class SentinelTransport(watches.Polled, kombu_redis.SentinelTransport):
     Channel = SentinelChannel
     leases: Leases | None = None
 

@@ -3,13 +3,15 @@
 Mixed into the worker transport's channel (`pipeline.delivery.transport`) ahead of kombu's. An idle channel (its
 last fetch found nothing) waits with one `BLMPOP <timeout> n <markers> RIGHT` over the wake-up markers of the queues
 it consumes with acknowledgement: any publish of the pipeline pushes one in the round trip of its message, so a job
-on any of them (at any priority step) wakes the channel at once, and a marker wakes one channel only. It waits at
-most `wake_poll_s` (WAKE_POLL_S), so a message pushed without a marker (a foreign client's kombu) is fetched within
-that; WAIT_MIN_S while it also consumes a queue without acknowledgement (Celery's control replies, which get no
-marker). A channel consuming only such queues waits as before markers: `BLMOVE k k RIGHT RIGHT <timeout>` (a list's
-last element moved onto itself: no change, awake as soon as `k` has one), on its one queue for `brpop_timeout`, on
-several in turn, WAIT_MIN_S doubling to WAIT_MAX_S. On a full Redis (`pipeline.delivery.full`) it waits with BRPOP
-on a key nothing writes instead (BLMOVE is refused there, and so is every publish).
+on any of them (at any priority step) wakes the channel at once, and a marker wakes one channel only. A message
+pushed without a marker (Celery's `apply_async` from a stock app, another language's client, Flower) wakes it through
+the watches on the queue lists (`pipeline.delivery.watches`), which push the queue's marker for it. It waits at most
+`wake_poll_s` (WAKE_POLL_S) in any case; WAIT_MIN_S while it also consumes a queue without acknowledgement (Celery's
+control replies, which get no marker). A channel consuming only such queues waits
+as before markers: `BLMOVE k k RIGHT RIGHT <timeout>` (a list's last element moved onto itself: no change, awake as
+soon as `k` has one), on its one queue for `brpop_timeout`, on several in turn, WAIT_MIN_S doubling to WAIT_MAX_S.
+On a full Redis (`pipeline.delivery.full`) it waits with BRPOP on a key nothing writes instead (BLMOVE is refused
+there, and so is every publish), and arms no watch.
 
 What the channel publishes and restores carries markers too (`pipeline.compat.marking`).
 """
@@ -44,6 +46,8 @@ class Waking:
         if tracked:
             wait = float(self.wake_poll_s) if len(tracked) == len(queues) else WAIT_MIN_S
             markers = [wake.marker(queue) for queue in awake] or [full.WAIT_KEY]  # all paused: a key nothing writes
+            if not full.waiting(self):  # the lists themselves, for a message pushed without a marker
+                self.watches.arm([self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in awake])
             command: list[Any] = ["BLMPOP", f"{wait:.3f}", len(markers), *markers, "RIGHT"]
         else:
             if len(queues) == 1:

@@ -11,8 +11,9 @@ worker one empty fetch each.
 
 A publish pushes one marker per message, and the list is trimmed to WAKE_MAX: markers nobody consumes (a queue no
 worker serves) stay bounded, and a burst wakes up to WAKE_MAX idle workers of a queue at once (more pick jobs up at
-their fallback poll). A message pushed without a marker (a foreign client's kombu, another release) is fetched at
-the worker's fallback poll: a worker waits at most WAKE_POLL_S seconds between two fetches.
+their fallback poll). A message pushed without a marker (a stock Celery app's
+`apply_async`, a foreign client) wakes a waiting worker through its watches on the queue lists
+(`pipeline.delivery.watches`); a worker waits at most WAKE_POLL_S seconds between two fetches in any case.
 
 Celery's control replies (`<oid>.reply.celery.pidbox`) get no marker: no worker waits on them.
 """

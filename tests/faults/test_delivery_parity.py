@@ -214,3 +214,28 @@ def test_billiards_result_is_accepted_and_terminated_as_fencing_drives_it() -> N
     assert accepted == [4242] and result.ready() and not result.successful()
     assert len(errors) == 1 and errors[0].type is Terminated
     assert "outbound_buffer" in AsynPool.__init__.__code__.co_names  # the attribute `_unqueue` reads
+
+
+def test_kombus_poller_registers_and_reads_a_watch_as_the_watches_drive_it(own_redis: RedisServer) -> None:
+    """What `pipeline.delivery.watches` reaches in kombu's own transport: a connection from the channel's
+    `async_pool` registered with the poller (`_register`: `_fd_to_chan` maps its socket to the channel and type),
+    read through `on_readable` by the channel's `handlers[type]`; `_chan_to_sock` keyed by (channel, client, type)."""
+    from pipeline.delivery.watches import Watch
+
+    with Connection(own_redis.url) as conn:
+        channel: Any = conn.channel()
+        cycle = conn.transport.cycle
+        pool = channel.async_pool
+        watch = Watch(pool.connection_class(**pool.connection_kwargs))
+        answers: list[Any] = []
+        channel.handlers["WATCH:k"] = lambda: answers.append(watch.connection.read_response())
+        watch.connection.send_command("BLMOVE", "k", "k", "RIGHT", "RIGHT", "5")
+        cycle._register(channel, watch, "WATCH:k")
+        fd = watch.connection._sock.fileno()
+        assert cycle._fd_to_chan[fd] == (channel, "WATCH:k")
+        own_redis.client().lpush("k", "x")
+        time.sleep(0.2)
+        cycle.on_readable(fd)  # kombu's: the channel can consume, so its handler reads the reply
+        assert answers == [b"x"] and own_redis.client().lrange("k", 0, -1) == [b"x"]  # BLMOVE k k: nothing taken
+        assert cycle._chan_to_sock[(channel, watch, "WATCH:k")] is watch.connection._sock
+        watch.connection.disconnect()

@@ -2,7 +2,8 @@
 redis-server.
 
 No worker here: a kombu `Connection` on `pipeline.delivery.transport` consumes the way a worker's consumer does, and
-the jobs are published by another worker transport (its `_put` pushes the queue's marker) or by stock kombu (none).
+the jobs are published by another worker transport (its `_put` pushes the queue's marker) or by stock kombu (none:
+the watches on the lists wake the consumer, `pipeline.delivery.watches`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from pipeline.delivery import transport
 from pipeline.delivery.lease import Leases
-from pipeline.queues.wake import WAKE_KEY, WAKE_MAX, WAKE_POLL_S
-from tests.support.monitor import Monitor
+from pipeline.queues.wake import WAKE_KEY, WAKE_MAX
 from tests.support.procs import RedisServer
 
 pytestmark = pytest.mark.faults
@@ -74,7 +74,8 @@ def test_an_idle_consumer_of_several_queues_is_woken_by_the_marker_of_its_last_q
     own_redis: RedisServer, conn: Connection, publisher: Connection, queue_name: str
 ) -> None:
     """Five queues, a fallback poll of a minute: the job on the last queue can only start through its marker, which
-    one BLMPOP over every queue's marker pops; nothing polls the queues' keys meanwhile (the old wait's BLMOVE)."""
+    one BLMPOP over every queue's marker pops; nothing polls the queues' keys meanwhile (each list's watch, armed
+    once, is armed again only after it answered)."""
     names = [f"{queue_name}-{n}" for n in range(5)]
     client = own_redis.client()
     got: list[Any] = []
@@ -85,29 +86,81 @@ def test_an_idle_consumer_of_several_queues_is_woken_by_the_marker_of_its_last_q
         _drain_until(conn, got, 1, 10)
     assert [m.payload for m in got] == [{"n": 1}]
     assert client.llen(WAKE_KEY.format(queue=names[-1])) == 0  # the marker was consumed by the wake
-    assert _calls(client, "blmove") == blmove
+    assert _calls(client, "blmove") - blmove <= 1  # the watch that answered, armed again at the next wait
     assert _calls(client, "evalsha") - fetches <= 2  # the fetch after the wake (and the next one that finds nothing)
 
 
-def test_a_job_pushed_without_a_marker_is_fetched_within_the_fallback_poll(
-    own_redis: RedisServer, conn: Connection, queue_name: str
+@pytest.mark.parametrize("priority", [None, 6])
+def test_a_job_pushed_without_a_marker_wakes_an_idle_consumer_through_the_watches(
+    own_redis: RedisServer, conn: Connection, queue_name: str, priority: int | None
 ) -> None:
-    """A foreign client's kombu pushes no marker: the idle consumer fetches it at its next poll, WAKE_POLL_S (every
-    wait it sends times out by then; the job comes with the fetch after the wait in flight as it was published)."""
+    """A stock kombu publish (a stock Celery app's `apply_async`) pushes no marker. With a fallback poll of a
+    minute, the job on the last of three queues (on its priority step's list when it has a priority) can only be
+    fetched within the drain's 10 s through the watch on that list, which claims it and pushes the queue's marker."""
     names = [f"{queue_name}-{n}" for n in range(3)]
     client = own_redis.client()
     got: list[Any] = []
-    with Connection(own_redis.url) as foreign, _consume(conn, names, got), Monitor(own_redis.client()) as seen:
-        _drain_until_waiting(conn, client)
-        waits = _calls(client, "blmpop")
-        _publish(foreign, names[1], {"n": 2})
-        _drain_until(conn, got, 1, 30)
-        waited = _calls(client, "blmpop") - waits
+    with Connection(own_redis.url) as foreign, _consume(conn, names, got, poll=60):
+        _drain_until_waiting(conn, client)  # fetched nothing: now waiting
+        fetches = _calls(client, "evalsha")
+        Producer(foreign.channel()).publish(
+            {"n": 2}, exchange=names[-1], routing_key=names[-1], declare=[_queue(names[-1])], priority=priority
+        )
+        _drain_until(conn, got, 1, 10)
     assert [m.payload for m in got] == [{"n": 2}]
-    assert client.exists(WAKE_KEY.format(queue=names[1])) == 0  # no marker was involved
-    assert waited <= 1, waited  # no wait after the one that ended: the next fetch took it
-    timeouts = [float(c["command"].split(" ")[1]) for c in seen.commands if c["command"].upper().startswith("BLMPOP")]
-    assert timeouts and max(timeouts) <= WAKE_POLL_S, timeouts  # what bounds each wait, not a clock read here
+    assert client.exists(WAKE_KEY.format(queue=names[-1])) == 0  # no marker was involved
+    assert _calls(client, "evalsha") - fetches <= 2  # the fetch after the wake (and the next one that finds nothing)
+
+
+def test_two_idle_consumers_claim_a_message_pushed_without_a_marker_once(
+    own_redis: RedisServer, conn: Connection, publisher: Connection, queue_name: str
+) -> None:
+    """Both consumers' watches answer with the same message; the first to claim it pushes the queue's one marker,
+    which one of them pops: one claim, one marker, the message delivered once."""
+    client = own_redis.client()
+    got: list[Any] = []
+    with (
+        Connection(own_redis.url) as foreign,
+        _consume(conn, [queue_name], got, poll=60),
+        _consume(publisher, [queue_name], got, poll=60),
+    ):
+        for each in (conn, publisher):
+            _drain_until(each, got, 1, 0.3)  # both waiting
+        Producer(foreign.channel()).publish(
+            {"n": 3}, exchange=queue_name, routing_key=queue_name, declare=[_queue(queue_name)]
+        )
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            for each in (conn, publisher):
+                _drain_until(each, got, 1, 0.05)
+        assert [m.payload for m in got] == [{"n": 3}]
+        claims = list(client.scan_iter(match="pipeline:wake-claim:*"))
+        assert claims == [f"pipeline:wake-claim:{got[0].delivery_tag}".encode()]
+        assert client.llen(WAKE_KEY.format(queue=queue_name)) == 0  # the claim's one marker, popped by the wake
+        client.lpush(WAKE_KEY.format(queue=queue_name), 1, 1)  # ends the waits (a minute each) the channels close on
+
+
+def test_the_watches_are_armed_once_per_wait_and_dropped_with_the_channel(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    """One watch per consumed list (the queue at each priority step): armed when the channel waits, not again while
+    it keeps waiting; their connections close with the channel."""
+    client = own_redis.client()
+    got: list[Any] = []
+    before = len(client.client_list())
+    consumer = _consume(conn, [queue_name], got, poll=0.05)
+    with consumer:
+        _drain_until(conn, got, 1, 0.3)
+        armed = _calls(client, "blmove")
+        assert armed == 4  # kombu's priority steps 0, 3, 6, 9
+        assert len(client.client_list()) >= before + 4
+        _drain_until(conn, got, 1, 0.5)  # ten more waits of 50 ms, each with its fetch
+        assert _calls(client, "blmove") == armed
+    conn.release()
+    deadline = time.monotonic() + 10
+    while len(client.client_list()) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(client.client_list()) <= before
 
 
 def test_markers_are_capped_restores_mark_and_control_replies_get_none(

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from pipeline import app  # the worker's app, runtime installed (`celery -A pipeline`)
 from pipeline.task import JobContext, typed_task
-from tests.support import flow_tasks, limited, obs_tasks, ticks, tracked  # noqa: F401  # registers test.limited, test.leaky, test.tick, test.tracked, the test flows
+from tests.support import flow_tasks, limited, obs_tasks, plain_tasks, ticks, tracked  # noqa: F401  # registers test.limited, test.leaky, test.tick, test.tracked, plain.*, the test flows
 from tests.support.ledger_tasks import (
     LedgerJob,
     LedgerResult,
