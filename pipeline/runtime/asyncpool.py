@@ -29,9 +29,17 @@ starts it again. A cancel of a running job (`pipeline.runtime.cancels`) or a lea
 `JobCancelled` in it through `stop_job`; a lease that cannot be renewed in time (`pipeline.runtime.lapses`) raises
 `LeaseLost`, and a coroutine that ignores it is given up when the lease lapses.
 
-Shutdown: a soft shutdown (`pipeline.runtime.worker.Worker.wait_for_soft_shutdown`) and a warm one let the jobs in
-flight finish (`drain`, WORKER_SOFT_SHUTDOWN_TIMEOUT at most); a cold one stops them, and their messages go back to
-their queues when the worker closes its connection.
+Shutdown, in the order DESIGN.md asks for: the jobs in flight finish, their acknowledgements and results land, and only
+then do the lease renewal, the lapse watch and the cancel listener stop and the connection close.
+
+* a soft shutdown (SIGTERM with REMAP_SIGTERM=SIGQUIT, what `pipeline worker` runs:
+  `pipeline.runtime.worker.Worker.wait_for_soft_shutdown`) lets them finish in the signal handler (`drain`,
+  WORKER_SOFT_SHUTDOWN_TIMEOUT at most); a warm one (`celery control shutdown`, a recycle, SIGTERM without the remap)
+  in `on_close`, which Celery calls before it stops any step. Either way every step still runs meanwhile;
+* as jobs end there, `acks.land` writes their acknowledgements and results (Celery schedules each for the event
+  loop's next iteration, which a stopping worker never runs before its connection closes): one call per round;
+* what is left after the timeout is stopped (`JobCancelled`: nothing stored or acknowledged), and its message goes
+  back to its queue at once when the worker closes its connection (kombu's restore at shutdown), not after its lease.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ from pipeline.delivery import acks
 from pipeline.errors import JobCancelled, LeaseLost
 from pipeline.observability import metrics
 from pipeline.pools import aio
+from pipeline.runtime.asyncjob import Job, Loop
 
 log = logging.getLogger(__name__)
 
@@ -66,58 +75,6 @@ MAX_ROUNDS = 64
 POOL = "pipeline.runtime.asyncpool:AsyncPool"
 
 
-class _Loop(asyncio.SelectorEventLoop):
-    """asyncio's selector loop, stepped by the worker's own event loop (`AsyncPool.run_once`)."""
-
-    def has_ready(self) -> bool:
-        """Callbacks are ready to run now (asyncio's own queue, `BaseEventLoop._ready`, 3.11 to 3.14)."""
-        return bool(self._ready)  # type: ignore[attr-defined]
-
-    def next_timer(self) -> float | None:
-        """When the soonest timer is due, on the loop's clock (`BaseEventLoop._scheduled`, a heap); None: none."""
-        scheduled = self._scheduled  # type: ignore[attr-defined]
-        return float(scheduled[0].when()) if scheduled else None
-
-
-class Job:
-    """One async job in flight: its greenlet, its limits, and how to stop it."""
-
-    __slots__ = (
-        "abandoned",
-        "body",
-        "greenlet",
-        "hard",
-        "name",
-        "qos",
-        "reason",
-        "soft",
-        "started",
-        "task_id",
-        "timer",
-    )
-
-    def __init__(self, name: str, task_id: str, soft: float | None, hard: float | None) -> None:
-        self.name = name
-        self.task_id = task_id
-        self.soft = soft
-        self.hard = hard
-        self.started = time.monotonic()
-        self.greenlet: Any = None
-        #: The coroutine it waits for now, as an asyncio task.
-        self.body: asyncio.Task[Any] | None = None
-        #: Its next deadline on the loop (a limit, or the end of the time given to unwind).
-        self.timer: asyncio.TimerHandle | None = None
-        #: The exception the job is being stopped with (a limit or a cancel), once stopped.
-        self.reason: BaseException | None = None
-        #: Its coroutine ignored its cancellation and was given up.
-        self.abandoned = False
-        #: The QoS of the delivery the job came in: its result is carried by the call that acknowledges it.
-        self.qos: Any = acks.current_qos()
-
-    def deadline(self, limit: float | None) -> float | None:
-        return None if limit is None else self.started + limit
-
-
 class AsyncPool(BasePool):
     """See the module doc."""
 
@@ -127,7 +84,7 @@ class AsyncPool(BasePool):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.selector = selectors.DefaultSelector()
-        self.loop = _Loop(self.selector)
+        self.loop = Loop(self.selector)
         self.jobs: dict[str, Job] = {}
         #: Coroutines that ended, (job, task), for their greenlets to go on outside the loop's iteration.
         self._ended: collections.deque[tuple[Job, asyncio.Task[Any] | None]] = collections.deque()
@@ -150,6 +107,14 @@ class AsyncPool(BasePool):
         events (its own file descriptor is readable), at its next timer, and after a job hands it a coroutine."""
         self._hub = loop
         loop.add_reader(self.selector.fileno(), self.run_once)
+
+    def on_close(self) -> None:
+        """The first step of every shutdown: Celery closes its steps in boot order before it stops any (the consumer's
+        connection, the lease renewal, the lapse watch and the cancel listener stop later, in reverse order). In a warm
+        shutdown (`celery control shutdown`, a recycle, SIGTERM without REMAP_SIGTERM) the jobs in flight finish here,
+        their leases renewed and their acknowledgements landed on the open connection."""
+        if state.should_terminate in (None, False):
+            self.drain(None)
 
     def on_stop(self) -> None:
         """Warm shutdown: the jobs in flight finish (Celery's soft shutdown already bounded how long), then the loop
@@ -223,17 +188,17 @@ class AsyncPool(BasePool):
 
     def drain(self, timeout: float | None) -> bool:
         """From the main thread, outside any job and outside the loop (a shutdown): go on with the jobs in flight
-        until none is left (or `timeout` seconds). True when none is left."""
+        until none is left (or `timeout` seconds), landing the acknowledgements and results of those that end as they
+        end (`acks.land`: the event loop, which would write them, no longer runs). True when none is left."""
         if getcurrent().parent is not None or self.loop.is_running() or self.loop.is_closed():
             return not self.jobs  # a signal arrived inside a job or an iteration: not from here
         deadline = None if timeout is None else time.monotonic() + timeout
         qoses = {job.qos for job in self.jobs.values() if job.qos is not None}
-        while self.jobs:
+        while True:
             self.run_once()
-            for qos in qoses:  # the event loop's tick no longer writes what the jobs that ended here deferred
-                qos.flush_acks(carry=False)
+            acks.land(self._hub, qoses)
             if not self.jobs:
-                break
+                return True
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
@@ -242,7 +207,6 @@ class AsyncPool(BasePool):
             if when is not None:
                 pause = min(pause, max(0.0, when - self.loop.time()))
             select.select([self.selector.fileno()], [], [], pause)
-        return True
 
     # -- applying a job --------------------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ import logging
 import sys
 from typing import Any
 
-from celery import bootsteps
+from celery import bootsteps, platforms
 from celery.apps.worker import Worker as CeleryWorker
 from celery.worker import state
 
@@ -139,6 +139,9 @@ class Worker(CeleryWorker):
         timeout = float(self.app.conf.worker_soft_shutdown_timeout or 0)
         if is_asyncio(getattr(self, "pool_cls", None)):
             # The jobs in flight go on here (their traces run in this thread), up to the timeout; the rest go back.
+            # A second SIGTERM (a supervisor passing on what systemd sent the whole group) is not an escalation:
+            # Celery's would cancel the jobs in flight; SIGQUIT and SIGINT still do.
+            platforms.signals["SIGTERM"] = _already_stopping
             mark_stopping(timeout)
             pool: Any = self.pool
             if not pool.drain(timeout):
@@ -153,6 +156,10 @@ class Worker(CeleryWorker):
         # The soft shutdown sleeps in the signal handler, so the event loop (and the heartbeat) stops meanwhile.
         mark_stopping(timeout)
         return super().wait_for_soft_shutdown()
+
+
+def _already_stopping(*_: Any) -> None:
+    log.warning("SIGTERM again during the soft shutdown: ignored (the jobs in flight go on; SIGQUIT stops them)")
 
 
 def _wake() -> None:
