@@ -7,7 +7,10 @@ import asyncio
 import time
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+
 from pipeline.delivery import acks
+from pipeline.errors import LeaseLost, TransientError, WorkerStopping
 
 
 class Loop(asyncio.SelectorEventLoop):
@@ -60,3 +63,21 @@ class Job:
 
     def deadline(self, limit: float | None) -> float | None:
         return None if limit is None else self.started + limit
+
+    def outcome(self, ended: asyncio.Task[Any] | None) -> Any:
+        """What its trace goes on with: the coroutine's result, or the exception to raise in it."""
+        if ended is None or ended.cancelled() or isinstance(ended.exception(), asyncio.CancelledError):
+            if self.reason is None:  # not a stop of this pool's: a library's cancellation let out of the job
+                raise TransientError("the job's coroutine was cancelled by none of its stops (asyncio.CancelledError)")
+            if self.abandoned and isinstance(self.reason, SoftTimeLimitExceeded) and self.hard is not None:
+                raise TimeLimitExceeded(self.hard)  # it ran on to its hard limit
+            raise self.reason
+        return ended.result()
+
+
+def overrides(reason: BaseException, current: BaseException) -> bool:
+    """A job being stopped already is stopped again, no later than before, for a lost lease (whatever stopped it: it
+    must not run on past the lapse, to a hard limit) and for a shutdown's give back after a time limit."""
+    if isinstance(reason, LeaseLost):
+        return not isinstance(current, LeaseLost)
+    return isinstance(reason, WorkerStopping) and isinstance(current, (SoftTimeLimitExceeded, TimeLimitExceeded))

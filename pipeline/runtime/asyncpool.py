@@ -60,10 +60,10 @@ from celery.worker import state
 from greenlet import getcurrent  # type: ignore[import-untyped]  # no stubs are published
 
 from pipeline.delivery import acks
-from pipeline.errors import JobCancelled, LeaseLost
+from pipeline.errors import JobCancelled, LeaseLost, WorkerStopping
 from pipeline.observability import metrics
 from pipeline.pools import aio
-from pipeline.runtime.asyncjob import Job, Loop
+from pipeline.runtime.asyncjob import Job, Loop, overrides
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,8 @@ class AsyncPool(BasePool):
         super().__init__(*args, **kwargs)
         self.selector = selectors.DefaultSelector()
         self.loop = Loop(self.selector)
-        self.jobs: dict[str, Job] = {}
+        #: The async jobs here (running or waiting for a turn), by task id: two deliveries of one id may both run.
+        self.jobs: dict[str, list[Job]] = {}
         #: Coroutines that ended, (job, task), for their greenlets to go on outside the loop's iteration.
         self._ended: collections.deque[tuple[Job, asyncio.Task[Any] | None]] = collections.deque()
         #: Async jobs received beyond the limit (a prefetch multiplier above 1), in order, and how many run now.
@@ -96,6 +97,8 @@ class AsyncPool(BasePool):
         self._timer_at = 0.0
         self._pid = os.getpid()
         self.recycling = False
+        #: A shutdown gives back what waits for a turn: nothing more starts.
+        self.stopping = False
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -115,6 +118,8 @@ class AsyncPool(BasePool):
         their leases renewed and their acknowledgements landed on the open connection."""
         if state.should_terminate in (None, False):
             self.drain(None)
+        else:  # a cold shutdown: what still runs is given back before the connection closes (not left to its lease)
+            self.give_back()
 
     def on_stop(self) -> None:
         """Warm shutdown: the jobs in flight finish (Celery's soft shutdown already bounded how long), then the loop
@@ -124,10 +129,27 @@ class AsyncPool(BasePool):
 
     def on_terminate(self) -> None:
         """Cold shutdown: what still runs is stopped; its messages go back when the connection closes."""
-        for job in list(self.jobs.values()):
-            self.stop_job(job.task_id, JobCancelled)
-        self.drain(CANCEL_GRACE_S)
+        self.give_back()
         self._close()
+
+    def give_back(self) -> bool:
+        """From the main thread, outside any job and outside the loop (a shutdown, its soft timeout past): the jobs
+        waiting for a turn never start (`drain`), and each one running is stopped with `WorkerStopping` (not a
+        cancel: nothing is stored or acknowledged, its message goes back to its queue when the connection closes),
+        given CANCEL_GRACE_S to unwind. True when none is left."""
+        for job in self.all_jobs():
+            self._stop(job, WorkerStopping(job.task_id))
+        return self.drain(CANCEL_GRACE_S)
+
+    def all_jobs(self) -> list[Job]:
+        return [job for twins in self.jobs.values() for job in twins]
+
+    def _forget(self, job: Job) -> None:
+        twins = self.jobs.get(job.task_id, [])
+        if job in twins:
+            twins.remove(job)
+        if not twins:
+            self.jobs.pop(job.task_id, None)
 
     def _close(self) -> None:
         if self.loop.is_closed() or self.loop.is_running():
@@ -146,7 +168,7 @@ class AsyncPool(BasePool):
 
     @property
     def in_flight(self) -> int:
-        return len(self.jobs)
+        return sum(len(twins) for twins in self.jobs.values())
 
     # -- running the asyncio loop from the worker's -----------------------------------------------------------
 
@@ -192,8 +214,11 @@ class AsyncPool(BasePool):
         end (`acks.land`: the event loop, which would write them, no longer runs). True when none is left."""
         if getcurrent().parent is not None or self.loop.is_running() or self.loop.is_closed():
             return not self.jobs  # a signal arrived inside a job or an iteration: not from here
+        self.stopping = True  # what waits for a turn goes back to its queue with the connection's close
+        while self._waiting:
+            self._forget(self._waiting.popleft()[0])
         deadline = None if timeout is None else time.monotonic() + timeout
-        qoses = {job.qos for job in self.jobs.values() if job.qos is not None}
+        qoses = {job.qos for job in self.all_jobs() if job.qos is not None}
         while True:
             self.run_once()
             acks.land(self._hub, qoses)
@@ -228,7 +253,7 @@ class AsyncPool(BasePool):
         hard = timeout or self.options.get("timeout") or None
         soft = soft_timeout or self.options.get("soft_timeout") or None
         job = Job(str(args[0]), str(args[1]), soft, hard)
-        self.jobs[job.task_id] = job
+        self.jobs.setdefault(job.task_id, []).append(job)
         job.greenlet = aio.JobGreenlet(self._trace)
         start = (job, target, args, kwargs, callback, accept_callback)
         if self.running >= int(self.limit or 1):  # a prefetch above the limit (a multiplier given): it waits its turn
@@ -241,6 +266,19 @@ class AsyncPool(BasePool):
         job.started = time.monotonic()  # its limits count from here, not from its wait for a turn
         self._after(job, job.greenlet.switch(job, *trace))
 
+    def _next(self) -> None:
+        """A slot is free: start the job that waited longest, unless a shutdown gives them back. One whose delivery
+        was lost or revoked while it waited (Celery's checks ran when it was received) is dropped unstarted, as the
+        worker drops such a request (`Request.revoked`)."""
+        while self._waiting and not self.stopping:
+            start = self._waiting.popleft()
+            request = state.requests.get(start[0].task_id)
+            if request is not None and request.revoked():
+                self._forget(start[0])
+                continue
+            self._start(*start)
+            return
+
     def _trace(self, job: Job, target: Any, args: Any, kwargs: Any, callback: Any, accept: Any) -> None:
         try:
             apply_target(target, args, kwargs, callback, accept, pid=self._pid)
@@ -252,11 +290,9 @@ class AsyncPool(BasePool):
         if job.greenlet.dead:
             if job.timer is not None:
                 job.timer.cancel()
-            if self.jobs.get(job.task_id) is job:
-                del self.jobs[job.task_id]
+            self._forget(job)
             self.running -= 1
-            if self._waiting:
-                self._start(*self._waiting.popleft())
+            self._next()
             return
         if job.reason is not None:  # stopped (a limit, a cancel) while outside its coroutine: raised at once
             awaited.close()
@@ -279,21 +315,12 @@ class AsyncPool(BasePool):
             job.body = None
             with acks.delivering(job.qos) if job.qos is not None else contextlib.nullcontext():
                 try:
-                    result = self._outcome(job, ended)
+                    result = job.outcome(ended)
                 except BaseException as exc:  # noqa: BLE001  # the job's own exception, raised in its trace
                     awaited = job.greenlet.throw(exc)
                 else:
                     awaited = job.greenlet.switch(result)
             self._after(job, awaited)
-
-    def _outcome(self, job: Job, ended: asyncio.Task[Any] | None) -> Any:
-        if ended is None or ended.cancelled() or isinstance(ended.exception(), asyncio.CancelledError):
-            if job.reason is None:
-                raise JobCancelled(job.task_id)
-            if job.abandoned and isinstance(job.reason, SoftTimeLimitExceeded) and job.hard is not None:
-                raise TimeLimitExceeded(job.hard)  # it ran on to its hard limit
-            raise job.reason
-        return ended.result()
 
     # -- a job's deadlines, on the loop ----------------------------------------------------------------------
 
@@ -323,13 +350,17 @@ class AsyncPool(BasePool):
     def _stop(self, job: Job, reason: BaseException, grace: float | None = None) -> None:
         """On the loop: stop `job` with `reason` (its coroutine cancelled; raised at once if it is outside one), giving
         it `grace` seconds (CANCEL_GRACE_S by default) to unwind."""
-        if job.reason is not None or job.greenlet.dead:
+        if job.greenlet.dead or (job.reason is not None and not overrides(reason, job.reason)):
             return
+        earlier = job.timer if job.reason is not None else None  # stopped already: its end comes no later
         job.reason = reason
         grace = CANCEL_GRACE_S if grace is None else grace
         if isinstance(reason, SoftTimeLimitExceeded) and job.hard is not None:
             grace = max(0.0, job.started + job.hard - time.monotonic())
-        self._arm(job, time.monotonic() + grace)
+        at = time.monotonic() + grace
+        if earlier is not None:
+            at = min(at, time.monotonic() + max(0.0, earlier.when() - self.loop.time()))
+        self._arm(job, at)
         if job.body is not None:
             job.body.cancel()
 
@@ -356,9 +387,10 @@ class AsyncPool(BasePool):
     def stop_job(self, task_id: str, reason: type[BaseException], grace: float | None = None) -> bool:
         """Stop the async job `task_id` if it runs here (from any thread): `reason` is raised in it, and it is given up
         after `grace` s (default CANCEL_GRACE_S). True if found; False for a plain job (it runs in the main thread)."""
-        job = self.jobs.get(task_id)
-        if job is None or self.loop.is_closed():
+        twins = list(self.jobs.get(task_id, ()))  # every delivery of the id here
+        if not twins or self.loop.is_closed():
             return False
-        exc: BaseException = JobCancelled(task_id) if reason is JobCancelled else reason()
-        self.loop.call_soon_threadsafe(self._stop, job, exc, grace)  # wakes the loop's selector: the hub runs it
+        for job in twins:
+            exc: BaseException = reason(task_id) if issubclass(reason, JobCancelled) else reason()
+            self.loop.call_soon_threadsafe(self._stop, job, exc, grace)  # wakes the loop's selector: the hub runs it
         return True

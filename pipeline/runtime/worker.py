@@ -145,8 +145,11 @@ class Worker(CeleryWorker):
             mark_stopping(timeout)
             pool: Any = self.pool
             if not pool.drain(timeout):
+                # Stopped here as given back, before Celery's `cancel_active_requests`, which stops at a plain job
+                # running below this handler (it unwinds it with WorkerTerminate) and would leave the rest unmarked.
                 log.warning("%d job(s) still in flight after the soft shutdown: they go back to their queues",
                             pool.in_flight)  # fmt: skip
+                pool.give_back()
             return None
         if is_solo(getattr(self, "pool_cls", None)):
             # The job runs in this thread, under this signal handler: sleeping would pause it, not let it

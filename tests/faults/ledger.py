@@ -72,3 +72,13 @@ def each_ran_once(ledger: RedisServer, key: str, jobs: list[str], timeout: float
     once = collections.Counter(dict.fromkeys(jobs, 1))
     assert run_count(ledger, key, "start") == once
     assert run_count(ledger, key, "finish") == once
+
+
+def each_finished_once(ledger: RedisServer, key: str, jobs: list[str], timeout: float = 90) -> None:
+    """As `each_ran_once`, for jobs a shutdown may stop: each finished exactly once (lost: 0, twice: 0), and a job
+    started again only after its earlier run was stopped (recorded `cancelled`) before it finished."""
+    wait_for(lambda: set(jobs) <= set(run_count(ledger, key, "finish")), timeout, 0.1, what="every job to finish")
+    past_the_lease(ledger, key)
+    assert run_count(ledger, key, "finish") == collections.Counter(dict.fromkeys(jobs, 1))
+    stopped = run_count(ledger, key, "cancelled")
+    assert run_count(ledger, key, "start") == collections.Counter({job: 1 + stopped[job] for job in jobs})

@@ -9,6 +9,7 @@ supervisor starts it, REMAP_SIGTERM=SIGQUIT from tests/conftest.py) on the `defa
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import socket
@@ -21,7 +22,8 @@ import pytest
 from celery import Celery
 
 from pipeline.runtime.asyncpool import POOL
-from tests.faults.ledger import SHORT_LEASE, each_ran_once, env_for, run_count
+from tests.faults import ledger
+from tests.faults.ledger import SHORT_LEASE, each_finished_once, each_ran_once, env_for, run_count
 from tests.support.procs import RedisServer, Worker, wait_for
 
 pytestmark = pytest.mark.faults
@@ -104,3 +106,26 @@ def test_a_warm_shutdown_with_jobs_in_flight_runs_each_once_with_a_new_worker_at
     make_worker(f"aio-warm-b-{key[:6]}", env=env, pool="custom", concurrency=40)
     assert old.wait(30) is not None
     each_ran_once(ledger_redis, key, jobs)
+
+
+def test_sigterm_with_a_plain_job_beside_async_ones_gives_back_what_cannot_finish(
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
+) -> None:
+    """The soft shutdown (1 s) cannot finish the async jobs (2.5 s) while a plain job runs in the main thread: Celery's
+    `cancel_active_requests` stops at the plain one (it is unwound with WorkerTerminate), so the pool stops the async
+    ones itself as given back, not cancelled: none is stored REVOKED or acknowledged unrun, each runs again on the new
+    worker and finishes once."""
+    key = uuid.uuid4().hex
+    env = aio_env(own_redis, ledger_redis, WORKER_SOFT_SHUTDOWN_TIMEOUT="1")
+    old = make_worker(f"aio-plain-a-{key[:6]}", env=env, pool="custom", concurrency=40)
+    jobs = [send(producer, key, 2.5) for _ in range(20)]
+    wait_for(lambda: len(run_count(ledger_redis, key, "start")) == 20, 30, 0.05, what="20 async jobs in flight")
+    plain = ledger.send(producer, key, 1.5)
+    wait_for(lambda: len(ledger.starts(ledger_redis, key)) == 1, 30, 0.05, what="the plain job running")
+    old.send_signal(signal.SIGTERM)
+    make_worker(f"aio-plain-b-{key[:6]}", env=env, pool="custom", concurrency=40)
+    assert old.wait(30) is not None
+    each_finished_once(ledger_redis, key, jobs)
+    wait_for(lambda: ledger.done(ledger_redis, key)[plain] >= 1, 30, 0.1, what="the plain job done")
+    assert ledger.done(ledger_redis, key) == collections.Counter({plain: 1})
+    assert {producer.AsyncResult(job).state for job in jobs} == {"SUCCESS"}
