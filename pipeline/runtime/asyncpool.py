@@ -29,17 +29,12 @@ starts it again. A cancel of a running job (`pipeline.runtime.cancels`) or a lea
 `JobCancelled` in it through `stop_job`; a lease that cannot be renewed in time (`pipeline.runtime.lapses`) raises
 `LeaseLost`, and a coroutine that ignores it is given up when the lease lapses.
 
-Shutdown, in the order DESIGN.md asks for: the jobs in flight finish, their acknowledgements and results land, and only
-then do the lease renewal, the lapse watch and the cancel listener stop and the connection close.
-
-* a soft shutdown (SIGTERM with REMAP_SIGTERM=SIGQUIT, what `pipeline worker` runs:
-  `pipeline.runtime.worker.Worker.wait_for_soft_shutdown`) lets them finish in the signal handler (`drain`,
-  WORKER_SOFT_SHUTDOWN_TIMEOUT at most); a warm one (`celery control shutdown`, a recycle, SIGTERM without the remap)
-  in `on_close`, which Celery calls before it stops any step. Either way every step still runs meanwhile;
-* as jobs end there, `acks.land` writes their acknowledgements and results (Celery schedules each for the event
-  loop's next iteration, which a stopping worker never runs before its connection closes): one call per round;
-* what is left after the timeout is stopped (`JobCancelled`: nothing stored or acknowledged), and its message goes
-  back to its queue at once when the worker closes its connection (kombu's restore at shutdown), not after its lease.
+Shutdown (docs/leases.md, "Shutdowns"): the jobs in flight finish (`drain`: in the soft shutdown's signal handler,
+`pipeline.runtime.worker.Worker.wait_for_soft_shutdown`, or in `on_close` for a warm one, before any step stops),
+their acknowledgements and results land as they end (`acks.land`), and only then do the lease renewal, the lapse
+watch, the cancel listener and the connection stop. What is left past WORKER_SOFT_SHUTDOWN_TIMEOUT, or waits for a
+turn, is given back (`give_back`: nothing stored or acknowledged; back on its queue when the connection closes).
+A signal landing inside a job or the loop's iteration is handled once outside (`pipeline.runtime.asyncsignals`).
 """
 
 from __future__ import annotations
@@ -64,6 +59,7 @@ from pipeline.errors import JobCancelled, LeaseLost, WorkerStopping
 from pipeline.observability import metrics
 from pipeline.pools import aio
 from pipeline.runtime.asyncjob import Job, Loop, overrides
+from pipeline.runtime.asyncsignals import Deferred
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +93,9 @@ class AsyncPool(BasePool):
         self._timer_at = 0.0
         self._pid = os.getpid()
         self.recycling = False
-        #: A shutdown gives back what waits for a turn: nothing more starts.
-        self.stopping = False
+        self.stopping = False  # a shutdown gives back what waits for a turn: nothing more starts
+        #: Shutdown signals that landed inside a job or the loop's iteration, run once outside (`Worker` installs it).
+        self.signals = Deferred(self.inside)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -112,10 +109,9 @@ class AsyncPool(BasePool):
         loop.add_reader(self.selector.fileno(), self.run_once)
 
     def on_close(self) -> None:
-        """The first step of every shutdown: Celery closes its steps in boot order before it stops any (the consumer's
-        connection, the lease renewal, the lapse watch and the cancel listener stop later, in reverse order). In a warm
-        shutdown (`celery control shutdown`, a recycle, SIGTERM without REMAP_SIGTERM) the jobs in flight finish here,
-        their leases renewed and their acknowledgements landed on the open connection."""
+        """First of every shutdown: Celery closes its steps before it stops any (the connection, the lease renewal, the
+        lapse watch, the cancel listener). A warm shutdown (`celery control shutdown`, a recycle, SIGTERM without
+        REMAP_SIGTERM) lets the jobs in flight finish here, renewed, their acknowledgements landed."""
         if state.should_terminate in (None, False):
             self.drain(None)
         else:  # a cold shutdown: what still runs is given back before the connection closes (not left to its lease)
@@ -152,8 +148,8 @@ class AsyncPool(BasePool):
             self.jobs.pop(job.task_id, None)
 
     def _close(self) -> None:
-        if self.loop.is_closed() or self.loop.is_running():
-            return
+        if self.loop.is_closed() or self.inside():
+            return  # never from inside a job: closing the loop there would end every job under it
         if self._hub is not None:
             with contextlib.suppress(Exception):  # the hub may be closed already
                 self._hub.remove_reader(self.selector.fileno())
@@ -187,6 +183,12 @@ class AsyncPool(BasePool):
         else:
             self._wake()  # more to do: after the worker's other events
         self._arm_timer()
+        if self.signals.pending:
+            self.signals.deliver()
+
+    def inside(self) -> bool:
+        """The main thread is in a job's greenlet or in the loop's iteration now."""
+        return bool(getcurrent().parent is not None or self.loop.is_running())
 
     def _arm_timer(self) -> None:
         when = self.loop.next_timer()
@@ -212,8 +214,8 @@ class AsyncPool(BasePool):
         """From the main thread, outside any job and outside the loop (a shutdown): go on with the jobs in flight
         until none is left (or `timeout` seconds), landing the acknowledgements and results of those that end as they
         end (`acks.land`: the event loop, which would write them, no longer runs). True when none is left."""
-        if getcurrent().parent is not None or self.loop.is_running() or self.loop.is_closed():
-            return not self.jobs  # a signal arrived inside a job or an iteration: not from here
+        if self.inside() or self.loop.is_closed():
+            return not self.jobs  # not from inside a job or an iteration (a signal's handler waits for outside)
         self.stopping = True  # what waits for a turn goes back to its queue with the connection's close
         while self._waiting:
             self._forget(self._waiting.popleft()[0])
@@ -260,6 +262,8 @@ class AsyncPool(BasePool):
             self._waiting.append(start)
             return
         self._start(*start)
+        if self.signals.pending:
+            self.signals.deliver()
 
     def _start(self, job: Job, *trace: Any) -> None:
         self.running += 1

@@ -133,6 +133,12 @@ class Worker(CeleryWorker):
                 settings.lease_seconds,
             )
 
+    def install_platform_tweaks(self, worker: Any) -> None:
+        super().install_platform_tweaks(worker)  # Celery's signal handlers
+        if is_asyncio(getattr(self, "pool_cls", None)):
+            pool: Any = self.pool
+            pool.signals.install()  # handled outside the jobs and the loop's iteration (`asyncsignals`)
+
     def wait_for_soft_shutdown(self) -> Any:
         if not (state.active_requests or state.reserved_requests):
             return None
