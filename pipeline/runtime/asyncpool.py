@@ -29,12 +29,9 @@ starts it again. A cancel of a running job (`pipeline.runtime.cancels`) or a lea
 `JobCancelled` in it through `stop_job`; a lease that cannot be renewed in time (`pipeline.runtime.lapses`) raises
 `LeaseLost`, and a coroutine that ignores it is given up when the lease lapses.
 
-Shutdown (docs/leases.md, "Shutdowns"): the jobs in flight finish (`drain`: in the soft shutdown's signal handler,
-`pipeline.runtime.worker.Worker.wait_for_soft_shutdown`, or in `on_close` for a warm one, before any step stops),
-their acknowledgements and results land as they end (`acks.land`), and only then do the lease renewal, the lapse
-watch, the cancel listener and the connection stop. What is left past WORKER_SOFT_SHUTDOWN_TIMEOUT, or waits for a
-turn, is given back (`give_back`: nothing stored or acknowledged; back on its queue when the connection closes).
-A signal landing inside a job or the loop's iteration is handled once outside (`pipeline.runtime.asyncsignals`).
+Shutdown: `pipeline.runtime.asyncshutdown` (the jobs in flight finish and their acknowledgements land before any
+step stops; what cannot finish is given back). A signal landing inside a job or the loop's iteration is handled once
+outside (`pipeline.runtime.asyncsignals`).
 """
 
 from __future__ import annotations
@@ -44,7 +41,6 @@ import collections
 import contextlib
 import logging
 import os
-import select
 import selectors
 import time
 from typing import Any
@@ -54,24 +50,24 @@ from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.worker import state
 from greenlet import getcurrent  # type: ignore[import-untyped]  # no stubs are published
 
+from pipeline import once
 from pipeline.delivery import acks
-from pipeline.errors import JobCancelled, LeaseLost, WorkerStopping
+from pipeline.errors import JobCancelled, LeaseLost
 from pipeline.observability import metrics
 from pipeline.pools import aio
 from pipeline.runtime.asyncjob import Job, Loop, overrides
+from pipeline.runtime.asyncshutdown import CANCEL_GRACE_S, Shutdown
 from pipeline.runtime.asyncsignals import Deferred
 
 log = logging.getLogger(__name__)
 
-#: How long a stopped (cancelled) coroutine may take to unwind before it is abandoned and the process recycled.
-CANCEL_GRACE_S = 2.0
 #: Rounds of the asyncio loop one wake-up runs at most before the worker's own events get their turn.
 MAX_ROUNDS = 64
 #: What `pipeline worker` passes (`-P custom` with CELERY_CUSTOM_WORKER_POOL naming this class).
 POOL = "pipeline.runtime.asyncpool:AsyncPool"
 
 
-class AsyncPool(BasePool):
+class AsyncPool(Shutdown, BasePool):
     """See the module doc."""
 
     body_can_be_buffer = True
@@ -107,56 +103,6 @@ class AsyncPool(BasePool):
         events (its own file descriptor is readable), at its next timer, and after a job hands it a coroutine."""
         self._hub = loop
         loop.add_reader(self.selector.fileno(), self.run_once)
-
-    def on_close(self) -> None:
-        """First of every shutdown: Celery closes its steps before it stops any (the connection, the lease renewal, the
-        lapse watch, the cancel listener). A warm shutdown (`celery control shutdown`, a recycle, SIGTERM without
-        REMAP_SIGTERM) lets the jobs in flight finish here, renewed, their acknowledgements landed."""
-        if state.should_terminate in (None, False):
-            self.drain(None)
-        else:  # a cold shutdown: what still runs is given back before the connection closes (not left to its lease)
-            self.give_back()
-
-    def on_stop(self) -> None:
-        """Warm shutdown: the jobs in flight finish (Celery's soft shutdown already bounded how long), then the loop
-        closes its pooled clients."""
-        self.drain(None)
-        self._close()
-
-    def on_terminate(self) -> None:
-        """Cold shutdown: what still runs is stopped; its messages go back when the connection closes."""
-        self.give_back()
-        self._close()
-
-    def give_back(self) -> bool:
-        """From the main thread, outside any job and outside the loop (a shutdown, its soft timeout past): the jobs
-        waiting for a turn never start (`drain`), and each one running is stopped with `WorkerStopping` (not a
-        cancel: nothing is stored or acknowledged, its message goes back to its queue when the connection closes),
-        given CANCEL_GRACE_S to unwind. True when none is left."""
-        for job in self.all_jobs():
-            self._stop(job, WorkerStopping(job.task_id))
-        return self.drain(CANCEL_GRACE_S)
-
-    def all_jobs(self) -> list[Job]:
-        return [job for twins in self.jobs.values() for job in twins]
-
-    def _forget(self, job: Job) -> None:
-        twins = self.jobs.get(job.task_id, [])
-        if job in twins:
-            twins.remove(job)
-        if not twins:
-            self.jobs.pop(job.task_id, None)
-
-    def _close(self) -> None:
-        if self.loop.is_closed() or self.inside():
-            return  # never from inside a job: closing the loop there would end every job under it
-        if self._hub is not None:
-            with contextlib.suppress(Exception):  # the hub may be closed already
-                self._hub.remove_reader(self.selector.fileno())
-        try:
-            self.loop.run_until_complete(aio.close_loop_resources())
-        finally:
-            self.loop.close()
 
     @property
     def num_processes(self) -> int:
@@ -209,31 +155,6 @@ class AsyncPool(BasePool):
     def _wake(self) -> None:
         if self._hub is not None:
             self._hub.call_soon(self.run_once)
-
-    def drain(self, timeout: float | None) -> bool:
-        """From the main thread, outside any job and outside the loop (a shutdown): go on with the jobs in flight
-        until none is left (or `timeout` seconds), landing the acknowledgements and results of those that end as they
-        end (`acks.land`: the event loop, which would write them, no longer runs). True when none is left."""
-        if self.inside() or self.loop.is_closed():
-            return not self.jobs  # not from inside a job or an iteration (a signal's handler waits for outside)
-        self.stopping = True  # what waits for a turn goes back to its queue with the connection's close
-        while self._waiting:
-            self._forget(self._waiting.popleft()[0])
-        deadline = None if timeout is None else time.monotonic() + timeout
-        qoses = {job.qos for job in self.all_jobs() if job.qos is not None}
-        while True:
-            self.run_once()
-            acks.land(self._hub, qoses)
-            if not self.jobs:
-                return True
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return False
-            pause = 0.05 if left is None else min(0.05, left)
-            when = self.loop.next_timer()
-            if when is not None:
-                pause = min(pause, max(0.0, when - self.loop.time()))
-            select.select([self.selector.fileno()], [], [], pause)
 
     # -- applying a job --------------------------------------------------------------------------------------
 
@@ -295,6 +216,7 @@ class AsyncPool(BasePool):
             if job.timer is not None:
                 job.timer.cancel()
             self._forget(job)
+            once.sending.discard(job.task_id)
             self.running -= 1
             self._next()
             return
