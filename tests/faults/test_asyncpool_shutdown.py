@@ -9,13 +9,10 @@ supervisor starts it, REMAP_SIGTERM=SIGQUIT from tests/conftest.py) on the `defa
 
 from __future__ import annotations
 
-import collections
 import os
-import random
 import signal
 import socket
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -24,8 +21,7 @@ import pytest
 from celery import Celery
 
 from pipeline.runtime.asyncpool import POOL
-from tests.faults import ledger
-from tests.faults.ledger import SHORT_LEASE, each_finished_once, each_ran_once, env_for, run_count
+from tests.faults.ledger import SHORT_LEASE, each_ran_once, env_for, run_count
 from tests.support.procs import RedisServer, Worker, wait_for
 
 pytestmark = pytest.mark.faults
@@ -108,46 +104,3 @@ def test_a_warm_shutdown_with_jobs_in_flight_runs_each_once_with_a_new_worker_at
     make_worker(f"aio-warm-b-{key[:6]}", env=env, pool="custom", concurrency=40)
     assert old.wait(30) is not None
     each_ran_once(ledger_redis, key, jobs)
-
-
-def test_sigterm_with_a_plain_job_beside_async_ones_gives_back_what_cannot_finish(
-    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
-) -> None:
-    """The soft shutdown (1 s) cannot finish the async jobs (2.5 s) while a plain job runs in the main thread: Celery's
-    `cancel_active_requests` stops at the plain one (it is unwound with WorkerTerminate), so the pool stops the async
-    ones itself as given back, not cancelled: none is stored REVOKED or acknowledged unrun, each runs again on the new
-    worker and finishes once."""
-    key = uuid.uuid4().hex
-    env = aio_env(own_redis, ledger_redis, WORKER_SOFT_SHUTDOWN_TIMEOUT="1")
-    old = make_worker(f"aio-plain-a-{key[:6]}", env=env, pool="custom", concurrency=40)
-    jobs = [send(producer, key, 2.5) for _ in range(20)]
-    wait_for(lambda: len(run_count(ledger_redis, key, "start")) == 20, 30, 0.05, what="20 async jobs in flight")
-    plain = ledger.send(producer, key, 1.5)
-    wait_for(lambda: len(ledger.starts(ledger_redis, key)) == 1, 30, 0.05, what="the plain job running")
-    old.send_signal(signal.SIGTERM)
-    make_worker(f"aio-plain-b-{key[:6]}", env=env, pool="custom", concurrency=40)
-    assert old.wait(30) is not None
-    each_finished_once(ledger_redis, key, jobs)
-    wait_for(lambda: ledger.done(ledger_redis, key)[plain] >= 1, 30, 0.1, what="the plain job done")
-    assert ledger.done(ledger_redis, key) == collections.Counter({plain: 1})
-    assert {producer.AsyncResult(job).state for job in jobs} == {"SUCCESS"}
-
-
-def test_sigterm_at_random_instants_under_load_runs_each_job_once(
-    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
-) -> None:
-    """Four workers in turn get SIGTERM at a random instant while short jobs stream through them (under load the main
-    thread is mostly inside the asyncio loop's iteration or a job's trace, where the signal then lands); the next
-    worker is started at once. Each job runs once, counted two leases past the last finish."""
-    key = uuid.uuid4().hex
-    env = aio_env(own_redis, ledger_redis)
-    rng = random.Random()
-    jobs = [send(producer, key, rng.uniform(0.2, 0.6)) for _ in range(800)]
-    worker = make_worker(f"aio-rand-0-{key[:6]}", env=env, pool="custom", concurrency=20)
-    for round_ in range(1, 5):
-        time.sleep(rng.uniform(0.2, 1.5))  # a random instant, not an assertion
-        worker.send_signal(signal.SIGTERM)
-        successor = make_worker(f"aio-rand-{round_}-{key[:6]}", env=env, pool="custom", concurrency=20)
-        assert worker.wait(30) is not None
-        worker = successor
-    each_ran_once(ledger_redis, key, jobs, timeout=120)

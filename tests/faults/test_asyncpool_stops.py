@@ -1,6 +1,7 @@
-"""The asyncio pool's stops that are not a shutdown's drain, and its bookkeeping: a cancellation no stop of the pool
-made, two deliveries of one task id in flight together, and jobs waiting for a turn (a prefetch multiplier above 1)
-at a SIGTERM. Each is counted at the ledger two leases past the last finish (`tests.faults.ledger`).
+"""The asyncio pool's stops beside a shutdown's drain, and its bookkeeping: a cancellation no stop of the pool made,
+two deliveries of one task id in flight together, jobs waiting for a turn (a prefetch multiplier above 1) at a
+SIGTERM, and async jobs a soft shutdown cannot finish while a plain job runs. Each is counted at the ledger two leases
+past the last finish (`tests.faults.ledger`).
 
 Workers are `celery worker -P custom` on the `default` queue (REMAP_SIGTERM=SIGQUIT, as `pipeline worker` runs them),
 with a short lease; `test.await` jobs record `start`, `finish` and `cancelled`.
@@ -16,7 +17,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from tests.faults.ledger import each_ran_once, past_the_lease, run_count
+from tests.faults import ledger
+from tests.faults.ledger import each_finished_once, each_ran_once, past_the_lease, run_count
 from tests.faults.test_asyncpool_shutdown import aio_env, send
 from tests.support.procs import RedisServer, wait_for
 
@@ -72,3 +74,26 @@ def test_jobs_waiting_for_a_turn_at_sigterm_never_start_there_and_run_once_on_th
     make_worker(f"aio-wait-b-{key[:6]}", env=env, pool="custom", concurrency=5)
     assert old.wait(30) is not None
     each_ran_once(ledger_redis, key, jobs)
+
+
+def test_sigterm_with_a_plain_job_beside_async_ones_gives_back_what_cannot_finish(
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
+) -> None:
+    """The soft shutdown (1 s) cannot finish the async jobs (2.5 s) while a plain job runs in the main thread: Celery's
+    `cancel_active_requests` stops at the plain one (it is unwound with WorkerTerminate), so the pool stops the async
+    ones itself as given back, not cancelled: none is stored REVOKED or acknowledged unrun, each runs again on the new
+    worker and finishes once."""
+    key = uuid.uuid4().hex
+    env = aio_env(own_redis, ledger_redis, WORKER_SOFT_SHUTDOWN_TIMEOUT="1")
+    old = make_worker(f"aio-plain-a-{key[:6]}", env=env, pool="custom", concurrency=40)
+    jobs = [send(producer, key, 2.5) for _ in range(20)]
+    wait_for(lambda: len(run_count(ledger_redis, key, "start")) == 20, 30, 0.05, what="20 async jobs in flight")
+    plain = ledger.send(producer, key, 1.5)
+    wait_for(lambda: len(ledger.starts(ledger_redis, key)) == 1, 30, 0.05, what="the plain job running")
+    old.send_signal(signal.SIGTERM)
+    make_worker(f"aio-plain-b-{key[:6]}", env=env, pool="custom", concurrency=40)
+    assert old.wait(30) is not None
+    each_finished_once(ledger_redis, key, jobs)
+    wait_for(lambda: ledger.done(ledger_redis, key)[plain] >= 1, 30, 0.1, what="the plain job done")
+    assert ledger.done(ledger_redis, key) == collections.Counter({plain: 1})
+    assert {producer.AsyncResult(job).state for job in jobs} == {"SUCCESS"}
