@@ -10,6 +10,7 @@ with a short lease; `test.await` jobs record `start`, `finish` and `cancelled`.
 from __future__ import annotations
 
 import collections
+import os
 import signal
 import uuid
 from typing import Any
@@ -97,3 +98,24 @@ def test_sigterm_with_a_plain_job_beside_async_ones_gives_back_what_cannot_finis
     wait_for(lambda: ledger.done(ledger_redis, key)[plain] >= 1, 30, 0.1, what="the plain job done")
     assert ledger.done(ledger_redis, key) == collections.Counter({plain: 1})
     assert {producer.AsyncResult(job).state for job in jobs} == {"SUCCESS"}
+
+
+def test_a_lease_lost_after_a_soft_limit_still_stops_the_job(
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
+) -> None:
+    """A job past its soft limit (1 s) that ignores its cancellation runs on towards its hard limit (9 s, the task's).
+    When the worker then cannot renew its lease (its Redis frozen by SIGSTOP past two renewal periods; the ledger is
+    another Redis), `LeaseLost` is still raised in it (its coroutine cancelled a second time, given up at the lapse),
+    not ignored because a limit stopped it first."""
+    key = uuid.uuid4().hex
+    worker = make_worker(f"aio-lost-{key[:6]}", env=aio_env(own_redis, ledger_redis), pool="custom", concurrency=4)
+    payload = {"key": key, "mode": "ignore"}
+    job = str(producer.send_task("test.await", args=[payload], queue="default", soft_time_limit=1, time_limit=9).id)
+    wait_for(lambda: run_count(ledger_redis, key, "ignored")[job] == 1, 30, 0.05, what="the soft limit ignored")
+    assert own_redis.proc is not None
+    os.kill(own_redis.proc.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: "stopping it (LeaseLost)" in worker.log(), 30, 0.1, what="the lapse watch to stop it")
+    finally:
+        os.kill(own_redis.proc.pid, signal.SIGCONT)  # the worker's event loop, held up by a Redis call, turns again
+    wait_for(lambda: run_count(ledger_redis, key, "ignored")[job] == 2, 30, 0.1, what="LeaseLost raised in it")
