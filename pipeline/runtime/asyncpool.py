@@ -30,8 +30,8 @@ starts it again. A cancel of a running job (`pipeline.runtime.cancels`) or a lea
 `LeaseLost`, and a coroutine that ignores it is given up when the lease lapses.
 
 Shutdown: `pipeline.runtime.asyncshutdown` (the jobs in flight finish and their acknowledgements land before any
-step stops; what cannot finish is given back). A signal landing inside a job or the loop's iteration is handled once
-outside (`pipeline.runtime.asyncsignals`).
+step stops; what cannot finish is given back). While jobs are in flight a shutdown signal is handled at
+the pool's safe point, the end of `run_once` (`pipeline.runtime.asyncsignals`).
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ class AsyncPool(Shutdown, BasePool):
         self.recycling = False
         self.stopping = False  # a shutdown gives back what waits for a turn: nothing more starts
         #: Shutdown signals that landed inside a job or the loop's iteration, run once outside (`Worker` installs it).
-        self.signals = Deferred(self.inside)
+        self.signals = Deferred(lambda: bool(self.jobs), self._nudge)
+        self._busy = 0  # in run_once or on_apply (see `inside`)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -120,21 +121,31 @@ class AsyncPool(Shutdown, BasePool):
         loop = self.loop
         if loop.is_running() or loop.is_closed():
             return
-        for _ in range(MAX_ROUNDS):
-            loop.call_soon(loop.stop)
-            loop.run_forever()  # one iteration: stop() was called first (asyncio's documented behaviour)
-            self._resume_ended()
-            if not loop.has_ready():
-                break
-        else:
-            self._wake()  # more to do: after the worker's other events
-        self._arm_timer()
+        self._busy += 1
+        try:
+            for _ in range(MAX_ROUNDS):
+                loop.call_soon(loop.stop)
+                loop.run_forever()  # one iteration: stop() was called first (asyncio's documented behaviour)
+                self._resume_ended()
+                if not loop.has_ready():
+                    break
+            else:
+                self._wake()  # more to do: after the worker's other events
+            self._arm_timer()
+        finally:
+            self._busy -= 1
         if self.signals.pending:
             self.signals.deliver()
 
     def inside(self) -> bool:
-        """The main thread is in a job's greenlet or in the loop's iteration now."""
-        return bool(getcurrent().parent is not None or self.loop.is_running())
+        """The main thread is in the pool's own steps now (a job's greenlet, the loop's iteration, the bookkeeping
+        between them): a shutdown's drain must not run from here."""
+        return bool(self._busy or getcurrent().parent is not None or self.loop.is_running())
+
+    def _nudge(self) -> None:
+        """Have the hub call `run_once` soon (from a signal handler: a write to the loop's self-pipe)."""
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(_nothing)
 
     def _arm_timer(self) -> None:
         when = self.loop.next_timer()
@@ -173,6 +184,14 @@ class AsyncPool(Shutdown, BasePool):
         if not getattr(task, "is_async", False):  # a plain job runs here and now, as in the solo pool
             apply_target(target, args, kwargs, callback, accept_callback, pid=self._pid)
             return
+        self._busy += 1
+        try:
+            self._apply(target, args, kwargs, callback, accept_callback, timeout, soft_timeout)
+        finally:
+            self._busy -= 1
+
+    def _apply(self, target: Any, *trace: Any) -> None:
+        args, kwargs, callback, accept_callback, timeout, soft_timeout = trace
         hard = timeout or self.options.get("timeout") or None
         soft = soft_timeout or self.options.get("soft_timeout") or None
         job = Job(str(args[0]), str(args[1]), soft, hard)
@@ -183,8 +202,6 @@ class AsyncPool(Shutdown, BasePool):
             self._waiting.append(start)
             return
         self._start(*start)
-        if self.signals.pending:
-            self.signals.deliver()
 
     def _start(self, job: Job, *trace: Any) -> None:
         self.running += 1
@@ -320,3 +337,7 @@ class AsyncPool(Shutdown, BasePool):
             exc: BaseException = reason(task_id) if issubclass(reason, JobCancelled) else reason()
             self.loop.call_soon_threadsafe(self._stop, job, exc, grace)  # wakes the loop's selector: the hub runs it
         return True
+
+
+def _nothing() -> None:
+    """A callback that only wakes the loop's selector."""

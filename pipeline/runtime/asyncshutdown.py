@@ -113,8 +113,10 @@ class Shutdown:
         """From the main thread, outside any job and outside the loop (a shutdown): go on with the jobs in flight
         until none is left (or `timeout` seconds), landing the acknowledgements and results of those that end as they
         end (`acks.land`: the event loop, which would write them, no longer runs). True when none is left."""
+        if not self.jobs:
+            return True  # what ended before lands at the delivery step's close (not from a signal's frame)
         if self.inside() or self.loop.is_closed():
-            return not self.jobs  # not from inside a job or an iteration (a signal's handler waits for outside)
+            return False  # not from inside a job or an iteration (a signal's handler waits for outside)
         self.stopping = True  # what waits for a turn goes back to its queue with the connection's close
         while self._waiting:
             self._forget(self._waiting.popleft()[0])

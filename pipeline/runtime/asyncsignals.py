@@ -1,12 +1,14 @@
-"""Shutdown signals in an asyncio-pool worker: handled only outside every job and outside the asyncio loop's iteration.
+"""Shutdown signals in an asyncio-pool worker: handled at a safe point of the pool's, never where they land.
 
 The worker's main thread runs every job's trace (in its greenlet) and steps the asyncio loop (`pipeline.runtime.
 asyncpool`); under load that is most of its time, so that is where a SIGTERM usually lands. Celery's handler (the soft
 shutdown, its cancels, the pool's stop) must not run there: the drain cannot step a loop that is running, nor go on
-with other jobs from inside one job's greenlet, and closing the loop from there ends every job under it. `Deferred`
-wraps the handlers Celery installs for SIGTERM, SIGQUIT and SIGINT (`Worker.install_platform_tweaks`): a signal that
-lands inside waits in a queue, and the pool runs it as soon as the main thread is outside again (at the end of its
-`run_once` or of a job's start): within one loop iteration or one trace step.
+with other jobs from inside one job's greenlet or from the middle of the pool's bookkeeping, and code interrupted
+there may hold a lock (a lease's, the hub's ready queue) that the drain's acknowledgements take again. `Deferred`
+wraps the handlers Celery installs for SIGTERM, SIGQUIT and SIGINT (`Worker.install_platform_tweaks`): while async
+jobs are in flight a signal waits in a queue, the loop is woken (`nudge`: a write to its self-pipe), and the pool runs
+the handler at the end of its next `run_once`, which the hub calls from its own dispatch: within one loop iteration.
+With none in flight the handler runs at once, as Celery's does.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ Handler = Callable[[int, Any], Any]
 
 
 class Deferred:
-    """The handlers of one worker's shutdown signals, deferred while `inside()` says the main thread is in a job or in
-    the loop's iteration."""
+    """The handlers of one worker's shutdown signals, deferred while `busy()` (async jobs in flight)."""
 
-    def __init__(self, inside: Callable[[], bool]) -> None:
-        self.inside = inside
+    def __init__(self, busy: Callable[[], bool], nudge: Callable[[], None]) -> None:
+        self.busy = busy
+        self.nudge = nudge
         self.pending: collections.deque[tuple[Handler, int, Any]] = collections.deque()
 
     def install(self) -> None:
@@ -40,15 +42,16 @@ class Deferred:
 
     def wrap(self, handler: Handler) -> Handler:
         def handle(signum: int, frame: Any) -> None:
-            if self.inside():
+            if self.busy():
                 self.pending.append((handler, signum, frame))  # run by `deliver` once outside
+                self.nudge()  # soon, even when nothing else wakes the pool
             else:
                 handler(signum, frame)
 
         return handle
 
     def deliver(self) -> None:
-        """From the main thread: run the handlers of the signals that landed inside, if it is outside now."""
-        while self.pending and not self.inside():
+        """At the pool's safe point (the end of `run_once`): run the handlers of the signals that waited."""
+        while self.pending:
             handler, signum, frame = self.pending.popleft()
             handler(signum, frame)

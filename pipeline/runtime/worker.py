@@ -25,10 +25,10 @@
   WORKER_CONCURRENCY jobs in flight (unless `-c` says otherwise) and prefetches no more than that (multiplier 1), a
   few at a time (`pipeline.delivery.fetch.FETCH_MAX_IN_FLIGHT`). It traces jobs in its main thread as a solo worker
   does (the same time limits, carried results and decoded bodies for its plain jobs); its soft shutdown lets the
-  async jobs in flight finish (`pipeline.runtime.asyncshutdown`), gives back what cannot finish, and requeues a plain
-  one at once. Its shutdown signals are handled outside the jobs and the loop's iteration
-  (`pipeline.runtime.asyncsignals`), and a second SIGTERM during the soft shutdown (a supervisor passing on what
-  systemd sent the whole group) is ignored: SIGQUIT and SIGINT still stop the jobs.
+  async jobs in flight finish (`pipeline.runtime.asyncshutdown`) and gives back what cannot. Its shutdown signals
+  are handled at a safe point of the pool's (`pipeline.runtime.asyncsignals`): a plain job running when one lands
+  finishes first (keep them short). A second SIGTERM during the soft shutdown (a supervisor passing on what systemd
+  sent the whole group) is ignored: SIGQUIT and SIGINT still stop the jobs.
 * The tracer writes a plain result's text with Python's `repr` (`pipeline.compat.resultrepr`, installed in
   `on_before_init`), not with Celery's much slower walker.
 """
