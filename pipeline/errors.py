@@ -79,6 +79,12 @@ class JobCancelled(Ignore):
     the job as cancelled. A job that catches it and goes on finishes, but its result is not stored over `cancelled`."""
 
 
+class WorkerStopping(JobCancelled):
+    """The worker stopped the job at a shutdown: it could not finish within the soft-shutdown timeout. Nothing of it is
+    stored or acknowledged: its message goes back to its queue when the worker closes its connection, and it runs
+    again (on a peer, or here once restarted)."""
+
+
 class LeaseLost(Ignore):
     """This worker could not renew the job's lease in time (see docs/leases.md, "Cut off from Redis"): raised in the
     running job before the lease lapses, the way a soft time limit is. Celery's `Ignore`: the job is neither a failure

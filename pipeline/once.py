@@ -17,6 +17,9 @@ One Redis key per effect, `pipeline:once:<task>:<idempotency key>`, moves throug
 
 Every transition is a compare-and-set on the exact value (one Lua script), so two concurrent copies of
 one job cannot both reach `sending`: `pipeline/lua/once_cas.lua`.
+
+A routine shutdown never leaves an effect in `sending`: the asyncio pool lets a job that is sending (`sending`, the
+task ids of this process between `committing` and `done`/`release`) finish instead of stopping it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ from pipeline.lua import script
 ONCE_KEY = KEY_PREFIX + "once:{task}:{key}"
 #: How long a `claimed` record holds off other jobs with the same key (covers connect + render).
 LEASE_S = 120
+
+
+#: Task ids of the jobs of this process sending their effect now (between `committing` and `done` or `release`): a
+#: worker's shutdown lets them finish instead of stopping them (`pipeline.runtime.asyncshutdown`).
+sending: set[str] = set()
 
 
 class OutcomeUnknown(PermanentError):
@@ -89,13 +97,15 @@ class Once:
         """Enter `sending`, just before the effect. Raises TransientError if another attempt took over."""
         if self._value is None:
             raise RuntimeError("claim() first")
-        sending = self._record("sending")
-        if not self._cas(self._value, sending, self.ttl):
+        record = self._record("sending")
+        if not self._cas(self._value, record, self.ttl):
             raise TransientError(f"lost the claim on {self.key} to another attempt")
-        self._value = sending
+        self._value = record
+        sending.add(self.task_id)
 
     def release(self) -> None:
         """The effect certainly did not happen: let a retry claim again."""
+        sending.discard(self.task_id)
         if self._value is not None:
             self._cas(self._value, None, 0)
             self._value = None
@@ -104,3 +114,4 @@ class Once:
         """Record the effect's result; later attempts return it."""
         self.client.set(self.key, self._record("sent", result=result), ex=self.ttl)
         self._value = None
+        sending.discard(self.task_id)

@@ -77,6 +77,14 @@ ENTRIES: tuple[Entry, ...] = (
         critical=True,
     ),
     Entry(
+        "kombu.asynchronous.hub.Hub._ready, _ready_lock; celery.worker.consumer.Consumer.call_soon_ack (a job's "
+        "acknowledgement waits there for the loop's next iteration: landed at a shutdown before the connection closes)",
+        "pipeline.delivery.acks",
+        ("celery", "kombu"),
+        "tests/faults/test_delivery_parity.py::test_celerys_scheduled_acknowledgement_is_what_land_runs_at_a_shutdown",
+        critical=True,
+    ),
+    Entry(
         "celery.worker.request.Request._message, _eventer, _context, _body, _content_type, _content_encoding, "
         "_already_cancelled, _announce_revoked, _announce_cancelled, _apply_result, _terminate_on_ack",
         "pipeline.delivery.request, pipeline.delivery.fencing",

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -236,3 +236,34 @@ def enable_carried_results() -> None:
     results are stored with their acknowledgements, and its fan-out items' nodes recorded by the same calls."""
     OneTripStore.carrier = staticmethod(carry)  # a plain function, not a method of the backend
     record.CARRIERS[:] = [carry_node]
+
+
+#: What Celery schedules on the event loop to settle a job (`Consumer.call_soon_ack`): a vine promise of the message's
+#: `ack_log_error` or `reject_log_error`.
+_SETTLING = frozenset({"ack_log_error", "reject_log_error"})
+
+
+def _settles(item: Any) -> bool:
+    fun = getattr(item, "fun", None)
+    return getattr(fun, "__name__", None) in _SETTLING and getattr(fun, "__self__", None) is not None
+
+
+def land(hub: Any, qoses: Iterable[DeferredAcks] = ()) -> None:
+    """At a shutdown, outside the event loop's iteration: land what the jobs that ended have to write, before the
+    connection closes. Celery schedules each acknowledgement (or requeue) for the loop's next iteration, which a
+    stopping worker never runs (kombu runs what is left only as its hub closes, after the connection did): those are
+    taken from the hub (`Hub._ready`, under `Hub._ready_lock`) and run now; then every deferred acknowledgement and
+    result of their QoS and of `qoses` is written, one call per QoS (`flush_acks`). No call when nothing waits."""
+    due: list[Any] = []
+    if hub is not None:
+        with hub._ready_lock:
+            due = [item for item in hub._ready if _settles(item)]
+            hub._ready.difference_update(due)
+    touched = set(qoses)
+    for item in due:
+        item()
+        qos = getattr(getattr(item.fun.__self__, "channel", None), "qos", None)
+        if isinstance(qos, DeferredAcks):
+            touched.add(qos)
+    for qos in touched:
+        qos.flush_acks(carry=False)

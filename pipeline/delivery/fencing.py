@@ -30,7 +30,7 @@ from pipeline.broker import broker_redis, direct_redis
 from pipeline.compat import versions
 from pipeline.config import get_settings
 from pipeline.config.celery import is_sentinel
-from pipeline.delivery import replicas, transport
+from pipeline.delivery import acks, replicas, transport
 from pipeline.delivery.lease import Leases, Renewer
 from pipeline.delivery.request import delivery_tag, drop_lost
 
@@ -158,6 +158,12 @@ class DeliveryStep(bootsteps.StartStopStep):
             self.leases.lease_seconds / 3,
             self.leases.owner(),
         )
+
+    def close(self, parent: Any) -> None:
+        # First of a shutdown (Celery closes every step, in boot order, before it stops any), after the pool's close
+        # (a warm shutdown's jobs finish there): the acknowledgements Celery scheduled for the event loop's next
+        # iteration land now, while the connection is open and the leases renewed.
+        acks.land(getattr(parent, "hub", None))
 
     def stop(self, parent: Any) -> None:
         # Last: results and acknowledgements of jobs that finished while Redis was away (the soft shutdown lets

@@ -55,7 +55,7 @@ from pipeline.config import get_settings
 from pipeline.constants import DELIVERY_LOG_KEY, HEADER_DELIVERY_COUNT
 from pipeline.delivery.lease import Leases
 from pipeline.dlq import capture
-from pipeline.errors import DeliveryLimitExceeded, JobCancelled, LeaseLost
+from pipeline.errors import DeliveryLimitExceeded, JobCancelled, LeaseLost, WorkerStopping
 from pipeline.observability import metrics
 from pipeline.pools import traces_in_main_thread
 
@@ -271,8 +271,10 @@ class Request(CeleryRequest):
         if isinstance(exc, LeaseLost) or getattr(self, "_lease_lapsing", False):
             abandon(self, leases_of(self))  # stopped before its lease lapsed (`pipeline.runtime.lapses`)
             return
-        if getattr(self, "_already_cancelled", False) and self.task.acks_late and isinstance(exc, JobCancelled):
-            return  # stopped by a cold shutdown (the asyncio pool): its message goes back to its queue
+        if isinstance(exc, WorkerStopping) or (
+            getattr(self, "_already_cancelled", False) and self.task.acks_late and isinstance(exc, JobCancelled)
+        ):
+            return  # stopped by a shutdown (the asyncio pool): its message goes back to its queue
         if isinstance(exc, JobCancelled):
             # Cancelled while it ran (a solo worker raised it in the job): not a failure. The state Celery stores for
             # a revoke (REVOKED, read as `cancelled`; the cancel stored it already), the revoke signal (counted),

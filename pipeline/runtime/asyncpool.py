@@ -29,9 +29,9 @@ starts it again. A cancel of a running job (`pipeline.runtime.cancels`) or a lea
 `JobCancelled` in it through `stop_job`; a lease that cannot be renewed in time (`pipeline.runtime.lapses`) raises
 `LeaseLost`, and a coroutine that ignores it is given up when the lease lapses.
 
-Shutdown: a soft shutdown (`pipeline.runtime.worker.Worker.wait_for_soft_shutdown`) and a warm one let the jobs in
-flight finish (`drain`, WORKER_SOFT_SHUTDOWN_TIMEOUT at most); a cold one stops them, and their messages go back to
-their queues when the worker closes its connection.
+Shutdown: `pipeline.runtime.asyncshutdown` (the jobs in flight finish and their acknowledgements land before any
+step stops; what cannot finish is given back). While jobs are in flight a shutdown signal is handled at
+the pool's safe point, the end of `run_once` (`pipeline.runtime.asyncsignals`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ import collections
 import contextlib
 import logging
 import os
-import select
 import selectors
 import time
 from typing import Any
@@ -51,74 +50,24 @@ from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.worker import state
 from greenlet import getcurrent  # type: ignore[import-untyped]  # no stubs are published
 
+from pipeline import once
 from pipeline.delivery import acks
 from pipeline.errors import JobCancelled, LeaseLost
 from pipeline.observability import metrics
 from pipeline.pools import aio
+from pipeline.runtime.asyncjob import Job, Loop, overrides
+from pipeline.runtime.asyncshutdown import CANCEL_GRACE_S, Shutdown
+from pipeline.runtime.asyncsignals import Deferred
 
 log = logging.getLogger(__name__)
 
-#: How long a stopped (cancelled) coroutine may take to unwind before it is abandoned and the process recycled.
-CANCEL_GRACE_S = 2.0
 #: Rounds of the asyncio loop one wake-up runs at most before the worker's own events get their turn.
 MAX_ROUNDS = 64
 #: What `pipeline worker` passes (`-P custom` with CELERY_CUSTOM_WORKER_POOL naming this class).
 POOL = "pipeline.runtime.asyncpool:AsyncPool"
 
 
-class _Loop(asyncio.SelectorEventLoop):
-    """asyncio's selector loop, stepped by the worker's own event loop (`AsyncPool.run_once`)."""
-
-    def has_ready(self) -> bool:
-        """Callbacks are ready to run now (asyncio's own queue, `BaseEventLoop._ready`, 3.11 to 3.14)."""
-        return bool(self._ready)  # type: ignore[attr-defined]
-
-    def next_timer(self) -> float | None:
-        """When the soonest timer is due, on the loop's clock (`BaseEventLoop._scheduled`, a heap); None: none."""
-        scheduled = self._scheduled  # type: ignore[attr-defined]
-        return float(scheduled[0].when()) if scheduled else None
-
-
-class Job:
-    """One async job in flight: its greenlet, its limits, and how to stop it."""
-
-    __slots__ = (
-        "abandoned",
-        "body",
-        "greenlet",
-        "hard",
-        "name",
-        "qos",
-        "reason",
-        "soft",
-        "started",
-        "task_id",
-        "timer",
-    )
-
-    def __init__(self, name: str, task_id: str, soft: float | None, hard: float | None) -> None:
-        self.name = name
-        self.task_id = task_id
-        self.soft = soft
-        self.hard = hard
-        self.started = time.monotonic()
-        self.greenlet: Any = None
-        #: The coroutine it waits for now, as an asyncio task.
-        self.body: asyncio.Task[Any] | None = None
-        #: Its next deadline on the loop (a limit, or the end of the time given to unwind).
-        self.timer: asyncio.TimerHandle | None = None
-        #: The exception the job is being stopped with (a limit or a cancel), once stopped.
-        self.reason: BaseException | None = None
-        #: Its coroutine ignored its cancellation and was given up.
-        self.abandoned = False
-        #: The QoS of the delivery the job came in: its result is carried by the call that acknowledges it.
-        self.qos: Any = acks.current_qos()
-
-    def deadline(self, limit: float | None) -> float | None:
-        return None if limit is None else self.started + limit
-
-
-class AsyncPool(BasePool):
+class AsyncPool(Shutdown, BasePool):
     """See the module doc."""
 
     body_can_be_buffer = True
@@ -127,8 +76,9 @@ class AsyncPool(BasePool):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.selector = selectors.DefaultSelector()
-        self.loop = _Loop(self.selector)
-        self.jobs: dict[str, Job] = {}
+        self.loop = Loop(self.selector)
+        #: The async jobs here (running or waiting for a turn), by task id: two deliveries of one id may both run.
+        self.jobs: dict[str, list[Job]] = {}
         #: Coroutines that ended, (job, task), for their greenlets to go on outside the loop's iteration.
         self._ended: collections.deque[tuple[Job, asyncio.Task[Any] | None]] = collections.deque()
         #: Async jobs received beyond the limit (a prefetch multiplier above 1), in order, and how many run now.
@@ -139,6 +89,10 @@ class AsyncPool(BasePool):
         self._timer_at = 0.0
         self._pid = os.getpid()
         self.recycling = False
+        self.stopping = False  # a shutdown gives back what waits for a turn: nothing more starts
+        #: Shutdown signals that landed inside a job or the loop's iteration, run once outside (`Worker` installs it).
+        self.signals = Deferred(lambda: bool(self.jobs), self._nudge)
+        self._busy = 0  # in run_once or on_apply (see `inside`)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -151,37 +105,13 @@ class AsyncPool(BasePool):
         self._hub = loop
         loop.add_reader(self.selector.fileno(), self.run_once)
 
-    def on_stop(self) -> None:
-        """Warm shutdown: the jobs in flight finish (Celery's soft shutdown already bounded how long), then the loop
-        closes its pooled clients."""
-        self.drain(None)
-        self._close()
-
-    def on_terminate(self) -> None:
-        """Cold shutdown: what still runs is stopped; its messages go back when the connection closes."""
-        for job in list(self.jobs.values()):
-            self.stop_job(job.task_id, JobCancelled)
-        self.drain(CANCEL_GRACE_S)
-        self._close()
-
-    def _close(self) -> None:
-        if self.loop.is_closed() or self.loop.is_running():
-            return
-        if self._hub is not None:
-            with contextlib.suppress(Exception):  # the hub may be closed already
-                self._hub.remove_reader(self.selector.fileno())
-        try:
-            self.loop.run_until_complete(aio.close_loop_resources())
-        finally:
-            self.loop.close()
-
     @property
     def num_processes(self) -> int:
         return int(self.limit or 0)
 
     @property
     def in_flight(self) -> int:
-        return len(self.jobs)
+        return sum(len(twins) for twins in self.jobs.values())
 
     # -- running the asyncio loop from the worker's -----------------------------------------------------------
 
@@ -191,15 +121,31 @@ class AsyncPool(BasePool):
         loop = self.loop
         if loop.is_running() or loop.is_closed():
             return
-        for _ in range(MAX_ROUNDS):
-            loop.call_soon(loop.stop)
-            loop.run_forever()  # one iteration: stop() was called first (asyncio's documented behaviour)
-            self._resume_ended()
-            if not loop.has_ready():
-                break
-        else:
-            self._wake()  # more to do: after the worker's other events
-        self._arm_timer()
+        self._busy += 1
+        try:
+            for _ in range(MAX_ROUNDS):
+                loop.call_soon(loop.stop)
+                loop.run_forever()  # one iteration: stop() was called first (asyncio's documented behaviour)
+                self._resume_ended()
+                if not loop.has_ready():
+                    break
+            else:
+                self._wake()  # more to do: after the worker's other events
+            self._arm_timer()
+        finally:
+            self._busy -= 1
+        if self.signals.pending:
+            self.signals.deliver()
+
+    def inside(self) -> bool:
+        """The main thread is in the pool's own steps now (a job's greenlet, the loop's iteration, the bookkeeping
+        between them): a shutdown's drain must not run from here."""
+        return bool(self._busy or getcurrent().parent is not None or self.loop.is_running())
+
+    def _nudge(self) -> None:
+        """Have the hub call `run_once` soon (from a signal handler: a write to the loop's self-pipe)."""
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(_nothing)
 
     def _arm_timer(self) -> None:
         when = self.loop.next_timer()
@@ -221,29 +167,6 @@ class AsyncPool(BasePool):
         if self._hub is not None:
             self._hub.call_soon(self.run_once)
 
-    def drain(self, timeout: float | None) -> bool:
-        """From the main thread, outside any job and outside the loop (a shutdown): go on with the jobs in flight
-        until none is left (or `timeout` seconds). True when none is left."""
-        if getcurrent().parent is not None or self.loop.is_running() or self.loop.is_closed():
-            return not self.jobs  # a signal arrived inside a job or an iteration: not from here
-        deadline = None if timeout is None else time.monotonic() + timeout
-        qoses = {job.qos for job in self.jobs.values() if job.qos is not None}
-        while self.jobs:
-            self.run_once()
-            for qos in qoses:  # the event loop's tick no longer writes what the jobs that ended here deferred
-                qos.flush_acks(carry=False)
-            if not self.jobs:
-                break
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return False
-            pause = 0.05 if left is None else min(0.05, left)
-            when = self.loop.next_timer()
-            if when is not None:
-                pause = min(pause, max(0.0, when - self.loop.time()))
-            select.select([self.selector.fileno()], [], [], pause)
-        return True
-
     # -- applying a job --------------------------------------------------------------------------------------
 
     def on_apply(
@@ -261,10 +184,18 @@ class AsyncPool(BasePool):
         if not getattr(task, "is_async", False):  # a plain job runs here and now, as in the solo pool
             apply_target(target, args, kwargs, callback, accept_callback, pid=self._pid)
             return
+        self._busy += 1
+        try:
+            self._apply(target, args, kwargs, callback, accept_callback, timeout, soft_timeout)
+        finally:
+            self._busy -= 1
+
+    def _apply(self, target: Any, *trace: Any) -> None:
+        args, kwargs, callback, accept_callback, timeout, soft_timeout = trace
         hard = timeout or self.options.get("timeout") or None
         soft = soft_timeout or self.options.get("soft_timeout") or None
         job = Job(str(args[0]), str(args[1]), soft, hard)
-        self.jobs[job.task_id] = job
+        self.jobs.setdefault(job.task_id, []).append(job)
         job.greenlet = aio.JobGreenlet(self._trace)
         start = (job, target, args, kwargs, callback, accept_callback)
         if self.running >= int(self.limit or 1):  # a prefetch above the limit (a multiplier given): it waits its turn
@@ -277,6 +208,19 @@ class AsyncPool(BasePool):
         job.started = time.monotonic()  # its limits count from here, not from its wait for a turn
         self._after(job, job.greenlet.switch(job, *trace))
 
+    def _next(self) -> None:
+        """A slot is free: start the job that waited longest, unless a shutdown gives them back. One whose delivery
+        was lost or revoked while it waited (Celery's checks ran when it was received) is dropped unstarted, as the
+        worker drops such a request (`Request.revoked`)."""
+        while self._waiting and not self.stopping:
+            start = self._waiting.popleft()
+            request = state.requests.get(start[0].task_id)
+            if request is not None and request.revoked():
+                self._forget(start[0])
+                continue
+            self._start(*start)
+            return
+
     def _trace(self, job: Job, target: Any, args: Any, kwargs: Any, callback: Any, accept: Any) -> None:
         try:
             apply_target(target, args, kwargs, callback, accept, pid=self._pid)
@@ -288,11 +232,10 @@ class AsyncPool(BasePool):
         if job.greenlet.dead:
             if job.timer is not None:
                 job.timer.cancel()
-            if self.jobs.get(job.task_id) is job:
-                del self.jobs[job.task_id]
+            self._forget(job)
+            once.sending.discard(job.task_id)
             self.running -= 1
-            if self._waiting:
-                self._start(*self._waiting.popleft())
+            self._next()
             return
         if job.reason is not None:  # stopped (a limit, a cancel) while outside its coroutine: raised at once
             awaited.close()
@@ -315,21 +258,12 @@ class AsyncPool(BasePool):
             job.body = None
             with acks.delivering(job.qos) if job.qos is not None else contextlib.nullcontext():
                 try:
-                    result = self._outcome(job, ended)
+                    result = job.outcome(ended)
                 except BaseException as exc:  # noqa: BLE001  # the job's own exception, raised in its trace
                     awaited = job.greenlet.throw(exc)
                 else:
                     awaited = job.greenlet.switch(result)
             self._after(job, awaited)
-
-    def _outcome(self, job: Job, ended: asyncio.Task[Any] | None) -> Any:
-        if ended is None or ended.cancelled() or isinstance(ended.exception(), asyncio.CancelledError):
-            if job.reason is None:
-                raise JobCancelled(job.task_id)
-            if job.abandoned and isinstance(job.reason, SoftTimeLimitExceeded) and job.hard is not None:
-                raise TimeLimitExceeded(job.hard)  # it ran on to its hard limit
-            raise job.reason
-        return ended.result()
 
     # -- a job's deadlines, on the loop ----------------------------------------------------------------------
 
@@ -359,13 +293,17 @@ class AsyncPool(BasePool):
     def _stop(self, job: Job, reason: BaseException, grace: float | None = None) -> None:
         """On the loop: stop `job` with `reason` (its coroutine cancelled; raised at once if it is outside one), giving
         it `grace` seconds (CANCEL_GRACE_S by default) to unwind."""
-        if job.reason is not None or job.greenlet.dead:
+        if job.greenlet.dead or (job.reason is not None and not overrides(reason, job.reason)):
             return
+        earlier = job.timer if job.reason is not None else None  # stopped already: its end comes no later
         job.reason = reason
         grace = CANCEL_GRACE_S if grace is None else grace
         if isinstance(reason, SoftTimeLimitExceeded) and job.hard is not None:
             grace = max(0.0, job.started + job.hard - time.monotonic())
-        self._arm(job, time.monotonic() + grace)
+        at = time.monotonic() + grace
+        if earlier is not None:
+            at = min(at, time.monotonic() + max(0.0, earlier.when() - self.loop.time()))
+        self._arm(job, at)
         if job.body is not None:
             job.body.cancel()
 
@@ -392,9 +330,14 @@ class AsyncPool(BasePool):
     def stop_job(self, task_id: str, reason: type[BaseException], grace: float | None = None) -> bool:
         """Stop the async job `task_id` if it runs here (from any thread): `reason` is raised in it, and it is given up
         after `grace` s (default CANCEL_GRACE_S). True if found; False for a plain job (it runs in the main thread)."""
-        job = self.jobs.get(task_id)
-        if job is None or self.loop.is_closed():
+        twins = list(self.jobs.get(task_id, ()))  # every delivery of the id here
+        if not twins or self.loop.is_closed():
             return False
-        exc: BaseException = JobCancelled(task_id) if reason is JobCancelled else reason()
-        self.loop.call_soon_threadsafe(self._stop, job, exc, grace)  # wakes the loop's selector: the hub runs it
+        for job in twins:
+            exc: BaseException = reason(task_id) if issubclass(reason, JobCancelled) else reason()
+            self.loop.call_soon_threadsafe(self._stop, job, exc, grace)  # wakes the loop's selector: the hub runs it
         return True
+
+
+def _nothing() -> None:
+    """A callback that only wakes the loop's selector."""

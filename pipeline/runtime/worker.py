@@ -25,7 +25,10 @@
   WORKER_CONCURRENCY jobs in flight (unless `-c` says otherwise) and prefetches no more than that (multiplier 1), a
   few at a time (`pipeline.delivery.fetch.FETCH_MAX_IN_FLIGHT`). It traces jobs in its main thread as a solo worker
   does (the same time limits, carried results and decoded bodies for its plain jobs); its soft shutdown lets the
-  async jobs in flight finish, and requeues a plain one at once.
+  async jobs in flight finish (`pipeline.runtime.asyncshutdown`) and gives back what cannot. Its shutdown signals
+  are handled at a safe point of the pool's (`pipeline.runtime.asyncsignals`): a plain job running when one lands
+  finishes first (keep them short). A second SIGTERM during the soft shutdown (a supervisor passing on what systemd
+  sent the whole group) is ignored: SIGQUIT and SIGINT still stop the jobs.
 * The tracer writes a plain result's text with Python's `repr` (`pipeline.compat.resultrepr`, installed in
   `on_before_init`), not with Celery's much slower walker.
 """
@@ -36,7 +39,7 @@ import logging
 import sys
 from typing import Any
 
-from celery import bootsteps
+from celery import bootsteps, platforms
 from celery.apps.worker import Worker as CeleryWorker
 from celery.worker import state
 
@@ -133,17 +136,29 @@ class Worker(CeleryWorker):
                 settings.lease_seconds,
             )
 
+    def install_platform_tweaks(self, worker: Any) -> None:
+        super().install_platform_tweaks(worker)  # Celery's signal handlers
+        if is_asyncio(getattr(self, "pool_cls", None)):
+            pool: Any = self.pool
+            pool.signals.install()  # handled outside the jobs and the loop's iteration (`asyncsignals`)
+
     def wait_for_soft_shutdown(self) -> Any:
         if not (state.active_requests or state.reserved_requests):
             return None
         timeout = float(self.app.conf.worker_soft_shutdown_timeout or 0)
         if is_asyncio(getattr(self, "pool_cls", None)):
             # The jobs in flight go on here (their traces run in this thread), up to the timeout; the rest go back.
+            # A second SIGTERM (a supervisor passing on what systemd sent the whole group) is not an escalation:
+            # Celery's would cancel the jobs in flight; SIGQUIT and SIGINT still do.
+            platforms.signals["SIGTERM"] = _already_stopping
             mark_stopping(timeout)
             pool: Any = self.pool
             if not pool.drain(timeout):
+                # Stopped here as given back, before Celery's `cancel_active_requests`, which stops at a plain job
+                # running below this handler (it unwinds it with WorkerTerminate) and would leave the rest unmarked.
                 log.warning("%d job(s) still in flight after the soft shutdown: they go back to their queues",
                             pool.in_flight)  # fmt: skip
+                pool.give_back()
             return None
         if is_solo(getattr(self, "pool_cls", None)):
             # The job runs in this thread, under this signal handler: sleeping would pause it, not let it
@@ -153,6 +168,10 @@ class Worker(CeleryWorker):
         # The soft shutdown sleeps in the signal handler, so the event loop (and the heartbeat) stops meanwhile.
         mark_stopping(timeout)
         return super().wait_for_soft_shutdown()
+
+
+def _already_stopping(*_: Any) -> None:
+    log.warning("SIGTERM again during the soft shutdown: ignored (the jobs in flight go on; SIGQUIT stops them)")
 
 
 def _wake() -> None:

@@ -8,7 +8,6 @@ Each test has its own broker Redis and a ledger Redis (`tests.faults.ledger`); w
 from __future__ import annotations
 
 import collections
-import json
 import signal
 import uuid
 from typing import Any
@@ -18,7 +17,7 @@ from celery import Celery
 
 from pipeline.constants import HEADER_GROUP, LEASE_KEY
 from pipeline.runtime.asyncpool import POOL
-from tests.faults.ledger import SHORT_LEASE, env_for
+from tests.faults.ledger import SHORT_LEASE, each_ran_once, env_for, run_count, runs
 from tests.support.procs import RedisServer, wait_for
 
 pytestmark = pytest.mark.faults
@@ -27,14 +26,6 @@ pytestmark = pytest.mark.faults
 def _send(producer: Celery, key: str, sleep_s: float, **headers: str) -> str:
     payload = {"key": key, "sleep_s": sleep_s}
     return str(producer.send_task("test.await", args=[payload], queue="default", headers=headers or None).id)
-
-
-def _records(ledger: RedisServer, key: str) -> list[dict[str, Any]]:
-    return [json.loads(r) for r in ledger.client().lrange(f"test:run:{key}", 0, -1)]
-
-
-def _count(ledger: RedisServer, key: str, event: str) -> collections.Counter[str]:
-    return collections.Counter(r["task_id"] for r in _records(ledger, key) if r["event"] == event)
 
 
 def _env(own_redis: RedisServer, ledger: RedisServer, **extra: str) -> dict[str, str]:
@@ -48,13 +39,13 @@ def test_kill_9_with_100_in_flight_loses_none_and_runs_none_twice(
     env = _env(own_redis, ledger_redis, **SHORT_LEASE)
     first = make_worker(f"aio-k9-a-{key[:6]}", env=env, pool="custom", concurrency=100)
     jobs = [_send(producer, key, 3.0) for _ in range(100)]
-    wait_for(lambda: len(_count(ledger_redis, key, "start")) == 100, 30, 0.05, what="100 jobs in flight")
+    wait_for(lambda: len(run_count(ledger_redis, key, "start")) == 100, 30, 0.05, what="100 jobs in flight")
     first.kill_group(signal.SIGKILL)
     first.wait(10)
-    assert not _count(ledger_redis, key, "finish")  # killed with all 100 running
+    assert not run_count(ledger_redis, key, "finish")  # killed with all 100 running
     make_worker(f"aio-k9-b-{key[:6]}", env=env, pool="custom", concurrency=100)
-    wait_for(lambda: set(jobs) <= set(_count(ledger_redis, key, "finish")), 60, 0.1, what="the jobs on the peer")
-    assert _count(ledger_redis, key, "finish") == collections.Counter(dict.fromkeys(jobs, 1))  # lost 0, twice 0
+    wait_for(lambda: set(jobs) <= set(run_count(ledger_redis, key, "finish")), 60, 0.1, what="the jobs on the peer")
+    assert run_count(ledger_redis, key, "finish") == collections.Counter(dict.fromkeys(jobs, 1))  # lost 0, twice 0
     results = [producer.AsyncResult(job).get(timeout=10) for job in jobs]
     assert all(r["key"] == key for r in results)
     broker = own_redis.client()
@@ -65,19 +56,17 @@ def test_sigterm_with_100_in_flight_lets_them_finish_and_leaves_the_rest_queued(
     own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
 ) -> None:
     key = uuid.uuid4().hex
-    env = _env(own_redis, ledger_redis, REMAP_SIGTERM="SIGQUIT", WORKER_SOFT_SHUTDOWN_TIMEOUT="10")
+    env = _env(own_redis, ledger_redis, REMAP_SIGTERM="SIGQUIT", WORKER_SOFT_SHUTDOWN_TIMEOUT="10", **SHORT_LEASE)
     first = make_worker(f"aio-term-a-{key[:6]}", env=env, pool="custom", concurrency=100)
     jobs = [_send(producer, key, 2.0) for _ in range(150)]
-    wait_for(lambda: len(_count(ledger_redis, key, "start")) == 100, 30, 0.05, what="100 jobs in flight")
+    wait_for(lambda: len(run_count(ledger_redis, key, "start")) == 100, 30, 0.05, what="100 jobs in flight")
     first.send_signal(signal.SIGTERM)
     assert first.wait(20) is not None
-    finished = _count(ledger_redis, key, "finish")
+    finished = run_count(ledger_redis, key, "finish")
     assert len(finished) == 100 and set(finished.values()) == {1}  # every job in flight finished before the exit
-    assert len(_count(ledger_redis, key, "start")) == 100  # nothing more was started during the shutdown
+    assert len(run_count(ledger_redis, key, "start")) == 100  # nothing more was started during the shutdown
     make_worker(f"aio-term-b-{key[:6]}", env=env, pool="custom", concurrency=100)
-    wait_for(lambda: set(jobs) <= set(_count(ledger_redis, key, "finish")), 30, 0.1, what="the rest on the peer")
-    assert _count(ledger_redis, key, "finish") == collections.Counter(dict.fromkeys(jobs, 1))
-    assert _count(ledger_redis, key, "start") == collections.Counter(dict.fromkeys(jobs, 1))
+    each_ran_once(ledger_redis, key, jobs)  # counted two leases past the last finish: none ran again after a lapse
 
 
 def test_a_group_cap_of_2_holds_with_50_jobs_of_the_group_on_one_process(
@@ -88,11 +77,11 @@ def test_a_group_cap_of_2_holds_with_50_jobs_of_the_group_on_one_process(
     capped = [_send(producer, key, 0.1, **{HEADER_GROUP: "tenant-c"}) for _ in range(50)]
     other = [_send(producer, key, 0.5, **{HEADER_GROUP: "tenant-d"}) for _ in range(2)]
     make_worker(f"aio-group-{key[:6]}", env=env, pool="custom", concurrency=100)
-    wait_for(lambda: len(_count(ledger_redis, key, "finish")) == 52, 60, 0.1, what="all 52 jobs")
+    wait_for(lambda: len(run_count(ledger_redis, key, "finish")) == 52, 60, 0.1, what="all 52 jobs")
     running: set[str] = set()
     most = 0
-    for record in sorted(_records(ledger_redis, key), key=lambda r: r["t"]):
+    for record in sorted(runs(ledger_redis, key), key=lambda r: r["t"]):
         (running.add if record["event"] == "start" else running.discard)(record["task_id"])
         most = max(most, len(running & set(capped)))
     assert most == 2  # the cap, reached and never passed, with 98 free slots in the process
-    assert _count(ledger_redis, key, "finish") == collections.Counter(dict.fromkeys(capped + other, 1))
+    assert run_count(ledger_redis, key, "finish") == collections.Counter(dict.fromkeys(capped + other, 1))

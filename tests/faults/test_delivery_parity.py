@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import time
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from celery import Celery
 from celery.contrib.testing.mocks import TaskMessage
+from celery.worker.consumer.consumer import Consumer as CeleryConsumer
 from celery.worker.request import Request as CeleryRequest
-from kombu import Connection, Consumer, Exchange, Producer, Queue
+from kombu import Connection, Consumer, Exchange, Message, Producer, Queue
 from kombu.asynchronous import Hub, get_event_loop, set_event_loop
 from redis import exceptions as redis_errors
+from vine import promise
 
 from pipeline.delivery import acks, transport
 from pipeline.delivery.lease import Leases
@@ -167,6 +171,26 @@ def test_the_loop_thread_is_the_hubs() -> None:
         set_event_loop(previous)
         hub.close()
     assert seen == {"on the loop": hub, "elsewhere": None}
+
+
+def test_celerys_scheduled_acknowledgement_is_what_land_runs_at_a_shutdown() -> None:
+    """Celery schedules a job's acknowledgement on the hub for the loop's next iteration (`Consumer.call_soon_ack`: a
+    promise of the message's `ack_log_error` in `Hub._ready`): `acks.land` runs it now, and leaves the hub's other
+    callbacks for the loop."""
+    hub = Hub()
+    acked: list[str] = []
+    channel = SimpleNamespace(no_ack_consumers=None, basic_ack=lambda tag, multiple=False: acked.append(tag))
+    message = Message(body=b"{}", delivery_tag="tag-1", channel=channel)
+    on_ack = promise(CeleryConsumer.call_soon_ack, (SimpleNamespace(hub=hub), message.ack_log_error))
+    try:
+        on_ack(logging.getLogger(__name__), ())  # what `Request.acknowledge` calls
+        hub.call_soon(lambda: None)
+        assert not acked and len(hub._ready) == 2
+        acks.land(hub)
+        assert acked == ["tag-1"] and message.acknowledged
+        assert len(hub._ready) == 1  # the other callback waits for the loop
+    finally:
+        hub.close()
 
 
 def test_celerys_request_has_what_the_delivery_layer_reads() -> None:

@@ -51,8 +51,9 @@ class AwaitJob(BaseModel):
     key: str
     sleep_s: float = 0.0
     #: "sleep": awaits `sleep_s`; "hang": awaits forever (until cancelled); "ignore": swallows its cancellation and
-    #: goes on awaiting (only abandoning it ends the job).
-    mode: Literal["sleep", "hang", "ignore"] = "sleep"
+    #: goes on awaiting (only abandoning it ends the job); "stray": on its first attempt lets out the CancelledError
+    #: of an inner future it cancelled (as a library may), then awaits `sleep_s` on the next.
+    mode: Literal["sleep", "hang", "ignore", "stray"] = "sleep"
 
 
 class AwaitResult(BaseModel):
@@ -70,6 +71,12 @@ async def awaiting(job: AwaitJob, ctx: JobContext) -> AwaitResult:
             await asyncio.sleep(job.sleep_s)
         elif job.mode == "hang":
             await asyncio.Event().wait()
+        elif job.mode == "stray":
+            if ctx.attempt == 1:
+                inner = asyncio.ensure_future(asyncio.sleep(3600))
+                inner.cancel()
+                await inner
+            await asyncio.sleep(job.sleep_s)
         else:
             while True:
                 try:
