@@ -39,13 +39,15 @@ class Variant:
     app: str
     pool: str
     modules: tuple[str, ...]
+    #: pytest-xdist processes at most (each with its own Redis and worker).
+    processes: int = 8
 
 
 VARIANTS = {
     "stock-prefork": Variant("tests.celery_suite.stock_worker", "prefork", SUITE),
     "pipeline-prefork": Variant(PIPELINE_APP, "prefork", (*SUITE, POOLS)),
     "pipeline-asyncio": Variant(PIPELINE_APP, "custom", (*SUITE, POOLS)),
-    "pipeline-solo": Variant(PIPELINE_APP, "solo", (POOLS,)),
+    "pipeline-solo": Variant(PIPELINE_APP, "solo", (POOLS,), processes=1),
 }
 DEFAULT = ("pipeline-prefork", "pipeline-asyncio", "pipeline-solo")
 SUMMARY = re.compile(r"^=* ?(\d+ (?:passed|failed|skipped|xfailed|xpassed|errors?|deselected)\b.*) in [\d.]+s")
@@ -69,6 +71,7 @@ def start(name: str, suite: Path, processes: int, extra: list[str], logs: Path) 
     env["PYTHONPATH"] = os.pathsep.join([str(suite), str(ROOT)])
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])  # `celery` for the suite
     argv = [sys.executable, "-m", "pytest", "-c", str(HERE / "pytest.ini"), "--rootdir", str(suite)]
+    processes = min(processes, variant.processes)
     if processes > 1:
         argv += ["-n", str(processes), "--dist", "load"]
         env["CELERY_SUITE_XDIST"] = "1"
@@ -113,11 +116,12 @@ class Run:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.celery_suite", description=__doc__)
-    parser.add_argument("variants", nargs="*", choices=[*VARIANTS, []], default=list(DEFAULT))
+    parser.add_argument("variants", nargs="*", choices=[*VARIANTS, []], default=[])
     parser.add_argument("-n", "--processes", type=int, default=4, help="pytest-xdist processes per variant")
     parser.add_argument("--cache", type=Path, default=ROOT / ".data" / "celery-suite", help="where the sdist goes")
-    args, extra = parser.parse_known_args()
-    extra = [arg for arg in extra if arg != "--"]
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, extra = parser.parse_args(argv[:split]), argv[split + 1 :]
     suite = fetch(args.cache)
     shutil.copyfile(HERE / "suite_pools.py", suite / "t" / "integration" / POOLS)
     logs = args.cache / "logs"
