@@ -70,7 +70,7 @@ def start(name: str, suite: Path, processes: int, extra: list[str], logs: Path) 
     env.update(CELERY_SUITE_POOL=variant.pool, CELERY_SUITE_POOL_CLASS=POOL_CLASSES[variant.pool])
     env["PYTHONPATH"] = os.pathsep.join([str(suite), str(ROOT)])
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])  # `celery` for the suite
-    argv = [sys.executable, "-m", "pytest", "-c", str(HERE / "pytest.ini"), "--rootdir", str(suite)]
+    argv = [sys.executable, "-m", "pytest", "-c", str(HERE / "suite.ini"), "--rootdir", str(suite)]
     processes = min(processes, variant.processes)
     if processes > 1:
         argv += ["-n", str(processes), "--dist", "load"]

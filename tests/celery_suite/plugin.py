@@ -1,6 +1,6 @@
 """pytest plugin for Celery's integration suite: a throwaway Redis and one external worker per pytest process.
 
-Loaded with `-p tests.celery_suite.plugin` (see `pytest.ini`) into a run of the sdist's `t/integration`. Before the
+Loaded with `-p tests.celery_suite.plugin` (see `suite.ini`) into a run of the sdist's `t/integration`. Before the
 suite's conftest is imported (it reads TEST_BROKER at import) each pytest process (each xdist worker, not the
 controller) starts its own redis-server and the worker the variant names, `celery -A <CELERY_SUITE_APP> worker
 -P <CELERY_SUITE_POOL> -c 1` named as the suite expects its session worker (`anon_nodename()` of this process), and
@@ -78,6 +78,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     _record(worker.proc)
     wait_for(lambda: " ready." in worker.log() or not worker.running(), 120, 0.1, what="the external worker")
     if not worker.running():
+        pytest_unconfigure(early_config)  # pytest does not unconfigure a run that failed to start
         raise pytest.UsageError(f"the external worker exited at start:\n{worker.log()[-4000:]}")
     _log.append(worker.log_path)
 
