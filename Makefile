@@ -10,7 +10,7 @@ SITE_DIR ?= site
 MKDOCS_CONFIG ?= mkdocs.yml
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock upgrade-check system-deps run test test-install test-unit test-integration lint format typecheck docs docs-build bench clean
+.PHONY: help install lock upgrade-check system-deps run test test-install test-celery test-celery-stock test-unit test-integration lint format typecheck docs docs-build bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -43,6 +43,17 @@ test: install system-deps ## Run the whole test suite on four processes (each st
 
 test-install: install system-deps ## A plain `pip install .` (unlocked, from the index) into a fresh virtualenv starts a worker
 	$(PY) -m pytest tests/install -p no:cacheprovider $(PYTEST_ARGS)
+
+# Celery's own integration suite (t/integration of the locked Celery's sdist, its hash checked against the lock) against
+# the pipeline's worker on prefork, the asyncio pool and solo; expected failures in tests/celery_suite/expected.txt,
+# counts and differences in docs/celery-compat.md. Its own budget: CELERY_SUITE_BUDGET seconds, all variants.
+CELERY_SUITE_BUDGET ?= 600
+CELERY_SUITE_ARGS ?=
+test-celery: install system-deps ## Celery's integration suite against the pipeline's worker (prefork, asyncio pool, solo)
+	timeout $(CELERY_SUITE_BUDGET) $(PY) -m tests.celery_suite $(CELERY_SUITE_ARGS)
+
+test-celery-stock: install system-deps ## The same suite against a stock Celery worker: the baseline of test-celery
+	timeout $(CELERY_SUITE_BUDGET) $(PY) -m tests.celery_suite stock-prefork $(CELERY_SUITE_ARGS)
 
 test-unit: install ## Only the tests that need no services
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
