@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import IO, Any, Self
 
 import redis
 
@@ -242,15 +242,19 @@ class Command:
     def __init__(self, argv: Sequence[str], log_path: Path, env: Mapping[str, str]) -> None:
         self.argv, self.log_path = list(argv), log_path
         self.env = {**os.environ, **env}
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[Any] | None = None
 
     def start(self) -> Self:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            self.proc = self._popen(log)
         return self
+
+    def _popen(self, log: IO[bytes]) -> subprocess.Popen[Any]:
+        """The command started, its output in `log` (a subclass may talk to it over pipes instead)."""
+        return subprocess.Popen(
+            self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
