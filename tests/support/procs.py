@@ -13,9 +13,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, Any, Protocol, Self, TypeVar
 
 import redis
 
@@ -37,6 +37,23 @@ def waiting(client: redis.Redis, queue: str) -> int:
     from pipeline.broker import queue_keys
 
     return sum(int(client.llen(key)) for key in queue_keys(queue))
+
+
+class Service(Protocol):
+    def start(self) -> object: ...
+
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=Service)
+
+
+def running(service: S) -> Iterator[S]:
+    """A fixture's body for a server or process: `yield from running(X(...))` starts it, hands it to the tests and
+    stops it after them."""
+    service.start()
+    yield service
+    service.stop()
 
 
 def wait_for(
