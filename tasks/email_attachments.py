@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from email.message import EmailMessage
 from functools import lru_cache
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.errors import PermanentError, TransientError
 from pipeline.storage import ObjectTooLarge, Storage, get_storage
@@ -44,15 +45,40 @@ class AttachmentUnavailable(TransientError, NotAttached):
     """The storage backend could not be read for now (connection, timeout, 5xx)."""
 
 
+def _one_name(name: str) -> str:
+    if name in (".", "..") or name != name.strip() or any(c in "/\\" or not c.isprintable() for c in name):
+        raise ValueError(
+            "a filename is one name: no '/' or '\\', no line breaks, control or format characters, "
+            "no leading or trailing space"
+        )
+    return name
+
+
+def _type_subtype(content_type: str) -> str:
+    lowered = content_type.lower()
+    if not CONTENT_TYPE.match(lowered):
+        raise ValueError("a content type is type/subtype, e.g. application/pdf (no parameters)")
+    if lowered.partition("/")[0] in REFUSED_MAINTYPES:
+        raise ValueError("an attachment cannot be multipart/* or message/*")
+    return lowered
+
+
+#: One file name (no `/` or `\`, no control characters); null, as a payload dumped with its defaults gives it, is
+#: the default.
+FileName = Annotated[str, Field(min_length=1, max_length=MAX_FILENAME), AfterValidator(_one_name)]
+#: `type/subtype`, lowercased.
+ContentType = Annotated[str, Field(min_length=3, max_length=255), AfterValidator(_type_subtype)]
+
+
 class Attachment(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     #: A URI the pipeline's storage backend produced, e.g. a `pdf.render` result's `uri`.
     uri: str = Field(min_length=1, max_length=2048)
-    #: One file name (no `/` or `\`, no control characters). Default: the last part of the object's key.
-    filename: str | None = Field(default=None, min_length=1, max_length=MAX_FILENAME)
-    #: `type/subtype`. Default: guessed from the filename, else `application/octet-stream`.
-    content_type: str | None = Field(default=None, min_length=3, max_length=255)
+    #: Default: the last part of the object's key.
+    filename: FileName | None = None
+    #: Default: guessed from the filename, else `application/octet-stream`.
+    content_type: ContentType | None = None
 
     @field_validator("uri")
     @classmethod
@@ -63,30 +89,6 @@ class Attachment(BaseModel):
                 "such as a pdf.render result's uri"
             )
         return uri
-
-    @field_validator("filename")
-    @classmethod
-    def _one_name(cls, name: str | None) -> str | None:
-        if name is None:  # given as null (a payload dumped with its defaults)
-            return None
-        if name in (".", "..") or name != name.strip() or any(c in "/\\" or not c.isprintable() for c in name):
-            raise ValueError(
-                "a filename is one name: no '/' or '\\', no line breaks, control or format characters, "
-                "no leading or trailing space"
-            )
-        return name
-
-    @field_validator("content_type")
-    @classmethod
-    def _type_subtype(cls, content_type: str | None) -> str | None:
-        if content_type is None:
-            return None
-        lowered = content_type.lower()
-        if not CONTENT_TYPE.match(lowered):
-            raise ValueError("a content type is type/subtype, e.g. application/pdf (no parameters)")
-        if lowered.partition("/")[0] in REFUSED_MAINTYPES:
-            raise ValueError("an attachment cannot be multipart/* or message/*")
-        return lowered
 
 
 @dataclass(frozen=True)

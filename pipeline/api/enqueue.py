@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Body, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -26,6 +27,8 @@ from pipeline.api.models import Accepted, AcceptedBatch
 from pipeline.constants import GROUP_MAX_LENGTH
 from pipeline.queues.priority import MAX_PRIORITY, MIN_PRIORITY
 from pipeline.task import TypedTask
+
+_T = TypeVar("_T")
 
 ETA_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?([Zz]|[+-]\d{2}:?\d{2})?$")
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,200}$"
@@ -76,6 +79,21 @@ def require_json(content_type: Annotated[str | None, Header(include_in_schema=Fa
         raise HTTPException(415, detail="send the payload as JSON (Content-Type: application/json)")
 
 
+def parameter(name: str, annotation: Any, default: Any = inspect.Parameter.empty) -> inspect.Parameter:
+    """A parameter of a route function built at run time (FastAPI reads where it comes from in `annotation`)."""
+    return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotation, default=default)
+
+
+def strict_body(validate_json: Callable[..., _T], body: bytes) -> _T:
+    """`body` read by `validate_json` (a model's or adapter's) in strict mode; its errors as the 422 FastAPI gives
+    a declared body, each located under `body`, without the input echoed."""
+    try:
+        return validate_json(body, strict=True)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from None
+
+
 #: `?priority=`: 0 (most urgent) to 9; anything else is a 422 before anything is published.
 PriorityQuery = Annotated[
     int | None,
@@ -108,15 +126,11 @@ def enqueue_endpoint(typed: TypedTask[Any, Any]) -> Any:
         return Accepted(id=task_id, status_url=status_path(task_id))
 
     params = [
-        inspect.Parameter("response", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Response),
-        inspect.Parameter(
-            "payload", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[typed.payload_model, Body()]
-        ),
-        inspect.Parameter(
+        parameter("response", Response),
+        parameter("payload", Annotated[typed.payload_model, Body()]),
+        parameter(
             "delay_seconds",
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            default=None,
-            annotation=Annotated[
+            Annotated[
                 float | None,
                 Query(
                     ge=0,
@@ -124,25 +138,23 @@ def enqueue_endpoint(typed: TypedTask[Any, Any]) -> Any:
                     description=f"Run no sooner than this many seconds (at most {MAX_DELAY_S}: {MAX_DELAY_TEXT}).",
                 ),
             ],
+            None,
         ),
-        inspect.Parameter(
+        parameter(
             "eta",
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            default=None,
-            annotation=Annotated[
+            Annotated[
                 IsoDateTime | None,
                 Query(
                     description=f"Run no sooner than this time (ISO 8601, UTC if no offset), at most {MAX_DELAY_TEXT} "
                     "ahead; not with delay_seconds."
                 ),
             ],
+            None,
         ),
-        inspect.Parameter("priority", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=PriorityQuery),
-        inspect.Parameter(
+        parameter("priority", PriorityQuery, None),
+        parameter(
             "idempotency_key",
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            default=None,
-            annotation=Annotated[
+            Annotated[
                 str | None,
                 Header(
                     alias="Idempotency-Key",
@@ -150,6 +162,7 @@ def enqueue_endpoint(typed: TypedTask[Any, Any]) -> Any:
                     description="The same key (per kind, within ENQUEUE_IDEMPOTENCY_TTL) returns the first job's id.",
                 ),
             ],
+            None,
         ),
         GROUP_PARAMETER,
     ]
@@ -163,11 +176,8 @@ GROUP_DESCRIPTION = (
     "round-robin across groups, and GROUP_CONCURRENCY caps how many of one group run at once."
 )
 #: `?group=`, on the single and the batch route.
-GROUP_PARAMETER = inspect.Parameter(
-    "group",
-    inspect.Parameter.POSITIONAL_OR_KEYWORD,
-    default=None,
-    annotation=Annotated[str | None, Query(max_length=GROUP_MAX_LENGTH, description=GROUP_DESCRIPTION)],
+GROUP_PARAMETER = parameter(
+    "group", Annotated[str | None, Query(max_length=GROUP_MAX_LENGTH, description=GROUP_DESCRIPTION)], None
 )
 
 
@@ -190,11 +200,7 @@ def enqueue_batch_endpoint(typed: TypedTask[Any, Any]) -> tuple[Any, dict[str, A
         priority: PriorityQuery = None,
         group: Annotated[str | None, Query(max_length=GROUP_MAX_LENGTH, description=GROUP_DESCRIPTION)] = None,
     ) -> AcceptedBatch:
-        try:
-            jobs = adapter.validate_json(await request.body(), strict=True)
-        except ValidationError as exc:
-            errors = exc.errors(include_url=False, include_input=False)
-            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from None
+        jobs = strict_body(adapter.validate_json, await request.body())
         ids = await run_in_threadpool(lambda: typed.enqueue_many(jobs, priority=priority, group=group))
         return AcceptedBatch(ids=ids, status_urls=[status_path(i) for i in ids])
 

@@ -15,11 +15,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
 
 from pipeline.api.auth import require_token
-from pipeline.api.enqueue import IDEMPOTENCY_KEY_PATTERN, require_json
+from pipeline.api.enqueue import IDEMPOTENCY_KEY_PATTERN, parameter, require_json, strict_body
 from pipeline.api.errors import answers
 from pipeline.api.jobs import BODY_ERRORS
 from pipeline.api.jobs import ERRORS as JOB_ERRORS
@@ -90,17 +88,10 @@ def start_endpoint(flow: Flow[Any]) -> Any:
     async def endpoint(
         request: Request, response: Response, payload: Any, idempotency_key: str | None = None
     ) -> FlowAccepted:
-        try:
-            data = model.model_validate_json(await request.body(), strict=True)
-        except ValidationError as exc:
-            errors = exc.errors(include_url=False, include_input=False)
-            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from None
+        data = strict_body(model.model_validate_json, await request.body())
         flow_id = await run_in_threadpool(lambda: start(flow, data, idempotency_key=idempotency_key))
         response.headers["Location"] = status_path(flow_id)
         return FlowAccepted(id=flow_id, flow=flow.name, status_url=status_path(flow_id))
-
-    def parameter(name: str, annotation: Any, default: Any = inspect.Parameter.empty) -> inspect.Parameter:
-        return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotation, default=default)
 
     body = Annotated[model, Body()]  # type: ignore[valid-type]  # a runtime model
     endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # FastAPI reads it

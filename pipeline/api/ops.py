@@ -50,10 +50,6 @@ def _since(text: str | None) -> datetime | None:
         ) from None
 
 
-def _not_found(ident: str) -> HTTPException:
-    return HTTPException(404, detail=f"no dead-letter entry {ident}")
-
-
 #: The routes `POST /queues/{name}/<action>` and what each does.
 SWITCHES = {
     "pause": "Pause a queue: it keeps accepting jobs, no worker starts one until it is resumed",
@@ -125,10 +121,8 @@ def router() -> APIRouter:
         summary="One entry whole: payload, error, traceback",
     )
     def get_entry(entry_id: str) -> DeadLetter:
-        try:
+        with answers({dlq_admin.DeadLetterNotFound: 404}):
             return dlq_admin.get(entry_id)
-        except dlq_admin.DeadLetterNotFound:
-            raise _not_found(entry_id) from None
 
     @routes.post(
         "/dlq/{entry_id}/replay",
@@ -139,13 +133,9 @@ def router() -> APIRouter:
         responses={**NOT_FOUND, 409: {"model": Problem, "description": "The entry cannot be replayed."}},
     )
     def replay(entry_id: str) -> Replayed:
-        try:
+        with answers({dlq_admin.DeadLetterNotFound: 404, dlq_admin.NotReplayable: 409}):
             entry = dlq_admin.get(entry_id)
             new_id = dlq_admin.replay(entry_id)
-        except dlq_admin.DeadLetterNotFound:
-            raise _not_found(entry_id) from None
-        except dlq_admin.NotReplayable as exc:
-            raise HTTPException(409, detail=str(exc)) from None
         return Replayed(id=entry.id, new_task_id=new_id, status_url=status_path(new_id))
 
     @routes.delete(
@@ -156,10 +146,8 @@ def router() -> APIRouter:
         summary="Remove one entry without running it",
     )
     def delete_entry(entry_id: str) -> Deleted:
-        try:
+        with answers({dlq_admin.DeadLetterNotFound: 404}):
             return Deleted(deleted=dlq_admin.delete(entry_id).id)
-        except dlq_admin.DeadLetterNotFound:
-            raise _not_found(entry_id) from None
 
     return routes
 

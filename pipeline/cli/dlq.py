@@ -48,8 +48,8 @@ def show(
     """Show one entry whole: payload, error and traceback."""
     try:
         entry = dlq_admin.get(ident)
-    except dlq_admin.DeadLetterNotFound:
-        raise fail(f"no dead-letter entry {ident}", as_json=as_json) from None
+    except dlq_admin.DeadLetterNotFound as exc:
+        raise fail(str(exc), as_json=as_json) from None
     if as_json:
         emit_json(entry.model_dump(mode="json"))
         return
@@ -117,8 +117,8 @@ def delete(ident: Annotated[str, typer.Argument(metavar="ID")], as_json: JsonOpt
     """Remove one entry without running it."""
     try:
         entry = dlq_admin.delete(ident)
-    except dlq_admin.DeadLetterNotFound:
-        raise fail(f"no dead-letter entry {ident}", as_json=as_json) from None
+    except dlq_admin.DeadLetterNotFound as exc:
+        raise fail(str(exc), as_json=as_json) from None
     emit_json({"deleted": entry.id}) if as_json else typer.echo(f"deleted {entry.id}")
 
 

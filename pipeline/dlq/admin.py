@@ -80,7 +80,7 @@ def _lookup(ident: str) -> tuple[bytes, DeadLetter]:
     raw = store.lookup(ident)
     entry = _parse(raw) if raw is not None else None
     if raw is None or entry is None:
-        raise DeadLetterNotFound(ident)
+        raise DeadLetterNotFound(f"no dead-letter entry {ident}")
     return raw, entry
 
 
@@ -114,7 +114,7 @@ def replay(ident: str) -> str:
             raise NotReplayable(f"{entry.id} is being replayed by another process")
         try:
             if store.lookup(entry.id) is None:  # replayed or deleted since it was read
-                raise DeadLetterNotFound(ident)
+                raise DeadLetterNotFound(f"no dead-letter entry {ident}")
             with memory_refusals():
                 new_id = _republish(client, entry, entry.task_name)
             store.remove_one(client, raw)
@@ -162,7 +162,7 @@ def delete(ident: str) -> DeadLetter:
     raw, entry = _lookup(ident)
     with broker_redis() as client:
         if not store.remove_one(client, raw):
-            raise DeadLetterNotFound(ident)
+            raise DeadLetterNotFound(f"no dead-letter entry {ident}")
     return entry
 
 

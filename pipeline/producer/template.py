@@ -96,6 +96,14 @@ class Job:
     rate: str | None = None
 
 
+def _mark_optional(headers: dict[str, Any], header: str, name: str) -> bool:
+    """Whether the sample carries the optional `header`; if it does, its value becomes the marker `name`."""
+    if header not in headers:
+        return False
+    headers[header] = _marker(name)
+    return True
+
+
 class Template:
     """Messages of one task from this process (see the module docstring)."""
 
@@ -119,22 +127,15 @@ class Template:
             argsrepr=_marker("argsrepr"),
         )
         headers[HEADER_PUBLISHED_AT] = _marker("published_at")
-        #: Whether messages carry an idempotency key header (templates with and without one differ).
-        self.keyed = HEADER_IDEMPOTENCY_KEY in headers
-        if self.keyed:
-            headers[HEADER_IDEMPOTENCY_KEY] = _marker("idem")
-        #: Whether messages carry a group header.
-        self.grouped = HEADER_GROUP in headers
-        if self.grouped:
-            headers[HEADER_GROUP] = _marker("group")
-        #: Whether messages carry a flow step header.
-        self.flowed = HEADER_FLOW in headers
-        if self.flowed:
-            headers[HEADER_FLOW] = _marker("flow")
-        #: Whether messages carry a rate key header.
-        self.rated = HEADER_RATE_KEY in headers
-        if self.rated:
-            headers[HEADER_RATE_KEY] = _marker("rate")
+        # Whether messages carry each optional header (templates with and without one differ).
+        #: An idempotency key header.
+        self.keyed = _mark_optional(headers, HEADER_IDEMPOTENCY_KEY, "idem")
+        #: A group header.
+        self.grouped = _mark_optional(headers, HEADER_GROUP, "group")
+        #: A flow step header.
+        self.flowed = _mark_optional(headers, HEADER_FLOW, "flow")
+        #: A rate key header.
+        self.rated = _mark_optional(headers, HEADER_RATE_KEY, "rate")
         properties.update(
             correlation_id=_marker("id2"),
             reply_to=_marker("reply_to"),

@@ -46,6 +46,7 @@ from pipeline.constants import CANCEL_CHANNEL, CANCEL_KEY, UNACKED_KEY
 from pipeline.delivery.lease import Leases
 from pipeline.errors import JobCancelled
 from pipeline.pools import traces_in_main_thread
+from pipeline.runtime.daemon import Daemon
 from pipeline.runtime.timelimits import alarm_limits
 from pipeline.task import GUARDS, PipelineTask
 
@@ -123,21 +124,15 @@ def _held_ids(client: Any, leases: Leases) -> list[str]:
     return ids
 
 
-class Listener:
+class Listener(Daemon):
     """The daemon thread hearing cancels (see the module doc); `on_cancel(task_id)` for each, on this thread."""
+
+    thread_name = "pipeline-cancel-listener"
 
     def __init__(self, leases: Leases, on_cancel: Callable[[str], None]) -> None:
         self.leases = leases
         self._on_cancel = on_cancel
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pipeline-cancel-listener", daemon=True)
-
-    def start(self) -> Listener:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopped.set()
+        super().__init__()
 
     def _run(self) -> None:
         while not self._stopped.is_set():

@@ -37,7 +37,6 @@ import logging
 import mmap
 import os
 import signal
-import threading
 import time
 from types import FrameType
 from typing import Any
@@ -49,6 +48,7 @@ from pipeline.delivery.lease import Leases
 from pipeline.delivery.request import delivery_tag
 from pipeline.errors import LeaseLost
 from pipeline.pools import pool_kind
+from pipeline.runtime.daemon import Daemon
 from pipeline.task import GUARDS, PipelineTask
 
 log = logging.getLogger(__name__)
@@ -77,8 +77,10 @@ def _requests() -> list[Any]:
             continue
 
 
-class LapseWatch:
+class LapseWatch(Daemon):
     """The daemon thread of the module doc, for one worker."""
+
+    thread_name = "pipeline-lease-lapses"
 
     def __init__(self, leases: Leases, pool: Any, interrupter: Any = None) -> None:
         self.leases = leases
@@ -86,15 +88,7 @@ class LapseWatch:
         self.kind = pool_kind(pool)
         self.interrupter = interrupter
         self.before_lapse = stop_before_lapse(leases.lease_seconds)
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pipeline-lease-lapses", daemon=True)
-
-    def start(self) -> LapseWatch:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopped.set()
+        super().__init__()
 
     def _run(self) -> None:
         last = time.monotonic()

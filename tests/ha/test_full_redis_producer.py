@@ -18,6 +18,7 @@ import redis
 
 from pipeline.constants import ENQUEUE_IDEMPOTENCY_KEY
 from tests.support.api import ApiServer
+from tests.support.procs import running
 from tests.support.replicas import CallFailed, Node, ProducerProcess
 
 pytestmark = pytest.mark.ha
@@ -28,23 +29,17 @@ PAYLOAD = {"message": "x" * 900}
 
 @pytest.fixture(scope="module")
 def small_redis(work_dir: Path) -> Iterator[Node]:
-    node = Node(work_dir / f"full-{uuid.uuid4().hex[:8]}", "full", "--maxmemory", str(MAXMEMORY)).start()
-    yield node
-    node.stop()
+    yield from running(Node(work_dir / f"full-{uuid.uuid4().hex[:8]}", "full", "--maxmemory", str(MAXMEMORY)))
 
 
 @pytest.fixture(scope="module")
 def producer(small_redis: Node, work_dir: Path) -> Iterator[ProducerProcess]:
-    proc = ProducerProcess(work_dir / "logs" / "full-producer.log", {"REDIS_URL": small_redis.url})
-    yield proc.start()
-    proc.stop()
+    yield from running(ProducerProcess(work_dir / "logs" / "full-producer.log", {"REDIS_URL": small_redis.url}))
 
 
 @pytest.fixture(scope="module")
 def api(small_redis: Node, work_dir: Path) -> Iterator[ApiServer]:
-    server = ApiServer("full", work_dir / "logs", {"REDIS_URL": small_redis.url}).start()
-    yield server
-    server.stop()
+    yield from running(ApiServer("full", work_dir / "logs", {"REDIS_URL": small_redis.url}))
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.api import ApiServer, wait_state
 from tests.support.inproc import InProcessWorker
-from tests.support.procs import RedisServer, wait_for
+from tests.support.procs import RedisServer, running, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -25,23 +25,17 @@ STATES = ("waiting", "scheduled", "running", "retrying", "succeeded", "failed", 
 
 @pytest.fixture(scope="module")
 def idle_redis(work_dir: Path) -> Iterator[RedisServer]:
-    redis = RedisServer(work_dir / "browser-redis").start()
-    yield redis
-    redis.stop()
+    yield from running(RedisServer(work_dir / "browser-redis"))
 
 
 @pytest.fixture(scope="module")
 def idle(idle_redis: RedisServer, work_dir: Path) -> Iterator[ApiServer]:
-    server = ApiServer("browser-idle", work_dir / "logs", {"REDIS_URL": idle_redis.url}).start()
-    yield server
-    server.stop()
+    yield from running(ApiServer("browser-idle", work_dir / "logs", {"REDIS_URL": idle_redis.url}))
 
 
 @pytest.fixture(scope="module")
 def api(session_worker: InProcessWorker, work_dir: Path) -> Iterator[ApiServer]:
-    server = ApiServer("browser", work_dir / "logs").start()
-    yield server
-    server.stop()
+    yield from running(ApiServer("browser", work_dir / "logs"))
 
 
 def listing(client: httpx.Client, queue: str, state: str, **params: Any) -> dict[str, Any]:

@@ -18,8 +18,14 @@ log = logging.getLogger("tests.obs")
 
 
 def _plain(secret: SecretStr | None) -> str:
-    """A secret setting's text ('' when unset): what the task leaks on purpose."""
+    """A secret setting's text ('' when unset)."""
     return secret.get_secret_value() if secret else ""
+
+
+def _secrets() -> tuple[str, str, str]:
+    """Flower's basic auth, the Sentinel password and the Sentry DSN as text: what the tasks leak on purpose."""
+    settings = get_settings()
+    return _plain(settings.flower_basic_auth), _plain(settings.redis_sentinel_password), _plain(settings.sentry_dsn)
 
 
 class LeakyJob(BaseModel):
@@ -35,8 +41,7 @@ class LeakyResult(BaseModel):
 
 @typed_task("test.leaky", kind="test-leaky", payload=LeakyJob, result=LeakyResult)
 def leaky(job: LeakyJob, ctx: JobContext) -> LeakyResult:
-    settings = get_settings()
-    flower, sentinel = _plain(settings.flower_basic_auth), _plain(settings.redis_sentinel_password)
+    flower, sentinel, _ = _secrets()
     log.info("rendering the report", extra={"report_kind": "weekly"})
     log.warning("retrying smtp://mailer:%s@smtp.example.com with sentinel password %s", job.smtp_password, sentinel)
     if not job.fail:
@@ -58,8 +63,7 @@ class TalkResult(BaseModel):
 @typed_task("test.talker", kind="test-talker", payload=TalkJob, result=TalkResult)
 def talker(job: TalkJob, ctx: JobContext) -> TalkResult:
     """Logs an error naming a user, a URL, Flower's password and the Sentry DSN; returns its payload."""
-    settings = get_settings()
-    flower, dsn = _plain(settings.flower_basic_auth), _plain(settings.sentry_dsn)
+    flower, _, dsn = _secrets()
     log.error(
         "user admin fetched https://example.org/report; flower password %s; dsn %s", flower.partition(":")[2], dsn
     )

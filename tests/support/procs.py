@@ -13,9 +13,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import IO, Any, Protocol, Self, TypeVar
 
 import redis
 
@@ -37,6 +37,23 @@ def waiting(client: redis.Redis, queue: str) -> int:
     from pipeline.broker import queue_keys
 
     return sum(int(client.llen(key)) for key in queue_keys(queue))
+
+
+class Service(Protocol):
+    def start(self) -> object: ...
+
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=Service)
+
+
+def running(service: S) -> Iterator[S]:
+    """A fixture's body for a server or process: `yield from running(X(...))` starts it, hands it to the tests and
+    stops it after them."""
+    service.start()
+    yield service
+    service.stop()
 
 
 def wait_for(
@@ -242,15 +259,19 @@ class Command:
     def __init__(self, argv: Sequence[str], log_path: Path, env: Mapping[str, str]) -> None:
         self.argv, self.log_path = list(argv), log_path
         self.env = {**os.environ, **env}
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[Any] | None = None
 
     def start(self) -> Self:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            self.proc = self._popen(log)
         return self
+
+    def _popen(self, log: IO[bytes]) -> subprocess.Popen[Any]:
+        """The command started, its output in `log` (a subclass may talk to it over pipes instead)."""
+        return subprocess.Popen(
+            self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -21,12 +21,12 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Self
 
 import redis
 
 from pipeline.cli.redis_bin import redis_binary
-from tests.support.procs import ROOT, ask, free_port, spawn_redis, stop_process, wait_for
+from tests.support.procs import ROOT, Command, ask, free_port, spawn_redis, stop_process, wait_for
 
 
 class Node:
@@ -112,32 +112,29 @@ class CallFailed(Exception):
         self.kind, self.message, self.elapsed = kind, message, elapsed
 
 
-class ProducerProcess:
-    """`python -m tests.support.replicas` with settings of its own (`env` over the test's environment)."""
+class ProducerProcess(Command):
+    """`python -m tests.support.replicas` with settings of its own (`env` over the test's environment), answering
+    calls over its stdin and stdout."""
 
     def __init__(self, log: Path, env: Mapping[str, str]) -> None:
-        self.log_path = log
-        self.env = {**os.environ, **env}
-        self.proc: subprocess.Popen[str] | None = None
+        super().__init__([sys.executable, "-m", "tests.support.replicas"], log, env)
 
-    def start(self) -> ProducerProcess:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.support.replicas"],
-                cwd=ROOT,
-                env=self.env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                start_new_session=True,
-            )
+    def _popen(self, log: IO[bytes]) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.argv,
+            cwd=ROOT,
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            start_new_session=True,
+        )
+
+    def start(self) -> Self:
+        super().start()
         self.call("ping")
         return self
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def timed(self, op: str, **args: Any) -> tuple[Any, float]:
         """The call's answer and how long it took in the producer; `CallFailed` if it raised."""
@@ -152,12 +149,11 @@ class ProducerProcess:
     def call(self, op: str, **args: Any) -> Any:
         return self.timed(op, **args)[0]
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10) -> None:
         if self.proc is not None and self.proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
-        stop_process(self.proc)  # type: ignore[arg-type]  # a text-mode Popen; only poll/terminate/wait are used
-        self.proc = None
+        super().stop(timeout)
 
 
 def _serve() -> None:
