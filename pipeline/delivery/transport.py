@@ -17,10 +17,8 @@ keeps only kombu's in-memory bookkeeping. The count reaches the worker as the me
 on the first delivery). The same script first applies the acknowledgements the event loop deferred
 (`pipeline.delivery.acks`).
 
-A script cannot block, so when every key is empty the channel waits for a wake-up marker of its queues
-(`pipeline.queues.wake`) with one BLMPOP, at most WAKE_POLL_S (`pipeline.delivery.waking`), and marks what it
-publishes and restores (`pipeline.compat.marking`). `_brpop_sent_at` is set for every command sent, so kombu's reply
-health check still applies.
+A script cannot block: with every key empty the channel waits for a wake-up marker (`pipeline.queues.wake`) with
+one BLMPOP (`pipeline.delivery.waking`), its lists watched for unmarked pushes (`pipeline.delivery.watches`).
 
 kombu's visibility timeout had to outlast the longest job, so a dead worker's jobs waited that long
 (celery/celery#5935, celery/celery#2599); leases (`pipeline.delivery.lease`) replace it. Acknowledgements are fenced
@@ -30,9 +28,8 @@ thread. kombu's sweep (`restore_visible`) restores deliveries whose lease expire
 renewing for a whole lease (after an outage every lease looks expired), and clears the lease owner in the same
 transaction. A closed connection no longer restores what the channel delivered (running jobs go on and are
 acknowledged on reconnect); only a real worker shutdown does (kombu's `restore_at_shutdown`), and only the
-deliveries this worker still owns, and it closes with a fetch unanswered in flight (`close`). `Channel._connparams`
-on a connection kombu already closed raises a connection error (kombu's AttributeError there stopped the worker:
-issue 10).
+deliveries this worker still owns, also with a fetch unanswered in flight (`close`). `_connparams` on a connection
+kombu closed raises a connection error (kombu's AttributeError there stopped the worker: issue 10).
 
 Requires Redis >= 7 (BLMPOP). Not supported: kombu's `global_keyprefix`.
 """
@@ -238,12 +235,6 @@ class _Leased(waking.Waking, marking.Marked, full.FullRedis):
         self.watches = watches.Watches(self)  # on the consumed lists while the channel waits
         super().__init__(connection, *args, **kwargs)  # type: ignore[call-arg]  # kombu's Channel, after this mixin
 
-    def close(self: Any) -> None:
-        try:
-            super().close()  # type: ignore[misc]  # kombu's Channel, after this mixin
-        finally:
-            self.watches.close()
-
     def basic_consume(self: Any, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
         (self.untracked.add if no_ack else self.untracked.discard)(queue)
         return super().basic_consume(queue, no_ack, *args, **kwargs)  # type: ignore[misc]  # kombu Channel, after this mixin
@@ -278,7 +269,10 @@ class _Leased(waking.Waking, marking.Marked, full.FullRedis):
         if self._in_poll:
             with contextlib.suppress(Empty, *self.connection_errors):
                 self._brpop_read()  # what that fetch carried is remembered (`_settle_carried`)
-        super().close()  # type: ignore[misc]  # kombu's Channel, after this mixin
+        try:
+            super().close()  # type: ignore[misc]  # kombu's Channel, after this mixin
+        finally:
+            self.watches.close()  # the watches' connections on the consumed lists
 
     def _connparams(self, asynchronous: bool = False) -> Any:
         if self.connection is None or self.connection.client is None:  # closed: kombu cleared it
