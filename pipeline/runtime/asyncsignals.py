@@ -14,6 +14,7 @@ With none in flight the handler runs at once, as Celery's does.
 from __future__ import annotations
 
 import collections
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,7 @@ class Deferred:
     def __init__(self, busy: Callable[[], bool], nudge: Callable[[], None]) -> None:
         self.busy = busy
         self.nudge = nudge
-        self.pending: collections.deque[tuple[Handler, int, Any]] = collections.deque()
+        self.pending: collections.deque[tuple[Handler, Handler, int, Any]] = collections.deque()
 
     def install(self) -> None:
         """Wrap the handlers installed now for SIGNALS (Celery's, after `install_platform_tweaks`)."""
@@ -42,16 +43,19 @@ class Deferred:
 
     def wrap(self, handler: Handler) -> Handler:
         def handle(signum: int, frame: Any) -> None:
-            if self.busy():
-                self.pending.append((handler, signum, frame))  # run by `deliver` once outside
-                self.nudge()  # soon, even when nothing else wakes the pool
-            else:
+            if not self.busy():
                 handler(signum, frame)
+            elif all(pending[2] != signum for pending in self.pending):  # the same signal twice is one request
+                self.pending.append((handle, handler, signum, frame))  # run by `deliver` once outside
+                self.nudge()  # soon, even when nothing else wakes the pool
 
         return handle
 
     def deliver(self) -> None:
-        """At the pool's safe point (the end of `run_once`): run the handlers of the signals that waited."""
+        """At the pool's safe point (the end of `run_once`): run the handlers of the signals that waited. A handler
+        that replaced itself meanwhile (a soft shutdown ignores a second SIGTERM) is not run again: the signal's
+        current handler is."""
         while self.pending:
-            handler, signum, frame = self.pending.popleft()
-            handler(signum, frame)
+            wrapper, handler, signum, frame = self.pending.popleft()
+            current = signal.getsignal(signum)
+            (handler if current is wrapper or not callable(current) else current)(signum, frame)

@@ -70,8 +70,11 @@ def each_ran_once(ledger: RedisServer, key: str, jobs: list[str], timeout: float
     wait_for(lambda: set(jobs) <= set(run_count(ledger, key, "finish")), timeout, 0.1, what="every job to finish")
     past_the_lease(ledger, key)
     once = collections.Counter(dict.fromkeys(jobs, 1))
-    assert run_count(ledger, key, "start") == once
-    assert run_count(ledger, key, "finish") == once
+    for event in ("start", "finish"):
+        counted = run_count(ledger, key, event)
+        off = {job for job in set(jobs) | set(counted) if counted[job] != 1}
+        assert not off, [r for r in runs(ledger, key) if r["task_id"] in off]  # each job's records, in order
+        assert counted == once
 
 
 def each_finished_once(ledger: RedisServer, key: str, jobs: list[str], timeout: float = 90) -> None:
