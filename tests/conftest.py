@@ -21,6 +21,7 @@ import pytest
 from celery import Celery
 
 from pipeline.constants import TRANSCODE_QUEUE, WORK_QUEUES
+from tests.support.cluster import Cluster
 from tests.support.inproc import InProcessWorker
 from tests.support.procs import RedisServer, Worker, free_port
 from tests.support.smtp import SmtpServer
@@ -194,3 +195,13 @@ def stop_all(workers: list[Worker]) -> None:
         worker.terminate()
     for worker in workers:
         worker.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(work_dir: Path) -> Iterator[Cluster]:
+    """A Redis Cluster of this test process: 3 masters and 3 replicas on loopback ports (`tests.support.cluster`),
+    started by the first test that needs it, stopped by PID and its directory removed when the session ends. A test
+    that fails a master over restarts the killed node (`Cluster.restart`), so the next finds every slot replicated."""
+    cluster = Cluster(work_dir / "cluster").start()
+    yield cluster
+    cluster.stop()
