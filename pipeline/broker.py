@@ -15,15 +15,17 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio
 from kombu.utils.encoding import bytes_to_str
 
+from pipeline import cluster
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.config.celery import is_sentinel
+from pipeline.config.cluster import is_cluster
 from pipeline.constants import (
     DEAD_LETTER_QUEUE,
     GROUP_COUNT_KEY,
@@ -60,7 +62,13 @@ def broker_redis() -> Iterator[redis.Redis]:
     for replies registers it for BRPOP) it is pinned to one socket with a BRPOP reply still due, so the next
     command would read the previous reply. The plain pool's sockets are checked for unread data (redis-py's
     `ConnectionPool.get_connection`).
+
+    On a Redis Cluster (kombu has no transport for one) it is the process's cluster client (`pipeline.cluster`),
+    which has the same commands and sends each to the master of its key's slot.
     """
+    if is_cluster(get_settings().broker_url):
+        yield cast("redis.Redis", cluster.shared())  # RedisCluster: the same command API, not a subclass
+        return
     # celery-types calls `get_app().pool` a ProducerPool; at run time it is the broker's connection pool.
     pool: Any = get_app().pool
     with pool.acquire(block=True, timeout=10) as conn:
@@ -77,7 +85,7 @@ ASYNC_MAX_CONNECTIONS = 32
 def _direct_options(timeout: float) -> dict[str, Any]:
     settings = get_settings()
     options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
-    if settings.broker_url.startswith("rediss://"):
+    if settings.broker_url.startswith("rediss://"):  # a cluster's: `pipeline.cluster.options`
         options["ssl_cert_reqs"] = settings.redis_tls_cert_reqs
         if settings.redis_tls_ca_file is not None:
             options["ssl_ca_certs"] = str(settings.redis_tls_ca_file)
@@ -94,6 +102,8 @@ def async_redis(timeout: float, max_connections: int = ASYNC_MAX_CONNECTIONS) ->
     url = get_settings().broker_url
     if is_sentinel(url):
         return None
+    if is_cluster(url):  # at most `max_connections` per node; beyond them redis-py refuses a call
+        return cast("redis.asyncio.Redis", cluster.async_client(timeout, max_connections))
     pool = redis.asyncio.BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=timeout, **_direct_options(timeout)
     )
@@ -109,6 +119,8 @@ def direct_redis(timeout: float) -> redis.Redis | None:
     for Sentinel URLs, which go through the pool (it follows failovers).
     """
     url = get_settings().broker_url
+    if is_cluster(url):
+        return cast("redis.Redis", cluster.client(timeout))  # follows the slot map: MOVED, ASK, failovers
     return None if is_sentinel(url) else redis.Redis.from_url(url, **_direct_options(timeout))
 
 

@@ -17,7 +17,6 @@ import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     AliasChoices,
@@ -31,6 +30,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline.config.beat import BeatEntry
+from pipeline.config.urls import check_redis_url
 from pipeline.errors import ConfigError
 from pipeline.retry import RetryPolicy
 from pipeline.text import HeaderText
@@ -333,17 +333,6 @@ class Settings(BaseSettings):
             max_delay=self.retry_max_delay,
             jitter=self.retry_jitter,
         )
-
-
-def check_redis_url(name: str, url: str, sentinel_master: str | None) -> None:
-    """Refuse a URL the Redis transport cannot use, naming the variable."""
-    scheme = urlsplit(url.split(";")[0]).scheme
-    if scheme not in ("redis", "rediss", "sentinel"):
-        raise ValueError(f"{name} must start with redis://, rediss:// or sentinel:// (got {scheme or url!r})")
-    if scheme == "sentinel" and not sentinel_master:
-        raise ValueError(f"{name} is a sentinel:// URL: set REDIS_SENTINEL_MASTER to the monitored master's name")
-    if scheme in ("redis", "rediss") and not urlsplit(url).hostname and "socket" not in url:
-        raise ValueError(f"{name} has no host: {url!r}")
 
 
 def example(value: Any) -> Any:

@@ -3,6 +3,10 @@ helper promotes a master's replica while a cluster client keeps reading and writ
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -11,6 +15,7 @@ from redis.cluster import key_slot
 
 from pipeline.constants import WORK_QUEUES
 from tests.support.cluster import Cluster
+from tests.support.procs import ROOT
 
 
 def _slot_on(cluster: Cluster, key: str) -> int:
@@ -65,3 +70,70 @@ def test_fail_over_promotes_the_masters_replica_and_a_cluster_client_follows(red
         client.delete(key)
     assert redis_cluster.healthy(), "every slot replicated again after the restart"
     assert redis_cluster.replica_of(promoted) is master, "the killed master came back as the new master's replica"
+
+
+#: Run with REDIS_URL on the cluster: the broker module's three clients, each writing and reading through the slot map.
+_CLIENTS = """
+import asyncio, json, sys
+import redis.asyncio.cluster
+from redis.cluster import RedisCluster
+from pipeline.broker import async_redis, broker_redis, direct_redis
+
+keys = sys.argv[1:]
+direct = direct_redis(5)
+direct.set(keys[0], "direct")
+
+async def through_async():
+    client = async_redis(5)
+    await client.set(keys[1], "async")
+    try:
+        return type(client) is redis.asyncio.cluster.RedisCluster, (await client.get(keys[0])).decode()
+    finally:
+        await client.aclose()
+
+is_async_cluster, seen = asyncio.run(through_async())
+with broker_redis() as shared:
+    shared.set(keys[2], "shared")
+    values = [v.decode() for v in shared.mget_nonatomic(keys)]
+print(json.dumps({"direct": type(direct) is RedisCluster, "async": is_async_cluster, "seen": seen,
+                  "shared": type(shared) is RedisCluster, "values": values}))
+"""
+
+
+def test_the_broker_clients_on_a_cluster_url_are_cluster_clients_that_follow_the_slot_map(
+    redis_cluster: Cluster,
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    keys = [f"pipeline:{{{queue}}}:client-{run}" for queue in ("email", "pdf", "webhooks")]
+    env = {**os.environ, "REDIS_URL": redis_cluster.url()}
+    done = subprocess.run(
+        [sys.executable, "-c", _CLIENTS, *keys], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    try:
+        assert done.returncode == 0, done.stderr[-2000:]
+        reply = json.loads(done.stdout)
+        assert reply == {
+            "direct": True,
+            "async": True,
+            "seen": "direct",
+            "shared": True,
+            "values": ["direct", "async", "shared"],
+        }
+        for key, value in zip(keys, reply["values"], strict=True):
+            master = redis_cluster.master_of(key_slot(key.encode()))
+            assert master.client().get(key) == value.encode(), f"{key} on the master serving its slot"
+    finally:
+        redis_cluster.client().delete(*keys)
+
+
+def test_a_worker_on_a_cluster_url_refuses_to_start_saying_the_transport_is_not_there_yet(
+    redis_cluster: Cluster,
+) -> None:
+    env = {**os.environ, "REDIS_URL": redis_cluster.url()}
+    argv = [sys.executable, "-m", "celery", "-A", "tests.support.worker_app", "worker", "-P", "solo", "-l", "INFO"]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "refusing to start the worker: REDIS_URL names a Redis Cluster" in done.stderr
+    assert "not available yet" in done.stderr and "docs/redis-layout.md" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert " ready." not in done.stdout + done.stderr

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("pools", ("pipeline.pools",)),  # which pool runs the jobs, where an async task's coroutine runs
     ("queues", ("pipeline.queues",)),  # how a queue lies in Redis: a list per priority level, its wake-up marker
     ("app", ("pipeline.celery_app",)),  # the Celery app, built from the settings on first use
-    ("broker", ("pipeline.broker", "pipeline.records")),  # its client, views, durable writes; the job record
+    ("broker", ("pipeline.broker", "pipeline.cluster", "pipeline.records")),  # clients, views, durable writes, records
     ("compat", ("pipeline.compat",)),  # every reach into a library's internals, and the version guard
     ("publish", ("pipeline.publish", "pipeline.producer")),  # the publish path: capture, park, write, idempotency
     ("task contract", ("pipeline.fairness", "pipeline.task", "pipeline.once")),  # typed tasks, groups, rates, once

@@ -1,0 +1,59 @@
+"""Redis Cluster URLs (`pipeline.config.cluster`): the seeds, TLS and credentials they name, and a clear refusal of
+one a cluster client cannot use, naming the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config import load_settings
+from pipeline.config.cluster import ClusterUrl, is_cluster, parse
+from pipeline.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("url", "parsed"),
+    [
+        ("redis+cluster://10.0.0.1:7000/0", ClusterUrl((("10.0.0.1", 7000),), tls=False)),
+        (
+            "redis+cluster://a:7000,b:7001,c/0",
+            ClusterUrl((("a", 7000), ("b", 7001), ("c", 6379)), tls=False),
+        ),
+        (
+            "rediss+cluster://:s3cr%40t@redis.internal:6380",
+            ClusterUrl((("redis.internal", 6380),), True, None, "s3cr@t"),
+        ),
+        (
+            "redis+cluster://app:pw@[::1]:7000,[fe80::1]/0",
+            ClusterUrl((("::1", 7000), ("fe80::1", 6379)), False, "app", "pw"),
+        ),
+    ],
+)
+def test_a_cluster_url_names_its_seeds_tls_and_credentials(url: str, parsed: ClusterUrl) -> None:
+    assert is_cluster(url)
+    assert parse(url) == parsed
+
+
+@pytest.mark.parametrize(
+    ("url", "fault"),
+    [
+        ("redis+cluster://h1:7000/1", "only database 0"),
+        ("redis+cluster:///0", "at least one seed"),
+        ("redis+cluster://,/0", "at least one seed"),
+        ("redis+cluster://h1:70000/0", "no valid port"),
+        ("redis+cluster://h1:port/0", "no valid port"),
+        ("redis+cluster://h1:7000/0?ssl_cert_reqs=none", "no query"),
+    ],
+)
+def test_a_bad_cluster_url_stops_the_settings_naming_the_variable_and_the_fault(url: str, fault: str) -> None:
+    with pytest.raises(ConfigError, match=f"REDIS_URL: .*{fault}"):
+        load_settings(redis_url=url)
+    with pytest.raises(ConfigError, match=f"RESULT_BACKEND_URL: .*{fault}"):
+        load_settings(result_backend_url=url)
+
+
+def test_other_urls_are_not_clusters_and_an_unknown_scheme_names_the_cluster_ones() -> None:
+    for url in ("redis://h:6379/0", "rediss://h/0", "sentinel://h:26379;sentinel://g:26379", "cluster://h"):
+        assert not is_cluster(url)
+    assert load_settings(redis_url="redis+cluster://h1:7000,h2:7001/0").broker_url.startswith("redis+cluster://")
+    with pytest.raises(ConfigError, match=r"redis\+cluster://"):
+        load_settings(redis_url="cluster://h1:7000/0")
