@@ -28,7 +28,6 @@ from pipeline.config.celery import is_sentinel
 from pipeline.config.cluster import is_cluster
 from pipeline.constants import (
     DEAD_LETTER_QUEUE,
-    GROUP_COUNT_KEY,
     HEADER_PUBLISHED_AT,
     KEY_PREFIX,
     PAUSED_KEY,
@@ -38,7 +37,7 @@ from pipeline.constants import (
 )
 from pipeline.errors import BrokerFull, NotReplicated
 from pipeline.lua import script, sha, source
-from pipeline.queues.priority import level_key
+from pipeline.queues import keys as layout
 
 #: `scheme://user:` of a URL with a password, and the password (up to the `@`); never across whitespace.
 _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/@:]*:)[^\s/@]+@")
@@ -285,8 +284,9 @@ def memory_stats() -> MemoryStats:
 
 
 def queue_keys(queue: str) -> list[str]:
-    """The Redis list keys kombu uses for `queue`, one per priority step (most urgent first)."""
-    return [level_key(queue, step) for step in PRIORITY_STEPS]
+    """The Redis list keys of `queue`, one per priority step (most urgent first): kombu's on a single Redis, the
+    queue's hash-tagged ones on a cluster (`pipeline.queues.keys`)."""
+    return layout.levels(queue)
 
 
 def decode_message(raw: bytes | str) -> dict[str, Any]:
@@ -338,7 +338,7 @@ def waiting_levels(client: redis.Redis, queues: Iterable[str]) -> dict[str, dict
     for queue in queues:
         for key in queue_keys(queue):
             pipe.llen(key)
-        pipe.hmget(GROUP_COUNT_KEY, queue_keys(queue))
+        pipe.hmget(layout.group_count(queue), queue_keys(queue))
     replies = pipe.execute()
     steps = len(PRIORITY_STEPS)
     levels = {}

@@ -21,7 +21,8 @@ from redis.client import Pipeline
 
 from pipeline.broker import broker_redis
 from pipeline.config import get_settings
-from pipeline.constants import JOB_RECORD_KEY, RECENT_JOBS_KEY
+from pipeline.constants import JOB_RECORD_KEY
+from pipeline.queues import keys
 
 
 def accepted_entry(task_name: str, eta: datetime | None = None) -> tuple[str, int]:
@@ -38,7 +39,7 @@ def remember_recent(pipe: Pipeline, queue: str | None, task_ids: list[str], now:
     """Queue the commands adding `task_ids` to `queue`'s recent-jobs index and trimming it (none if no queue)."""
     if queue is None or not task_ids:
         return
-    key = RECENT_JOBS_KEY.format(queue=queue)
+    key = keys.recent(queue)
     at = time.time() if now is None else now
     pipe.zadd(key, dict.fromkeys(task_ids, at))
     pipe.zremrangebyrank(key, 0, -get_settings().recent_jobs_max - 1)
@@ -60,7 +61,7 @@ def forget_accepted(task_id: str, queue: str | None = None) -> None:
         pipe = client.pipeline(transaction=True)
         pipe.delete(JOB_RECORD_KEY.format(id=task_id))
         if queue is not None:
-            pipe.zrem(RECENT_JOBS_KEY.format(queue=queue), task_id)
+            pipe.zrem(keys.recent(queue), task_id)
         pipe.execute()
 
 

@@ -30,12 +30,12 @@ from pipeline.constants import (
     HEADER_PUBLISHED_AT,
     JOB_RECORD_KEY,
     PRIORITY_SEPARATOR,
-    RECENT_JOBS_KEY,
     UNACKED_KEY,
     WORK_QUEUES,
 )
 from pipeline.dlq import admin as dlq_admin
 from pipeline.fairness import groups
+from pipeline.queues import keys as layout
 
 #: Celery's result-backend entries start with the state (`_get_result_meta` puts it first).
 _STATUS = re.compile(rb'"status":\s*"([A-Z_]+)"')
@@ -109,7 +109,7 @@ def _recent(client: redis.Redis, queues: Iterable[str]) -> dict[str, list[tuple[
     queues = list(queues)
     pipe = client.pipeline(transaction=False)
     for queue in queues:
-        pipe.zrevrange(RECENT_JOBS_KEY.format(queue=queue), 0, -1, withscores=True)
+        pipe.zrevrange(layout.recent(queue), 0, -1, withscores=True)
     indexes: list[list[tuple[Any, Any]]] = pipe.execute()
     backend: Any = get_app().backend  # RESULT_BACKEND_URL may name another Redis than the broker
     pipe = backend.client.pipeline(transaction=False)

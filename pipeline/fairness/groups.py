@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.constants import GROUP_KEY_PREFIX, GROUP_MAX_LENGTH
+from pipeline.constants import GROUP_MAX_LENGTH
 from pipeline.errors import PayloadInvalid
+from pipeline.queues import keys
 
 
 def checked(task: str, group: str | None) -> str | None:
@@ -43,6 +44,6 @@ def checked(task: str, group: str | None) -> str | None:
 def job_lists(client: Any, key: str) -> list[str]:
     """The lists of the groups with jobs waiting on queue list `key` (its priority level), by group name."""
     groups = sorted(
-        g.decode() if isinstance(g, bytes) else str(g) for g in client.hkeys(f"{GROUP_KEY_PREFIX}state:{key}")
+        g.decode() if isinstance(g, bytes) else str(g) for g in client.hkeys(keys.group_state(keys.queue_of(key), key))
     )
-    return [f"{GROUP_KEY_PREFIX}jobs:{key}:{group}" for group in groups]
+    return [keys.group_jobs(keys.queue_of(key), key, group) for group in groups]

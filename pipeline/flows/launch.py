@@ -27,13 +27,14 @@ import redis
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from pipeline.config import get_settings
-from pipeline.constants import FLOW_IDEMPOTENCY_KEY, FLOWS_INDEX_KEY, JOB_RECORD_KEY, LEASE_KEY, RECENT_JOBS_KEY
+from pipeline.constants import FLOW_IDEMPOTENCY_KEY, FLOWS_INDEX_KEY, JOB_RECORD_KEY, LEASE_KEY
 from pipeline.errors import PayloadInvalid
 from pipeline.flows import record
 from pipeline.flows.definition import FLOWS, Flow, Step
 from pipeline.flows.record import Advanced, JobResult, Ref
 from pipeline.producer import write
 from pipeline.producer.client import producer_redis
+from pipeline.queues import keys as layout
 from pipeline.queues import wake
 from pipeline.records import accepted_entry
 from pipeline.task import validate_payload
@@ -74,7 +75,7 @@ class Queued:
 
     def redis_keys(self) -> list[str]:
         queue = self.step.task.queue
-        return [self.dest, wake.marker(self.dest), RECENT_JOBS_KEY.format(queue=queue)]
+        return [self.dest, wake.marker(self.dest), layout.recent(queue)]
 
     def args(self) -> list[Any]:
         head = [self.step.name, len(self.nodes), "1" if self.step.each else "", self.record, self.channel]

@@ -24,7 +24,8 @@ import redis
 
 from pipeline.broker import check_replicas, full, is_oom, run_script_waited
 from pipeline.config import get_settings
-from pipeline.constants import GROUP_KEY_PREFIX, JOB_RECORD_KEY, RECENT_JOBS_KEY
+from pipeline.constants import GROUP_KEY_PREFIX, JOB_RECORD_KEY
+from pipeline.queues import keys as layout
 from pipeline.queues import wake
 
 
@@ -49,7 +50,7 @@ def store_jobs(
     confirm the jobs (or the claimed key's job) in time; `BrokerFull` when Redis is at maxmemory. With `group`, the
     messages go on that group's list of `dest` instead (the messages must carry the group's header too)."""
     claim_key, claim_ttl = claim if claim is not None else (dest, "")
-    keys = (RECENT_JOBS_KEY.format(queue=queue), dest, claim_key, wake.marker(dest))  # one marker per job
+    keys = (layout.recent(queue), dest, claim_key, wake.marker(dest))  # one marker per job
     head = (JOB_RECORD_KEY.format(id=""), record, record_ttl, repr(now), get_settings().recent_jobs_max)
     grouped = (group or "", GROUP_KEY_PREFIX)  # a group's jobs go on its own list (`pipeline/lua/enqueue.lua`)
     args: tuple[str | int, ...] = (*head, len(ids), channel, claim_ttl, *grouped, *ids, *messages, *events)

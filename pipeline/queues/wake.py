@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from pipeline.constants import KEY_PREFIX, PRIORITY_SEPARATOR
+from pipeline.constants import KEY_PREFIX
+from pipeline.queues import keys
 
 #: The marker list of a queue (its name, without kombu's priority suffix).
 WAKE_KEY: Final = KEY_PREFIX + "wake:{queue}"
@@ -36,13 +37,14 @@ _SILENT_SUFFIX: Final = ".pidbox"
 
 
 def queue_of(key: str) -> str:
-    """The queue a Redis list key belongs to: `email` for `email` and for its priority sub-queue `email\\x06\\x163`."""
-    return key.split(PRIORITY_SEPARATOR, 1)[0]
+    """The queue a Redis list key belongs to: `email` for `email` and for its priority sub-queue `email\\x06\\x163`
+    (`{email}\\x06\\x163` on a cluster)."""
+    return keys.queue_of(key)
 
 
 def marker(key: str) -> str:
-    """The marker list of the queue that list `key` belongs to."""
-    return WAKE_KEY.format(queue=queue_of(key))
+    """The marker list of the queue that list `key` belongs to (`pipeline:wake:<queue>`; `keys.wake`)."""
+    return keys.wake(queue_of(key))
 
 
 def silent(queue: str) -> bool:

@@ -1,0 +1,168 @@
+"""The names of a queue's Redis keys, in one place: one function per kind of key.
+
+On a single Redis (and Sentinel) each name is the one the pipeline has always used, kombu's own for the lists and
+kombu's global delivery records: a stock Celery producer pushes on `<queue>` and `<queue>\\x06\\x16<step>`, and a
+rolling upgrade finds the keys the previous release wrote. On a Redis Cluster (`REDIS_URL=redis+cluster://...`)
+every key of a queue carries the queue's hash tag, `{<queue>}`, so all of them live in one slot: the slot of the
+queue's step-0 list `<queue>` too, which keeps kombu's name. The layout, and which scripts touch which key, is in
+docs/redis-layout.md.
+
+Each function takes `cluster`: None (the default) follows the broker URL of the settings; True or False asks for
+one layout whatever the settings say. Names of keys that are not a queue's (results, job records, limiters) are not
+here: they are single keys and hash wherever they do.
+"""
+
+from __future__ import annotations
+
+from pipeline.config import get_settings
+from pipeline.config.cluster import is_cluster
+from pipeline.constants import (
+    DELAYED_DEST_KEY,
+    DELAYED_KEY,
+    DELAYED_MESSAGE_KEY,
+    DELIVERIES_KEY,
+    DELIVERY_LOG_KEY,
+    ENQUEUE_IDEMPOTENCY_KEY,
+    GROUP_KEY_PREFIX,
+    KEY_PREFIX,
+    LEASE_KEY,
+    PAUSED_KEY,
+    PRIORITY_SEPARATOR,
+    PRIORITY_STEPS,
+    RECENT_JOBS_KEY,
+    UNACKED_INDEX_KEY,
+    UNACKED_KEY,
+)
+from pipeline.queues.priority import level_key
+
+
+def clustered(cluster: bool | None = None) -> bool:
+    """`cluster`, or whether the broker URL names a Redis Cluster when it is None."""
+    return is_cluster(get_settings().broker_url) if cluster is None else cluster
+
+
+def tag(queue: str) -> str:
+    """The hash tag of `queue`, `{<queue>}`; ValueError for a name Redis would cut short (it holds a brace)."""
+    if not queue or "{" in queue or "}" in queue:
+        raise ValueError(f"a queue name on a Redis Cluster may not be empty or hold '{{' or '}}': {queue!r}")
+    return f"{{{queue}}}"
+
+
+def _scoped(queue: str, kind: str) -> str:
+    return f"{KEY_PREFIX}{tag(queue)}:{kind}"
+
+
+def level(queue: str, step: int, cluster: bool | None = None) -> str:
+    """The list `queue`'s jobs of priority step `step` wait in (step 0: the queue's own name in both layouts)."""
+    if step == 0 or not clustered(cluster):
+        return level_key(queue, step)
+    return f"{tag(queue)}{PRIORITY_SEPARATOR}{step}"
+
+
+def levels(queue: str, cluster: bool | None = None) -> list[str]:
+    """Every list of `queue`, one per priority step, most urgent first."""
+    return [level(queue, step, cluster) for step in PRIORITY_STEPS]
+
+
+def queue_of(key: str) -> str:
+    """The queue a list key of either layout belongs to: `email` for `email`, `email\\x06\\x163` and
+    `{email}\\x06\\x163`."""
+    name = key.split(PRIORITY_SEPARATOR, 1)[0]
+    return name[1:-1] if name.startswith("{") and name.endswith("}") else name
+
+
+def wake(queue: str, cluster: bool | None = None) -> str:
+    """The wake-up marker list of `queue` (`pipeline.queues.wake`)."""
+    return _scoped(queue, "wake") if clustered(cluster) else f"{KEY_PREFIX}wake:{queue}"
+
+
+def unacked(queue: str, cluster: bool | None = None) -> str:
+    """kombu's delivery record (tag -> message): one hash for every queue on a single Redis."""
+    return _scoped(queue, "unacked") if clustered(cluster) else UNACKED_KEY
+
+
+def unacked_index(queue: str, cluster: bool | None = None) -> str:
+    """The lease expiry of each delivery (kombu's index): one sorted set for every queue on a single Redis."""
+    return _scoped(queue, "unacked_index") if clustered(cluster) else UNACKED_INDEX_KEY
+
+
+def lease(queue: str, cluster: bool | None = None) -> str:
+    """The owner of each delivery's lease (`pipeline.delivery.lease`)."""
+    return _scoped(queue, "lease") if clustered(cluster) else LEASE_KEY
+
+
+def deliveries(queue: str, cluster: bool | None = None) -> str:
+    """How many times each delivery tag was delivered."""
+    return _scoped(queue, "deliveries") if clustered(cluster) else DELIVERIES_KEY
+
+
+def delivery_log(queue: str, delivery_tag: str, cluster: bool | None = None) -> str:
+    """The last deliveries of one delivery tag."""
+    if clustered(cluster):
+        return _scoped(queue, f"deliveries:{delivery_tag}")
+    return DELIVERY_LOG_KEY.format(tag=delivery_tag)
+
+
+def group_prefix(queue: str, cluster: bool | None = None) -> str:
+    """The prefix P of the fair groups' keys of `queue`'s lists (the layout is at the top of `fetch.lua`)."""
+    return _scoped(queue, "group:") if clustered(cluster) else GROUP_KEY_PREFIX
+
+
+def group_state(queue: str, key: str, cluster: bool | None = None) -> str:
+    """The hash group -> state ('r' ringed, 'c' capped) of `queue`'s list `key` (one of `levels(queue)`)."""
+    return f"{group_prefix(queue, cluster)}state:{key}"
+
+
+def group_jobs(queue: str, key: str, group: str, cluster: bool | None = None) -> str:
+    """The list `group`'s jobs of `queue`'s list `key` wait in."""
+    return f"{group_prefix(queue, cluster)}jobs:{key}:{group}"
+
+
+def group_count(queue: str, cluster: bool | None = None) -> str:
+    """The hash list key -> grouped jobs waiting, that holds `queue`'s counts."""
+    return group_prefix(queue, cluster) + "count"
+
+
+def paused(queue: str, cluster: bool | None = None) -> str:
+    """Where `queue`'s pause is kept: on a single Redis the set of paused queue names (`queue` a member of it), on a
+    cluster a flag of the queue's own (a string: set while paused)."""
+    return _scoped(queue, "paused") if clustered(cluster) else PAUSED_KEY
+
+
+def delayed(queue: str, cluster: bool | None = None) -> tuple[str, str, str]:
+    """The parked delayed jobs: the due-time index, the messages and their destination lists (on a single Redis
+    shared by every queue)."""
+    if clustered(cluster):
+        return _scoped(queue, "delayed"), _scoped(queue, "delayed:message"), _scoped(queue, "delayed:dest")
+    return DELAYED_KEY, DELAYED_MESSAGE_KEY, DELAYED_DEST_KEY
+
+
+def cancel(queue: str, task_id: str, cluster: bool | None = None) -> str:
+    """The tombstone of cancelled job `task_id` of `queue`."""
+    return _scoped(queue, f"cancel:{task_id}") if clustered(cluster) else f"{KEY_PREFIX}cancel:{task_id}"
+
+
+def recent(queue: str, cluster: bool | None = None) -> str:
+    """The recent-jobs index of `queue` (`pipeline.records`)."""
+    return _scoped(queue, "recent") if clustered(cluster) else RECENT_JOBS_KEY.format(queue=queue)
+
+
+def idempotency(queue: str, task: str, key: str, cluster: bool | None = None) -> str:
+    """The claim of idempotency key `key` of `task` (a job of `queue`)."""
+    if clustered(cluster):
+        return _scoped(queue, f"enqueue:{task}:{key}")
+    return ENQUEUE_IDEMPOTENCY_KEY.format(task=task, key=key)
+
+
+def every(queue: str, cluster: bool | None = None) -> list[str]:
+    """One name of each kind of `queue`'s keys (with a sample delivery tag, task id, task and key where a kind is
+    named by one): what a check of the layout walks."""
+    names = [*levels(queue, cluster), wake(queue, cluster), unacked(queue, cluster), unacked_index(queue, cluster)]
+    names += [lease(queue, cluster), deliveries(queue, cluster), delivery_log(queue, "tag-1", cluster)]
+    prefix = group_prefix(queue, cluster)
+    for key in levels(queue, cluster):
+        names += [group_state(queue, key, cluster), group_jobs(queue, key, "tenant-1", cluster)]
+        names += [f"{prefix}ring:{key}", f"{prefix}capped:{key}"]
+    names += [group_count(queue, cluster), f"{prefix}turn", f"{prefix}leases:tenant-1", paused(queue, cluster)]
+    names += [*delayed(queue, cluster), cancel(queue, "id-1", cluster), recent(queue, cluster)]
+    return [*names, idempotency(queue, "email.send", "key-1", cluster)]
