@@ -278,9 +278,13 @@ class MemoryStats:
 
 
 def memory_stats() -> MemoryStats:
-    """The broker's memory use, limit and eviction policy (one `INFO memory`: allowed on managed Redis too)."""
+    """The broker's memory use, limit and eviction policy (one `INFO memory`: allowed on managed Redis too); on a
+    cluster, its fullest master's (the one that refuses writes first)."""
     with broker_redis() as client:
-        return MemoryStats.from_info(client.info("memory"))
+        if not layout.clustered():
+            return MemoryStats.from_info(client.info("memory"))
+        found = [MemoryStats.from_info(i) for i in cluster.masters_info(cluster.shared(), "memory").values()]
+        return max(found, key=lambda m: (m.used_ratio or 0.0, m.used_bytes))
 
 
 def queue_keys(queue: str) -> list[str]:
@@ -365,9 +369,12 @@ def queue_stats(queues: tuple[str, ...] = (*WORK_QUEUES, DEAD_LETTER_QUEUE)) -> 
 
 
 def unacked_count() -> int:
-    """Jobs delivered to a worker and not yet acknowledged (running or prefetched), all queues."""
+    """Jobs delivered to a worker and not yet acknowledged (running or prefetched), all queues (on a cluster, each
+    work queue's own record: `pipeline.queues.keys.unacked`)."""
     with broker_redis() as client:
-        return int(client.hlen(UNACKED_KEY))
+        if not layout.clustered():
+            return int(client.hlen(UNACKED_KEY))
+        return sum(int(client.hlen(layout.unacked(queue))) for queue in WORK_QUEUES)
 
 
 def in_flight_by_queue() -> dict[str, int]:

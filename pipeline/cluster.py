@@ -1,10 +1,10 @@
 """Clients on a Redis Cluster (`REDIS_URL=redis+cluster://...`, `pipeline.config.cluster`): redis-py's
-`RedisCluster`, synchronous and asyncio.
+`RedisCluster`, synchronous and asyncio, and where each queue lives on it.
 
 A cluster client asks a seed for the slot map and sends each command to the master serving its key's slot; it
 follows MOVED and ASK and reloads the map after a failover or a resharding. A pipeline without MULTI may mix slots
 (redis-py splits it by node); a MULTI, a script or an MGET may not (CROSSSLOT), which is why every key of a queue
-carries the queue's hash tag (docs/redis-layout.md).
+carries the queue's hash tag (`pipeline.queues.keys`, docs/redis-layout.md).
 
 `pipeline.broker` hands these out in place of its single-Redis clients when the broker URL names a cluster.
 """
@@ -12,12 +12,15 @@ carries the queue's hash tag (docs/redis-layout.md).
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio.cluster
 from redis.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
 
 from pipeline.config import cluster, get_settings
+from pipeline.queues import keys
 
 #: The process's shared client (`shared`): thread-safe, one connection pool per node.
 _shared: list[RedisCluster] = []
@@ -72,3 +75,25 @@ def reset() -> None:
     with _lock:
         while _shared:
             _shared.pop().close()
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a queue lives on the cluster: its slot and the master serving it (`host:port`)."""
+
+    queue: str
+    slot: int
+    master: str
+
+
+def placement(client: RedisCluster, queue: str) -> Placement:
+    """The slot of `queue`'s hash tag and the master serving it now, from `client`'s slot map."""
+    slot = key_slot(keys.tag(queue).encode())
+    node = client.nodes_manager.get_node_from_slot(slot)
+    return Placement(queue, slot, f"{node.host}:{node.port}")
+
+
+def masters_info(client: RedisCluster, section: str) -> dict[str, dict[str, Any]]:
+    """`INFO <section>` of every master, by `host:port`."""
+    replies: dict[str, dict[str, Any]] = client.info(section, target_nodes=RedisCluster.PRIMARIES)
+    return replies

@@ -20,7 +20,8 @@ NameArg = Annotated[str, typer.Argument(metavar="NAME", help="A work queue (see 
 @app.callback(invoke_without_command=True)
 def show(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """Depth (all priorities, then per priority level), oldest waiting job and state (running or paused) per queue,
-    jobs in flight, and Redis's memory against maxmemory."""
+    jobs in flight, and Redis's memory against maxmemory. On a Redis Cluster also each queue's slot and the master
+    serving it (the memory shown is the fullest master's)."""
     if ctx.invoked_subcommand is not None:
         return
     from pipeline.broker import memory_stats, queue_stats, unacked_count
@@ -28,21 +29,36 @@ def show(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     stats = queue_stats()
     in_flight = unacked_count()
     memory = memory_stats()
+    where = _placements([s.name for s in stats])
     if as_json:
-        emit_json({"queues": [s.__dict__ for s in stats], "in_flight": in_flight, "memory": _memory_json(memory)})
+        queues = [{**s.__dict__, **where.get(s.name, {})} for s in stats]
+        emit_json({"queues": queues, "in_flight": in_flight, "memory": _memory_json(memory)})
         return
     steps = list(stats[0].levels) if stats else []
     levels = " ".join(f"{'P' + str(step):>6}" for step in steps)
-    typer.echo(f"{'QUEUE':12} {'DEPTH':>7} {levels} {'OLDEST':>10}  STATE")
+    slots = f"  {'SLOT':>5}  MASTER" if where else ""
+    typer.echo(f"{'QUEUE':12} {'DEPTH':>7} {levels} {'OLDEST':>10}  {'STATE':7}{slots}".rstrip())
     for s in stats:
         age = f"{s.oldest_age_s:.1f}s" if s.oldest_age_s is not None else "-"
         per_level = " ".join(f"{s.levels.get(step, 0):>6}" for step in steps)
-        typer.echo(f"{s.name:12} {s.depth:>7} {per_level} {age:>10}  {_state(s)}")
+        at = f"  {where[s.name]['slot']:>5}  {where[s.name]['master']}" if where else ""
+        typer.echo(f"{s.name:12} {s.depth:>7} {per_level} {age:>10}  {_state(s):7}{at}".rstrip())
     typer.echo("P0..P9: waiting per priority level (P0: priorities 0-2, taken first; P3: 3-5; P6: 6-8; P9: 9)")
     typer.echo(f"in flight (delivered, not yet acknowledged): {in_flight}")
     typer.echo(memory_line(memory))
     if memory.policy_warning:
         typer.secho(f"warning: {memory.policy_warning}", fg=typer.colors.YELLOW, err=True)
+
+
+def _placements(queues: list[str]) -> dict[str, dict[str, Any]]:
+    """On a Redis Cluster, each queue's slot (its hash tag's) and the master serving it now; else nothing."""
+    from pipeline import cluster
+    from pipeline.queues import keys
+
+    if not keys.clustered():
+        return {}
+    client = cluster.shared()
+    return {q: {"slot": p.slot, "master": p.master} for q in queues for p in [cluster.placement(client, q)]}
 
 
 def _state(stats: QueueStats) -> str:
