@@ -64,11 +64,13 @@ def levels(queue: str, cluster: bool | None = None) -> list[str]:
     return [level(queue, step, cluster) for step in PRIORITY_STEPS]
 
 
-def queue_of(key: str) -> str:
-    """The queue a list key of either layout belongs to: `email` for `email`, `email\\x06\\x163` and
-    `{email}\\x06\\x163`."""
+def queue_of(key: str, cluster: bool | None = None) -> str:
+    """The queue a list key belongs to: `email` for `email` and `email\\x06\\x163` (`{email}\\x06\\x163` on a
+    cluster; on a single Redis a queue may be named `{email}`)."""
     name = key.split(PRIORITY_SEPARATOR, 1)[0]
-    return name[1:-1] if name.startswith("{") and name.endswith("}") else name
+    if name.startswith("{") and name.endswith("}") and clustered(cluster):
+        return name[1:-1]
+    return name
 
 
 def wake(queue: str, cluster: bool | None = None) -> str:

@@ -53,7 +53,8 @@ def test_the_cluster_names_carry_the_tag_and_kombus_step_zero_list_keeps_its_nam
         "pipeline:{webhooks}:enqueue:webhooks.deliver:k"
     )
     for key in keys.levels("webhooks", cluster=True):
-        assert keys.queue_of(key) == "webhooks"
+        assert keys.queue_of(key, cluster=True) == "webhooks"
+    assert keys.queue_of("{webhooks}\x06\x163", cluster=False) == "{webhooks}", "a queue named so on a single Redis"
     with pytest.raises(ValueError, match="may not"):
         keys.wake("a{b}", cluster=True)
 
