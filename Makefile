@@ -78,7 +78,7 @@ docs: install ## Serve the documentation site on http://127.0.0.1:8001, rebuilt 
 docs-build: install ## Build the documentation site into site/ (SITE_DIR=...) with --strict: any warning fails
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --config-file $(MKDOCS_CONFIG) --site-dir $(SITE_DIR)
 
-bench: install system-deps ## Stock Celery (default settings) vs the pipeline, same Redis, same run; then groups, flows, I/O concurrency, Celery's API
+bench: install system-deps ## Stock Celery (default settings) vs the pipeline, same Redis, same run; then groups, flows, I/O concurrency, Celery's API, Redis's cost per job
 	$(PY) -m bench
 	$(PY) -m bench fairness
 	$(PY) -m bench flows
@@ -86,6 +86,7 @@ bench: install system-deps ## Stock Celery (default settings) vs the pipeline, s
 	$(PY) -m bench io_concurrency --io-worker 'pipeline worker -Q webhooks -c 34 --loglevel WARNING'
 	$(PY) -m bench io_concurrency --latency 2 --jobs 1000 --reps 1
 	$(PY) -m bench celery_api
+	$(PY) -m bench redis_cost
 
 clean: ## Remove the virtualenv, caches and local data
 	rm -rf $(VENV) .upgrade-check .data site .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -2,8 +2,8 @@
 
 Parts: enqueue, bulk, drain, latency, every (start latency of a worker on every queue; all five by default:
 `bench.compare`), and the standalone pdf_memory, webhook_fanout, replicated_enqueue, fairness, flows,
-priority_overtake, backlog, io_concurrency and celery_api benchmarks (run only when named). Not a test: nothing is
-asserted.
+priority_overtake, backlog, io_concurrency, celery_api and redis_cost benchmarks (run only when named). Not a test:
+nothing is asserted.
 
     python -m bench                                  # the comparison table, medians of 3
     python -m bench drain latency --json             # two parts, one JSON document on stdout
@@ -11,6 +11,7 @@ asserted.
     python -m bench drain --pipeline-worker 'celery -A bench.pipeline_app worker -Q bench-pipeline -P solo' \\
                           --pipeline-worker 'celery -A bench.pipeline_app worker -Q bench-pipeline -P solo'
     python -m bench io_concurrency --latency 2 --jobs 1000 --io-worker 'pipeline worker --processes 2 -Q webhooks'
+    python -m bench redis_cost --jobs 1000                # Redis CPU and bytes kept per job: pipeline, Celery, BullMQ
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import json
 import os
 import sys
 
-from bench import io_concurrency
+from bench import io_concurrency, redis_cost
 from bench.compare import DEFAULT_WORKERS, PARTS, Options, measure, table
 from bench.procs import redis_server
 
@@ -35,6 +36,7 @@ STANDALONE = (
     "backlog",
     "io_concurrency",
     "celery_api",
+    "redis_cost",
 )
 #: --jobs when not given: per measurement of the comparison, and for io_concurrency.
 JOBS = 5000
@@ -55,7 +57,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--jobs",
         type=int,
         help=f"jobs per enqueue, bulk and drain measurement (default {JOBS}); io_concurrency: "
-        f"webhook jobs per system (default {IO_JOBS})",
+        f"webhook jobs per system (default {IO_JOBS}); redis_cost: per system and rep (default {redis_cost.JOBS})",
     )
     parser.add_argument("--rate", type=float, default=200.0, help="latency: jobs per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="latency: how long to send")
@@ -116,6 +118,8 @@ def main(argv: list[str]) -> int:
                     args.io_worker or io_concurrency.DEFAULT_IO_WORKER,
                 )
                 io_concurrency.main(io_options, as_json=args.json)
+            elif name == "redis_cost":
+                redis_cost.main(args.jobs or redis_cost.JOBS, args.reps, as_json=args.json)
             else:
                 importlib.import_module(f"bench.{name}").main()
     return 0

@@ -7,6 +7,10 @@ and ETA) *before* publishing, with a TTL of RESULT_EXPIRES past the ETA. `pipeli
 In the same round trip the id joins its queue's recent-jobs index (`pipeline:recent:<queue>`, a sorted set
 by accepted time trimmed to the newest RECENT_JOBS_MAX), from which the job browser (`pipeline.browse`)
 lists retrying, succeeded and failed jobs.
+
+A stored SUCCESS makes the record useless (a result tells the job from an unknown one): the script that stores it
+deletes it (`pipeline/lua/parts/results.lua`), the meta keeps the ETA, and the accepted time is read from the
+queue's recent-jobs index while the job is in it (`accepted_times`).
 """
 
 from __future__ import annotations
@@ -78,6 +82,19 @@ def accepted_records(task_ids: list[str]) -> list[dict[str, Any] | None]:
     with broker_redis() as client:
         raws = client.mget([JOB_RECORD_KEY.format(id=task_id) for task_id in task_ids])
     return [_parse_record(raw) for raw in raws]
+
+
+def accepted_times(jobs: list[tuple[str, str]]) -> list[float | None]:
+    """When each (task id, queue) of `jobs` was accepted, from its queue's recent-jobs index (epoch s; None once it
+    left the index), in one round trip: what a succeeded job's record said (a stored SUCCESS drops the record)."""
+    if not jobs:
+        return []
+    with broker_redis() as client:
+        pipe = client.pipeline(transaction=False)
+        for task_id, queue in jobs:
+            pipe.zscore(RECENT_JOBS_KEY.format(queue=queue), task_id)
+        scores = pipe.execute()
+    return [None if score is None else float(score) for score in scores]
 
 
 def _parse_record(raw: Any) -> dict[str, Any] | None:

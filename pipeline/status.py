@@ -8,7 +8,9 @@ Celery answers PENDING for any id it never saw. So every producer path of the pi
 DLQ replay) records the job id in Redis (`pipeline:job:<id>`, JSON with task name, accepted time and
 ETA) *before* publishing, with a TTL of RESULT_EXPIRES past the ETA. A PENDING id with a record is
 `queued` (or `scheduled` while its ETA is ahead); without one it is `unknown`. A job accepted with a
-202 can therefore never read as unknown while its result is kept.
+202 can therefore never read as unknown while its result is kept. Its SUCCESS, once stored, drops the record
+(`pipeline.records`): a succeeded job's accepted time comes from its queue's recent-jobs index, its ETA from its
+meta.
 
 A job that fails for good is stored as FAILURE by the worker a moment before its dead-letter entry is
 published, so `failed` normally turns into `dead_lettered` within milliseconds. A status is `final`
@@ -32,7 +34,7 @@ from pydantic import BaseModel, Field, ValidationError
 from pipeline.celery_app import get_app
 from pipeline.dlq import admin as dlq_admin
 from pipeline.publish import parked_due, parked_dues
-from pipeline.records import accepted_record, accepted_records
+from pipeline.records import accepted_record, accepted_records, accepted_times
 
 
 class JobState(StrEnum):
@@ -150,7 +152,7 @@ def job_status(task_id: str) -> JobStatus:
     celery_state = str(meta.get("status", "PENDING"))
     due = parked_due(task_id) if celery_state == "PENDING" else None
     entry = dlq_admin.find(task_id) if celery_state == "FAILURE" else None
-    return _status(task_id, meta, accepted_record(task_id), due, entry)
+    return _status(task_id, meta, _succeeded_records([task_id], [meta], [accepted_record(task_id)])[0], due, entry)
 
 
 def job_statuses(task_ids: Sequence[str]) -> list[JobStatus]:
@@ -163,7 +165,7 @@ def job_statuses(task_ids: Sequence[str]) -> list[JobStatus]:
     backend: Any = get_app().backend  # RESULT_BACKEND_URL may name another Redis than the broker
     raws = backend.mget([backend.get_key_for_task(task_id) for task_id in ids])
     metas = [backend.decode_result(raw) if raw else {"status": "PENDING", "result": None} for raw in raws]
-    records = accepted_records(ids)
+    records = _succeeded_records(ids, metas, accepted_records(ids))
     pending = [task_id for task_id, meta in zip(ids, metas, strict=True) if meta.get("status", "PENDING") == "PENDING"]
     dues = parked_dues(pending)
     entries = dlq_admin.find_tasks([t for t, m in zip(ids, metas, strict=True) if m.get("status") == "FAILURE"])
@@ -171,6 +173,24 @@ def job_statuses(task_ids: Sequence[str]) -> list[JobStatus]:
         _status(task_id, meta, record, dues.get(task_id), entries.get(task_id))
         for task_id, meta, record in zip(ids, metas, records, strict=True)
     ]
+
+
+def _succeeded_records(
+    ids: Sequence[str], metas: Sequence[Mapping[str, Any]], records: list[dict[str, Any] | None]
+) -> list[dict[str, Any] | None]:
+    """`records`, each succeeded job's without one (its SUCCESS dropped it: `pipeline.records`) rebuilt from its meta
+    (task, ETA) and its queue's recent-jobs index (the accepted time, while the job is in it)."""
+    missing = [
+        i
+        for i, (meta, record) in enumerate(zip(metas, records, strict=True))
+        if record is None and meta.get("status") == "SUCCESS" and meta.get("queue")
+    ]
+    times = accepted_times([(ids[i], str(metas[i]["queue"])) for i in missing])
+    rebuilt = list(records)
+    for i, at in zip(missing, times, strict=True):
+        accepted = datetime.fromtimestamp(at, UTC).isoformat() if at is not None else None
+        rebuilt[i] = {"task": metas[i].get("name"), "accepted_at": accepted, "eta": metas[i].get("eta")}
+    return rebuilt
 
 
 def _status(

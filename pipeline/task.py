@@ -113,6 +113,7 @@ class PipelineTask(Task):  # type: ignore[type-arg]  # the wire signature is (di
     #: Celery options `on_bound` takes from the policy: those `typed_task` was not given explicitly.
     policy_fills: tuple[str, ...] = ()
     is_async: bool = False  #: `async def`: the asyncio pool awaits it on its event loop among the other jobs
+    result_keeps_args: bool = False  #: a SUCCESS is stored without the payload (`compat.results.lean_success`)
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:

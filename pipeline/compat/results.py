@@ -59,6 +59,13 @@ log = logging.getLogger(__name__)
 
 #: kombu's JSON encoder (`kombu.utils.json.dumps` builds one per call, with these same defaults).
 _JSON = kombu_json.JSONEncoder()
+#: The same, without the blanks after separators: what a stored state is written with (any JSON reader reads it).
+_COMPACT_JSON = kombu_json.JSONEncoder(separators=(",", ":"))
+
+#: A task class attribute: False when its SUCCESS is stored without what the job no longer needs once it succeeded
+#: (`lean_success`). Celery's tasks keep every `result_extended` field (True when the attribute is absent); the
+#: pipeline's typed tasks set it False (`pipeline.task.PipelineTask`).
+KEEPS_ARGS = "result_keeps_args"
 
 #: The request attribute saying the job's SUCCESS was stored with another write (`mark_stored`).
 _STORED = "pipeline_result_stored"
@@ -115,8 +122,7 @@ class OneTripStore:
         if state == states.SUCCESS and getattr(request, _STORED, False):
             return result
         meta = self._get_result_meta(result=result, state=state, traceback=traceback, request=request)
-        meta["task_id"] = bytes_to_str(task_id)
-        value = self.encode(meta)
+        value = self._encode_stored(meta, state, request, task_id)
         if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:
             raise BackendStoreError("value too large for Redis backend", state=state, task_id=task_id)  # type: ignore[call-arg]  # celery-types lags: Celery passes both
         expires = self.failure_expires if state == states.FAILURE else self.expires
@@ -138,8 +144,7 @@ class OneTripStore:
             return None
         task_id = str(request.id)
         meta = self._get_result_meta(result=result, state=states.SUCCESS, traceback=None, request=request)
-        meta["task_id"] = bytes_to_str(task_id)
-        value = self.encode(meta)
+        value = self._encode_stored(meta, states.SUCCESS, request, task_id)
         if not isinstance(value, str) or len(value) > self._MAX_STR_VALUE_SIZE:
             return None
         tag, owner = lease_of(request)
@@ -151,10 +156,27 @@ class OneTripStore:
         it is skipped."""
         setattr(request, _STORED, True)
 
-    def encode(self: Any, data: Any) -> Any:
-        """Celery's `Backend.encode`: the same text, without kombu's registry lookup, its error-wrapping context
-        manager and a new encoder per call, when the result serializer is kombu's JSON, uncompressed (and the
-        versions are verified)."""
+    def _encode_stored(self: Any, meta: dict[str, Any], state: str, request: Any, task_id: str) -> Any:
+        """The text a state is stored as: Celery's meta with its `task_id` last (`store`, in
+        `pipeline/lua/parts/results.lua`, reads it there), compact, and a typed task's SUCCESS lean
+        (`lean_success`). Outside the plain JSON path, Celery's own `encode` of the whole meta."""
+        if not self._plain_json_path():
+            meta["task_id"] = bytes_to_str(task_id)
+            return self.encode(meta)
+        if state == states.SUCCESS and not self._keeps_args(request):
+            lean_success(meta, request)
+        meta["task_id"] = bytes_to_str(task_id)
+        try:
+            return _COMPACT_JSON.encode(meta)
+        except Exception as exc:  # kombu's registry wraps any encoder error the same way
+            raise EncodeError(exc) from exc
+
+    def _keeps_args(self: Any, request: Any) -> bool:
+        task = self.app.tasks.get(getattr(request, "task", None) or "")
+        return bool(getattr(task, KEEPS_ARGS, True))
+
+    def _plain_json_path(self: Any) -> bool:
+        """Whether `encode` may skip kombu's registry: kombu's JSON, uncompressed, verified versions (decided once)."""
         if self._plain_json is None:
             registered = cast(Any, serialization).registry._encoders.get("json")  # kombu's own; untyped
             self._plain_json = (
@@ -164,7 +186,13 @@ class OneTripStore:
                 and registered is not None
                 and registered[2] is kombu_json.dumps
             )
-        if not self._plain_json:
+        return bool(self._plain_json)
+
+    def encode(self: Any, data: Any) -> Any:
+        """Celery's `Backend.encode`: the same text, without kombu's registry lookup, its error-wrapping context
+        manager and a new encoder per call, when the result serializer is kombu's JSON, uncompressed (and the
+        versions are verified)."""
+        if not self._plain_json_path():
             return super().encode(data)  # type: ignore[misc]  # the Celery backend it is mixed into
         try:
             return _JSON.encode(data)
@@ -249,6 +277,22 @@ class OneTripStore:
                 )
         if stored == -1:
             _fenced(key, tag)
+
+
+def lean_success(meta: dict[str, Any], request: Any) -> None:
+    """A succeeded job's meta without what no reader needs once it succeeded: the job's arguments (`args`, `kwargs`:
+    its payload, which the pipeline keeps out of logs, events' readers and the job browser; a failed job's stay, and
+    its dead-letter entry has them), an empty `traceback` and `children`. Its ETA, which the accepted-job record held
+    (a stored SUCCESS drops that record: `pipeline/lua/parts/results.lua`), is kept when it had one."""
+    for name in ("args", "kwargs"):
+        meta.pop(name, None)
+    if meta.get("traceback") is None:
+        meta.pop("traceback", None)
+    if not meta.get("children"):
+        meta.pop("children", None)
+    eta = getattr(request, "eta", None)
+    if eta:
+        meta["eta"] = eta if isinstance(eta, str) else eta.isoformat()
 
 
 def _on_broker() -> bool:

@@ -308,7 +308,7 @@ def test_io_profile_stores_each_result_in_the_call_that_acknowledges_its_job(
             if current is None:
                 current = []
             current.append(" ".join(words[:2]))
-            if words[0] in ("SETEX", "SET") and words[1] in keys and '"status": "SUCCESS"' in line["command"]:
+            if words[0] in ("SETEX", "SET") and words[1] in keys and '"status":"SUCCESS"' in line["command"]:
                 scripts[words[1]] = current  # the same list keeps growing until the script ends
     assert all(job.get(timeout=10)["attempt"] == 1 for job in jobs)
     assert set(scripts) == keys

@@ -7,7 +7,18 @@ local function held(lease, tag, owner)
   return tag == '' or redis.call('HGET', lease, tag) == owner
 end
 
--- store(key, value, expires): the result backend's write, leaving a stored SUCCESS or REVOKED (cancelled) alone.
+-- superseded(value): the accepted-job record (`pipeline:job:<id>`, JOB_RECORD_KEY) that a stored SUCCESS makes
+-- useless, or nil: the id is the meta's last field ("task_id", as `pipeline.compat.results` encodes it, compact), and
+-- the record only told a queued job from an unknown one; status reads its accepted time from the queue's recent-jobs
+-- index afterwards (`pipeline.records`). Another encoding (a Celery outside the verified versions) keeps its record.
+local function superseded(value)
+  if string.sub(value, 1, 20) ~= '{"status":"SUCCESS",' then return nil end
+  local id = string.match(value, ',"task_id":"([^"\\]+)"}$')
+  return id and ('pipeline:job:' .. id)
+end
+
+-- store(key, value, expires): the result backend's write, leaving a stored SUCCESS or REVOKED (cancelled) alone; a
+-- SUCCESS written drops its job's record (`superseded`).
 local function store(key, value, expires)
   local current = redis.call('GET', key)
   if current then
@@ -23,6 +34,8 @@ local function store(key, value, expires)
     redis.call('SET', key, value)
   end
   redis.call('PUBLISH', key, value)
+  local record = superseded(value)
+  if record then redis.call('DEL', record) end
   return 1
 end
 
