@@ -51,10 +51,12 @@ from celery.worker import state
 from greenlet import getcurrent  # type: ignore[import-untyped]  # no stubs are published
 
 from pipeline import once
+from pipeline.config import get_settings
 from pipeline.delivery import acks
 from pipeline.errors import JobCancelled, LeaseLost
 from pipeline.observability import metrics
 from pipeline.pools import aio
+from pipeline.runtime import plainjobs
 from pipeline.runtime.asyncjob import Job, Loop, overrides
 from pipeline.runtime.asyncshutdown import CANCEL_GRACE_S, Shutdown
 from pipeline.runtime.asyncsignals import Deferred
@@ -93,11 +95,17 @@ class AsyncPool(Shutdown, BasePool):
         #: Shutdown signals that landed inside a job or the loop's iteration, run once outside (`Worker` installs it).
         self.signals = Deferred(lambda: bool(self.jobs), self._nudge)
         self._busy = 0  # in run_once or on_apply (see `inside`)
+        #: Where plain jobs' functions run (WORKER_PLAIN_THREADS at most at once), known at start.
+        self.threads: plainjobs.Threads | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
     def on_start(self) -> None:
+        """Before the consumer builds the tasks' tracers: plain tasks hand their function to the pool's threads."""
         self._pid = os.getpid()
+        self.threads = plainjobs.Threads(get_settings().worker_plain_threads)
+        if self.app is not None:
+            plainjobs.install(self.app)
 
     def register_with_event_loop(self, loop: Any) -> None:
         """The worker's event loop (kombu's hub) runs the asyncio loop: whenever the asyncio loop's selector has
@@ -180,10 +188,6 @@ class AsyncPool(Shutdown, BasePool):
         soft_timeout: float | None = None,
         **_: Any,
     ) -> None:
-        task = self.app.tasks.get(args[0]) if self.app is not None else None
-        if not getattr(task, "is_async", False):  # a plain job runs here and now, as in the solo pool
-            apply_target(target, args, kwargs, callback, accept_callback, pid=self._pid)
-            return
         self._busy += 1
         try:
             self._apply(target, args, kwargs, callback, accept_callback, timeout, soft_timeout)
@@ -196,7 +200,9 @@ class AsyncPool(Shutdown, BasePool):
         soft = soft_timeout or self.options.get("soft_timeout") or None
         job = Job(str(args[0]), str(args[1]), soft, hard)
         self.jobs.setdefault(job.task_id, []).append(job)
-        job.greenlet = aio.JobGreenlet(self._trace)
+        task = self.app.tasks.get(job.name) if self.app is not None else None
+        plain = not getattr(task, "is_async", False)  # its function runs on a thread (`plainjobs`)
+        job.greenlet = (plainjobs.PlainGreenlet if plain else aio.JobGreenlet)(self._trace)
         start = (job, target, args, kwargs, callback, accept_callback)
         if self.running >= int(self.limit or 1):  # a prefetch above the limit (a multiplier given): it waits its turn
             self._waiting.append(start)
@@ -237,16 +243,35 @@ class AsyncPool(Shutdown, BasePool):
             self.running -= 1
             self._next()
             return
-        if job.reason is not None:  # stopped (a limit, a cancel) while outside its coroutine: raised at once
+        if isinstance(job.greenlet, plainjobs.PlainGreenlet):
+            self._hand(job, awaited)
+        elif job.reason is not None:  # stopped (a limit, a cancel) while outside its coroutine: raised at once
             awaited.close()
             self._ended.append((job, None))
         else:
             body = job.body = self.loop.create_task(awaited)
             body.add_done_callback(lambda ended: self._ended.append((job, ended)))
             if job.timer is None:
-                self._arm(job, job.deadline(job.soft) or job.deadline(job.hard))
+                self._arm(job, job.first_deadline())
         if not self.loop.is_running():
             self._wake()
+
+    def _hand(self, job: Job, fn: Any) -> None:
+        """A plain job's function, `fn`, to its thread; its limits are armed when the thread starts it."""
+        if job.reason is not None:  # stopped (a cancel) before its function started: raised at once
+            self._ended.append((job, None))
+            return
+        call = job.call = plainjobs.Call(fn, self.loop)
+        call.on_begin = lambda started: self._began(job, started)
+        body = job.body = call.future
+        body.add_done_callback(lambda ended: self._ended.append((job, ended)))
+        assert self.threads is not None  # started  # noqa: S101
+        self.threads.submit(call)
+
+    def _began(self, job: Job, started: float) -> None:
+        job.started = started  # its limits count from here, not from its wait for a thread
+        if job.timer is None and job.reason is None and not job.greenlet.dead:
+            self._arm(job, job.first_deadline())
 
     def _resume_ended(self) -> None:
         """Outside the loop's iteration: switch into the greenlet of each job whose coroutine has ended (or that was
@@ -285,6 +310,8 @@ class AsyncPool(Shutdown, BasePool):
             limit = job.soft if soft else job.hard
             self._stop(job, SoftTimeLimitExceeded(limit) if soft else TimeLimitExceeded(limit))
         elif job.body is not None and not job.body.done():
+            if job.call is not None:  # a plain job's thread: the hard limit is raised in it, late as it may come
+                job.call.stop(TimeLimitExceeded)
             self._abandon(job)
             job.abandoned = True
             self._ended.append((job, None))
@@ -304,7 +331,9 @@ class AsyncPool(Shutdown, BasePool):
         if earlier is not None:
             at = min(at, time.monotonic() + max(0.0, earlier.when() - self.loop.time()))
         self._arm(job, at)
-        if job.body is not None:
+        if job.call is not None:
+            job.call.stop(type(reason))  # raised in its thread (or it ends now, if it waits for one)
+        elif job.body is not None:
             job.body.cancel()
 
     def _abandon(self, job: Job) -> None:
@@ -328,8 +357,8 @@ class AsyncPool(Shutdown, BasePool):
     # -- stopping a job from another thread ------------------------------------------------------------------
 
     def stop_job(self, task_id: str, reason: type[BaseException], grace: float | None = None) -> bool:
-        """Stop the async job `task_id` if it runs here (from any thread): `reason` is raised in it, and it is given up
-        after `grace` s (default CANCEL_GRACE_S). True if found; False for a plain job (it runs in the main thread)."""
+        """Stop the job `task_id` if it runs here (from any thread): `reason` is raised in it (an async job's coroutine
+        is cancelled), and it is given up after `grace` s (default CANCEL_GRACE_S). True if found."""
         twins = list(self.jobs.get(task_id, ()))  # every delivery of the id here
         if not twins or self.loop.is_closed():
             return False
