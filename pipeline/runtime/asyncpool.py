@@ -1,10 +1,9 @@
 """The asyncio pool: one worker process keeps WORKER_CONCURRENCY jobs in flight (`-P custom`, what `pipeline worker`
 runs for the I/O queues).
 
-Celery's tracer is synchronous. Every job's trace (signals, the typed task's wrapper, the result, the
-acknowledgement) runs in the worker's main thread, as in the solo pool, so the solo profile's economies hold: the
-result carried by the acknowledging call, acknowledgements written together on the event loop's tick, one decode.
-Where a job waits differs:
+Celery's tracer is synchronous. Every job's trace (signals, the result, the acknowledgement) runs in the worker's
+main thread, as in the solo pool, so the solo profile's economies hold: the result carried by the acknowledging
+call, acknowledgements written together on the event loop's tick, one decode. Where a job's function runs differs:
 
 * an `async def` task (`PipelineTask.is_async`: `webhooks.deliver`, `email.send`) is traced in a greenlet
   (`pipeline.pools.aio.JobGreenlet`). When its function returns its coroutine, the greenlet switches back to the
@@ -13,21 +12,30 @@ Where a job waits differs:
   next timer and after a job handed it a coroutine. Once a coroutine has ended, outside the loop's iteration, the
   worker switches into its greenlet with the result or the exception, and the trace goes on. Celery's request
   context is per greenlet (`celery.utils.threads` keys it so), so each job sees its own `task.request`;
-* a plain (sync) task runs at once, in the main thread, exactly as in the solo pool (its time limits from the
-  SIGALRM timer, a cancel raised in it): keep those short; long sync work belongs on the CPU profile.
+* a plain (sync) task is traced the same way, in a `PlainGreenlet` (`pipeline.runtime.plainjobs`); its function
+  runs on one of WORKER_PLAIN_THREADS daemon threads (more wait for a thread, in order), and the pool awaits the
+  call's future on its loop as it awaits a coroutine. So a plain job that sleeps holds up no other job, and the
+  worker answers control commands meanwhile. A stop is raised in its thread as an asynchronous exception (at its
+  next Python instruction: a blocking call in C is not interrupted). CPU-bound sync work belongs on prefork: the
+  threads share one interpreter lock with the main thread.
 
 Backpressure: Celery's prefetch is the pool's limit times the multiplier, and the worker sets the multiplier to 1
 for this pool (`pipeline.runtime.worker`), so it never holds more unacknowledged jobs than it may run at once. With
 a multiplier given explicitly (WORKER_PREFETCH_MULTIPLIER), the async jobs received beyond the limit wait in the pool,
 in order, for a running one to end: never more than the limit run at once.
 
-Per async job, on the loop: the soft time limit cancels the coroutine and `SoftTimeLimitExceeded` is raised in the
-job (it fails, retried or dead-lettered as any error); a coroutine that ignores its cancellation until the hard limit
-(or CANCEL_GRACE_S after a cancel) is abandoned there, the job ends with `TimeLimitExceeded` (or its cancel), is
-reported (`pipeline_jobs_abandoned_total`) and the process is recycled: a warm shutdown, after which `pipeline worker`
-starts it again. A cancel of a running job (`pipeline.runtime.cancels`) or a lease a peer took (fencing) raises
-`JobCancelled` in it through `stop_job`; a lease that cannot be renewed in time (`pipeline.runtime.lapses`) raises
-`LeaseLost`, and a coroutine that ignores it is given up when the lease lapses.
+Per job, on the loop (the task's limits, the settings', or the call's: `apply_async(soft_time_limit=, time_limit=)`;
+a plain job's count from its thread's start, not from its wait for one; the solo pool's SIGALRM timer,
+`pipeline.runtime.timelimits`, is not used here): the soft time limit cancels an async job's coroutine and
+`SoftTimeLimitExceeded` is raised in the job (it fails, retried or dead-lettered as any error); in a plain job it is
+raised in its thread, where the job may catch it and go on, as on prefork. A hard limit without a soft one before it
+stops the job with `TimeLimitExceeded` the same way. A coroutine (or a thread) that ignores its stop until the hard
+limit (or CANCEL_GRACE_S after a cancel or a hard limit) is abandoned there, the job ends with `TimeLimitExceeded`
+(or its cancel), is reported (`pipeline_jobs_abandoned_total`) and the process is recycled: a warm shutdown, after
+which `pipeline worker` starts it again (a plain job's threads are daemons: they do not keep it from exiting). A
+cancel of a running job (`pipeline.runtime.cancels`) or a lease a peer took (fencing) raises `JobCancelled` in it
+through `stop_job`; a lease that cannot be renewed in time (`pipeline.runtime.lapses`) raises `LeaseLost`, and a job
+that ignores it is given up when the lease lapses.
 
 Shutdown: `pipeline.runtime.asyncshutdown` (the jobs in flight finish and their acknowledgements land before any
 step stops; what cannot finish is given back). While jobs are in flight a shutdown signal is handled at
@@ -266,7 +274,8 @@ class AsyncPool(Shutdown, BasePool):
         body = job.body = call.future
         body.add_done_callback(lambda ended: self._ended.append((job, ended)))
         assert self.threads is not None  # started  # noqa: S101
-        self.threads.submit(call)
+        if self.threads.submit(call):  # a thread starts it now
+            self._began(job, time.monotonic())
 
     def _began(self, job: Job, started: float) -> None:
         job.started = started  # its limits count from here, not from its wait for a thread

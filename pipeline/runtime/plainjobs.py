@@ -54,8 +54,9 @@ class Call:
         self.fn = fn
         self.loop = loop
         self.future = loop.create_future()
-        #: Called on the loop, with the monotonic time, when a thread starts the function.
+        #: Called on the loop, with the monotonic time, when a thread starts the function after a wait for one.
         self.on_begin: Callable[[float], None] = _nothing
+        self.waited = False  #: it waited for a free thread (set by `Threads.submit`)
         self._lock = threading.Lock()
         self._state = WAITING
         self._thread = 0
@@ -78,7 +79,8 @@ class Call:
             if self._state != WAITING:
                 return None
             self._state, self._thread = RUNNING, threading.get_ident()
-        _threadsafe(self.loop, self.on_begin, time.monotonic())
+        if self.waited:
+            _threadsafe(self.loop, self.on_begin, time.monotonic())
         try:
             return (True, self.fn())
         except BaseException as exc:  # noqa: BLE001  # the job's own exception, or a stop: raised in its trace
@@ -112,15 +114,19 @@ class Threads:
         self._threads = 0
         self._idle = 0
 
-    def submit(self, call: Call) -> None:
+    def submit(self, call: Call) -> bool:
+        """Run `call` on a free thread; False when it waits for one (its `on_begin` is called when one starts it)."""
         with self._ready:
-            self._calls.append(call)
-            if self._idle > len(self._calls) - 1:
+            if self._idle > len(self._calls):
                 self._ready.notify()
             elif self._threads < self.size:
                 self._threads += 1
                 name = f"pipeline-plain-{self._threads}"
                 threading.Thread(target=self._work, name=name, daemon=True).start()
+            else:
+                call.waited = True
+            self._calls.append(call)
+            return not call.waited
 
     def _next(self) -> Call:
         with self._ready:

@@ -80,11 +80,11 @@ def test_jobs_waiting_for_a_turn_at_sigterm_never_start_there_and_run_once_on_th
 def test_sigterm_with_a_plain_job_beside_async_ones_gives_back_what_cannot_finish(
     own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
 ) -> None:
-    """SIGTERM lands while a plain job runs in the main thread beside async jobs (2.5 s) a soft shutdown of 1 s cannot
-    finish. On main Celery's `cancel_active_requests` stopped at the plain request (unwound with WorkerTerminate) and
-    the async ones after it were stored REVOKED and acknowledged unrun. Now the signal waits for the pool's safe point
-    (the plain job ends first), and the pool gives the async jobs it cannot finish back itself: none is stored REVOKED,
-    each finishes once (on the old worker, or again on the new one), the plain job once."""
+    """SIGTERM lands while a plain job runs beside async jobs (2.5 s) a soft shutdown of 1 s cannot finish. Celery's
+    `cancel_active_requests` stopped at a plain request (unwound with WorkerTerminate) and the async ones after it
+    were stored REVOKED and acknowledged unrun. Here the signal waits for the pool's safe point, and the pool gives
+    back itself what it cannot finish (a plain job's thread stopped as an async job's coroutine is): none is stored
+    REVOKED, each finishes once (on the old worker, or again on the new one), the plain job once."""
     key = uuid.uuid4().hex
     env = aio_env(own_redis, ledger_redis, WORKER_SOFT_SHUTDOWN_TIMEOUT="1")
     old = make_worker(f"aio-plain-a-{key[:6]}", env=env, pool="custom", concurrency=40)
