@@ -103,6 +103,7 @@ class AsyncPool(Shutdown, BasePool):
         #: Shutdown signals that landed inside a job or the loop's iteration, run once outside (`Worker` installs it).
         self.signals = Deferred(lambda: bool(self.jobs), self._nudge)
         self._busy = 0  # in run_once or on_apply (see `inside`)
+        self._ends = 0  # jobs ended so far (`run_once` nudges the hub after it ended any)
         #: Where plain jobs' functions run (WORKER_PLAIN_THREADS at most at once), known at start.
         self.threads: plainjobs.Threads | None = None
 
@@ -138,6 +139,7 @@ class AsyncPool(Shutdown, BasePool):
         if loop.is_running() or loop.is_closed():
             return
         self._busy += 1
+        ends = self._ends
         try:
             for _ in range(MAX_ROUNDS):
                 loop.call_soon(loop.stop)
@@ -148,6 +150,11 @@ class AsyncPool(Shutdown, BasePool):
             else:
                 self._wake()  # more to do: after the worker's other events
             self._arm_timer()
+            if self._ends != ends:
+                # Celery acknowledges an ended job on the hub's next iteration (`call_soon`), and only then may the
+                # next job be fetched; called from the hub's ready queue (not from its poll), that iteration would
+                # poll until its next timer first (up to a quarter second): a write to the loop's self-pipe wakes it.
+                self._nudge()
         finally:
             self._busy -= 1
         if self.signals.pending:
@@ -244,6 +251,7 @@ class AsyncPool(Shutdown, BasePool):
     def _after(self, job: Job, awaited: Any) -> None:
         """`job`'s trace switched back: it ended, or it waits for `awaited`, its coroutine (handed to the loop)."""
         if job.greenlet.dead:
+            self._ends += 1
             if job.timer is not None:
                 job.timer.cancel()
             self._forget(job)
