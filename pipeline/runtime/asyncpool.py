@@ -380,6 +380,8 @@ class AsyncPool(Shutdown, BasePool):
         if not twins or self.loop.is_closed():
             return False
         for job in twins:
+            if job.call is not None:  # a plain job's thread, at once: the worker's loop may be held up (a Redis call)
+                job.call.interrupt(reason)
             exc: BaseException = reason(task_id) if issubclass(reason, JobCancelled) else reason()
             self.loop.call_soon_threadsafe(self._stop, job, exc, grace)  # wakes the loop's selector: the hub runs it
         return True

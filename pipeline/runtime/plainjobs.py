@@ -60,15 +60,22 @@ class Call:
         self._lock = threading.Lock()
         self._state = WAITING
         self._thread = 0
+        self._raised: set[type[BaseException]] = set()
+
+    def interrupt(self, exc: type[BaseException]) -> None:
+        """From any thread: raise `exc` in the function if it runs now (at its next Python instruction), once per
+        exception type (a stop made again, from the loop, does not interrupt the job's clean-up)."""
+        with self._lock:
+            if self._state == RUNNING and exc not in self._raised:
+                self._raised.add(exc)
+                _async_raise(self._thread, exc)
 
     def stop(self, exc: type[BaseException]) -> None:
-        """On the loop: raise `exc` in the function (at its next Python instruction); a call still waiting for a thread
-        ends now with it, unstarted."""
+        """On the loop: `interrupt`; a call still waiting for a thread ends now with `exc`, unstarted."""
+        self.interrupt(exc)
         with self._lock:
             state = self._state
-            if state == RUNNING:
-                _async_raise(self._thread, exc)
-            elif state == WAITING:
+            if state == WAITING:
                 self._state = ENDED
         if state == WAITING and not self.future.done():
             self.future.set_exception(exc())

@@ -1,6 +1,7 @@
 """The asyncio pool's stops beside a shutdown's drain, and its bookkeeping: a cancellation no stop of the pool made,
 two deliveries of one task id in flight together, jobs waiting for a turn (a prefetch multiplier above 1) at a
-SIGTERM, and async jobs a soft shutdown cannot finish while a plain job runs. Each is counted at the ledger two leases
+SIGTERM, async jobs a soft shutdown cannot finish while a plain job runs, and a lost lease stopping a job (async,
+then plain). Each is counted at the ledger two leases
 past the last finish (`tests.faults.ledger`).
 
 Workers are `celery worker -P custom` on the `default` queue (REMAP_SIGTERM=SIGQUIT, as `pipeline worker` runs them),
@@ -120,3 +121,25 @@ def test_a_lease_lost_after_a_soft_limit_still_stops_the_job(
     finally:
         os.kill(own_redis.proc.pid, signal.SIGCONT)  # the worker's event loop, held up by a Redis call, turns again
     wait_for(lambda: run_count(ledger_redis, key, "ignored")[job] == 2, 30, 0.1, what="LeaseLost raised in it")
+
+
+def test_a_lease_lost_stops_a_plain_job_in_its_thread(
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
+) -> None:
+    """A plain job (`test.run`, waiting in short steps for a release) whose worker cannot renew its lease (its Redis
+    frozen by SIGSTOP past two renewal periods; the ledger is another Redis) gets `LeaseLost` in its thread and stops
+    there: it records `stopped`, and the worker process is neither killed nor recycled for it."""
+    key = uuid.uuid4().hex
+    worker = make_worker(f"aio-lost-p-{key[:6]}", env=aio_env(own_redis, ledger_redis), pool="custom", concurrency=4)
+    job = str(producer.send_task("test.run", args=[{"key": key, "ends": "release"}], queue="default").id)
+    wait_for(lambda: run_count(ledger_redis, key, "start")[job] == 1, 30, 0.05, what="the plain job running")
+    assert own_redis.proc is not None
+    os.kill(own_redis.proc.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: run_count(ledger_redis, key, "stopped")[job] == 1, 30, 0.1, what="LeaseLost raised in it")
+    finally:
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+        ledger_redis.client().set(f"test:release:{key}", "1")  # its next run (after the lapse) ends at once
+    assert "stopping it (LeaseLost)" in worker.log()
+    assert "ignored its cancellation" not in worker.log() and "ignored LeaseLost" not in worker.log()
+    assert worker.proc is not None and worker.proc.poll() is None
