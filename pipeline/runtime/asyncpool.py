@@ -21,7 +21,7 @@ call, acknowledgements written together on the event loop's tick, one decode. Wh
 
 Backpressure: Celery's prefetch is the pool's limit times the multiplier, and the worker sets the multiplier to 1
 for this pool (`pipeline.runtime.worker`), so it never holds more unacknowledged jobs than it may run at once. With
-a multiplier given explicitly (WORKER_PREFETCH_MULTIPLIER), the async jobs received beyond the limit wait in the pool,
+a multiplier given explicitly (WORKER_PREFETCH_MULTIPLIER), the jobs received beyond the limit wait in the pool,
 in order, for a running one to end: never more than the limit run at once.
 
 Per job, on the loop (the task's limits, the settings', or the call's: `apply_async(soft_time_limit=, time_limit=)`;
@@ -281,7 +281,8 @@ class AsyncPool(Shutdown, BasePool):
         call.on_begin = lambda started: self._began(job, started)
         body = job.body = call.future
         body.add_done_callback(lambda ended: self._ended.append((job, ended)))
-        assert self.threads is not None  # started  # noqa: S101
+        if self.threads is None:  # a pool used without `on_start`
+            self.threads = plainjobs.Threads(get_settings().worker_plain_threads)
         if self.threads.submit(call):  # a thread starts it now
             self._began(job, time.monotonic())
 

@@ -106,6 +106,8 @@ class Call:
             return
         if ok:
             self.future.set_result(value)
+        elif isinstance(value, StopIteration):  # a future refuses it (it would end a generator): raised as Python would
+            self.future.set_exception(RuntimeError(f"the job raised StopIteration: {value!r}"))
         else:
             self.future.set_exception(value)
 
