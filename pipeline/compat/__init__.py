@@ -52,6 +52,12 @@ ENTRIES: tuple[Entry, ...] = (
         test=f"{_UNIT}/test_context_headers.py::test_custom_headers_are_celerys_for_any_request",
     ),
     Entry(
+        upstream="celery._state.push_current_task, pop_current_task (celery.current_task's stack)",
+        where="pipeline.compat.currenttask",
+        libraries=("celery",),
+        test=f"{_UNIT}/test_compat.py::test_a_task_pushed_on_another_thread_is_its_current_task_as_celerys_call_makes_it",
+    ),
+    Entry(
         upstream="celery.app.trace.saferepr",
         where="pipeline.compat.resultrepr",
         libraries=("celery",),

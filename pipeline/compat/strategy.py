@@ -8,9 +8,8 @@ the task's tracer) with the request's `on_accepted` and `on_success` as callback
 those calls runs in this thread, one inside the other, once per job: a few microseconds each, on a path where a
 short job's whole cost is the worker's own bookkeeping (docs/deployment.md, "Worker profiles").
 
-`default`, the strategy of every pipeline task (`PipelineTask.Strategy`), is Celery's, plus this: in a solo worker (or
-an asyncio-pool worker, for its plain tasks: it runs them as the solo pool does) whose worker hands requests straight
-to the pool, a message Celery would also hand straight on (protocol 2, no ETA,
+`default`, the strategy of every pipeline task (`PipelineTask.Strategy`), is Celery's, plus this: in a solo worker
+whose worker hands requests straight to the pool, a message Celery would also hand straight on (protocol 2, no ETA,
 no rate-limit bucket for its task) makes the same calls in a row: the request (the task's own class), the received
 log line and signal, `task_reserved`, then the request's revoke check, `on_accepted`, the tracer Celery would call
 (`apply_target`, the solo pool's own function, runs it) and `on_success`. The `task-received` event is built only
@@ -38,7 +37,7 @@ from celery.worker.worker import WorkController
 
 from pipeline import compat
 from pipeline.compat.events import task_events_on
-from pipeline.pools import traces_in_main_thread
+from pipeline.pools import is_solo
 
 #: `Task.Strategy` of every pipeline task.
 STRATEGY = "pipeline.compat.strategy:default"
@@ -47,14 +46,14 @@ STRATEGY = "pipeline.compat.strategy:default"
 def _hands_straight_to_the_pool(consumer: Any) -> bool:
     handle = getattr(consumer, "on_task_request", None)
     process_task = WorkController._process_task  # type: ignore[attr-defined]  # untyped in celery-types
-    return getattr(handle, "__func__", None) is process_task and traces_in_main_thread(consumer.pool)
+    return getattr(handle, "__func__", None) is process_task and is_solo(consumer.pool)
 
 
 def default(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
     """Celery's strategy for `task`; in a solo worker, with the direct path in front of it (see the module doc)."""
     celery_handler = celery_strategy.default(task, app, consumer, **kwargs)
     if not _hands_straight_to_the_pool(consumer) or not compat.enabled(__name__) or getattr(task, "is_async", False):
-        return celery_handler  # an async job of the asyncio pool goes to its greenlet through the pool
+        return celery_handler
 
     hostname = consumer.hostname
     connection_errors = consumer.connection_errors

@@ -148,6 +148,7 @@ class Settings(BaseSettings):
     worker_soft_shutdown_timeout: float = Field(default=25.0, ge=0)
     #: Jobs in flight per process of the asyncio pool (`pipeline worker`: email, webhooks); `-c` overrides it.
     worker_concurrency: int = Field(default=150, ge=1, le=10_000)
+    worker_plain_threads: int = Field(default=8, ge=1, le=1000)  #: plain jobs at once per asyncio-pool process
     worker_max_memory_per_child: int | None = Field(default=None, ge=1024)
     #: Deliveries of a message before it is dead-lettered (`delivery_limit`): one that kills its worker comes back.
     max_deliveries: int = Field(default=5, ge=1, le=1000)

@@ -40,8 +40,8 @@ def is_asyncio(pool: Any) -> bool:
 
 
 def traces_in_main_thread(pool: Any) -> bool:
-    """Jobs are traced in the worker's main thread, one plain job at a time (solo; the asyncio pool's plain jobs, and
-    its async jobs' traces between their waits)."""
+    """Jobs are traced in the worker's main thread (solo; the asyncio pool, each job's trace between its waits: an async
+    job's coroutine, a plain job's function on a thread of the pool's)."""
     return pool_kind(pool) in ("solo", "asyncio")
 
 

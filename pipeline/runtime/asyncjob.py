@@ -32,6 +32,7 @@ class Job:
     __slots__ = (
         "abandoned",
         "body",
+        "call",
         "greenlet",
         "hard",
         "name",
@@ -50,8 +51,10 @@ class Job:
         self.hard = hard
         self.started = time.monotonic()
         self.greenlet: Any = None
-        #: The coroutine it waits for now, as an asyncio task.
-        self.body: asyncio.Task[Any] | None = None
+        #: The coroutine it waits for now, as an asyncio task (a plain job: its function's call, as a future).
+        self.body: asyncio.Future[Any] | None = None
+        #: A plain job's function on its thread (`pipeline.runtime.plainjobs.Call`), once handed to the pool.
+        self.call: Any = None
         #: Its next deadline on the loop (a limit, or the end of the time given to unwind).
         self.timer: asyncio.TimerHandle | None = None
         #: The exception the job is being stopped with (a limit or a cancel), once stopped.
@@ -61,12 +64,17 @@ class Job:
         #: The QoS of the delivery the job came in: its result is carried by the call that acknowledges it.
         self.qos: Any = acks.current_qos()
 
-    def deadline(self, limit: float | None) -> float | None:
-        return None if limit is None else self.started + limit
+    def first_deadline(self) -> float | None:
+        """When its first limit is due (a per-call hard limit may come before the worker's soft one)."""
+        due = [self.started + limit for limit in (self.soft, self.hard) if limit is not None]
+        return min(due) if due else None
 
-    def outcome(self, ended: asyncio.Task[Any] | None) -> Any:
+    def outcome(self, ended: asyncio.Future[Any] | None) -> Any:
         """What its trace goes on with: the coroutine's result, or the exception to raise in it."""
-        if ended is None or ended.cancelled() or isinstance(ended.exception(), asyncio.CancelledError):
+        error = None if ended is None or ended.cancelled() else ended.exception()
+        if self.reason is not None and type(error) is type(self.reason):  # a stop raised in a plain job's thread
+            raise self.reason.with_traceback(error.__traceback__)
+        if ended is None or ended.cancelled() or isinstance(error, asyncio.CancelledError):
             if self.reason is None:  # not a stop of this pool's: a library's cancellation let out of the job
                 raise TransientError("the job's coroutine was cancelled by none of its stops (asyncio.CancelledError)")
             if self.abandoned and isinstance(self.reason, SoftTimeLimitExceeded) and self.hard is not None:

@@ -1,10 +1,9 @@
 """The asyncio pool: one worker process keeps WORKER_CONCURRENCY jobs in flight (`-P custom`, what `pipeline worker`
 runs for the I/O queues).
 
-Celery's tracer is synchronous. Every job's trace (signals, the typed task's wrapper, the result, the
-acknowledgement) runs in the worker's main thread, as in the solo pool, so the solo profile's economies hold: the
-result carried by the acknowledging call, acknowledgements written together on the event loop's tick, one decode.
-Where a job waits differs:
+Celery's tracer is synchronous. Every job's trace (signals, the result, the acknowledgement) runs in the worker's
+main thread, as in the solo pool, so the solo profile's economies hold: the result carried by the acknowledging
+call, acknowledgements written together on the event loop's tick, one decode. Where a job's function runs differs:
 
 * an `async def` task (`PipelineTask.is_async`: `webhooks.deliver`, `email.send`) is traced in a greenlet
   (`pipeline.pools.aio.JobGreenlet`). When its function returns its coroutine, the greenlet switches back to the
@@ -13,21 +12,30 @@ Where a job waits differs:
   next timer and after a job handed it a coroutine. Once a coroutine has ended, outside the loop's iteration, the
   worker switches into its greenlet with the result or the exception, and the trace goes on. Celery's request
   context is per greenlet (`celery.utils.threads` keys it so), so each job sees its own `task.request`;
-* a plain (sync) task runs at once, in the main thread, exactly as in the solo pool (its time limits from the
-  SIGALRM timer, a cancel raised in it): keep those short; long sync work belongs on the CPU profile.
+* a plain (sync) task is traced the same way, in a `PlainGreenlet` (`pipeline.runtime.plainjobs`); its function
+  runs on one of WORKER_PLAIN_THREADS daemon threads (more wait for a thread, in order), and the pool awaits the
+  call's future on its loop as it awaits a coroutine. So a plain job that sleeps holds up no other job, and the
+  worker answers control commands meanwhile. A stop is raised in its thread as an asynchronous exception (at its
+  next Python instruction: a blocking call in C is not interrupted). CPU-bound sync work belongs on prefork: the
+  threads share one interpreter lock with the main thread.
 
 Backpressure: Celery's prefetch is the pool's limit times the multiplier, and the worker sets the multiplier to 1
 for this pool (`pipeline.runtime.worker`), so it never holds more unacknowledged jobs than it may run at once. With
-a multiplier given explicitly (WORKER_PREFETCH_MULTIPLIER), the async jobs received beyond the limit wait in the pool,
+a multiplier given explicitly (WORKER_PREFETCH_MULTIPLIER), the jobs received beyond the limit wait in the pool,
 in order, for a running one to end: never more than the limit run at once.
 
-Per async job, on the loop: the soft time limit cancels the coroutine and `SoftTimeLimitExceeded` is raised in the
-job (it fails, retried or dead-lettered as any error); a coroutine that ignores its cancellation until the hard limit
-(or CANCEL_GRACE_S after a cancel) is abandoned there, the job ends with `TimeLimitExceeded` (or its cancel), is
-reported (`pipeline_jobs_abandoned_total`) and the process is recycled: a warm shutdown, after which `pipeline worker`
-starts it again. A cancel of a running job (`pipeline.runtime.cancels`) or a lease a peer took (fencing) raises
-`JobCancelled` in it through `stop_job`; a lease that cannot be renewed in time (`pipeline.runtime.lapses`) raises
-`LeaseLost`, and a coroutine that ignores it is given up when the lease lapses.
+Per job, on the loop (the task's limits, the settings', or the call's: `apply_async(soft_time_limit=, time_limit=)`;
+a plain job's count from its thread's start, not from its wait for one; the solo pool's SIGALRM timer,
+`pipeline.runtime.timelimits`, is not used here): the soft time limit cancels an async job's coroutine and
+`SoftTimeLimitExceeded` is raised in the job (it fails, retried or dead-lettered as any error); in a plain job it is
+raised in its thread, where the job may catch it and go on, as on prefork. A hard limit without a soft one before it
+stops the job with `TimeLimitExceeded` the same way. A coroutine (or a thread) that ignores its stop until the hard
+limit (or CANCEL_GRACE_S after a cancel or a hard limit) is abandoned there, the job ends with `TimeLimitExceeded`
+(or its cancel), is reported (`pipeline_jobs_abandoned_total`) and the process is recycled: a warm shutdown, after
+which `pipeline worker` starts it again (a plain job's threads are daemons: they do not keep it from exiting). A
+cancel of a running job (`pipeline.runtime.cancels`) or a lease a peer took (fencing) raises `JobCancelled` in it
+through `stop_job`; a lease that cannot be renewed in time (`pipeline.runtime.lapses`) raises `LeaseLost`, and a job
+that ignores it is given up when the lease lapses.
 
 Shutdown: `pipeline.runtime.asyncshutdown` (the jobs in flight finish and their acknowledgements land before any
 step stops; what cannot finish is given back). While jobs are in flight a shutdown signal is handled at
@@ -51,10 +59,12 @@ from celery.worker import state
 from greenlet import getcurrent  # type: ignore[import-untyped]  # no stubs are published
 
 from pipeline import once
+from pipeline.config import get_settings
 from pipeline.delivery import acks
 from pipeline.errors import JobCancelled, LeaseLost
 from pipeline.observability import metrics
 from pipeline.pools import aio
+from pipeline.runtime import plainjobs
 from pipeline.runtime.asyncjob import Job, Loop, overrides
 from pipeline.runtime.asyncshutdown import CANCEL_GRACE_S, Shutdown
 from pipeline.runtime.asyncsignals import Deferred
@@ -93,11 +103,18 @@ class AsyncPool(Shutdown, BasePool):
         #: Shutdown signals that landed inside a job or the loop's iteration, run once outside (`Worker` installs it).
         self.signals = Deferred(lambda: bool(self.jobs), self._nudge)
         self._busy = 0  # in run_once or on_apply (see `inside`)
+        self._ends = 0  # jobs ended so far (`run_once` nudges the hub after it ended any)
+        #: Where plain jobs' functions run (WORKER_PLAIN_THREADS at most at once), known at start.
+        self.threads: plainjobs.Threads | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
     def on_start(self) -> None:
+        """Before the consumer builds the tasks' tracers: plain tasks hand their function to the pool's threads."""
         self._pid = os.getpid()
+        self.threads = plainjobs.Threads(get_settings().worker_plain_threads)
+        if self.app is not None:
+            plainjobs.install(self.app)
 
     def register_with_event_loop(self, loop: Any) -> None:
         """The worker's event loop (kombu's hub) runs the asyncio loop: whenever the asyncio loop's selector has
@@ -122,6 +139,7 @@ class AsyncPool(Shutdown, BasePool):
         if loop.is_running() or loop.is_closed():
             return
         self._busy += 1
+        ends = self._ends
         try:
             for _ in range(MAX_ROUNDS):
                 loop.call_soon(loop.stop)
@@ -132,6 +150,11 @@ class AsyncPool(Shutdown, BasePool):
             else:
                 self._wake()  # more to do: after the worker's other events
             self._arm_timer()
+            if self._ends != ends:
+                # Celery acknowledges an ended job on the hub's next iteration (`call_soon`), and only then may the
+                # next job be fetched; called from the hub's ready queue (not from its poll), that iteration would
+                # poll until its next timer first (up to a quarter second): a write to the loop's self-pipe wakes it.
+                self._nudge()
         finally:
             self._busy -= 1
         if self.signals.pending:
@@ -180,10 +203,6 @@ class AsyncPool(Shutdown, BasePool):
         soft_timeout: float | None = None,
         **_: Any,
     ) -> None:
-        task = self.app.tasks.get(args[0]) if self.app is not None else None
-        if not getattr(task, "is_async", False):  # a plain job runs here and now, as in the solo pool
-            apply_target(target, args, kwargs, callback, accept_callback, pid=self._pid)
-            return
         self._busy += 1
         try:
             self._apply(target, args, kwargs, callback, accept_callback, timeout, soft_timeout)
@@ -196,7 +215,9 @@ class AsyncPool(Shutdown, BasePool):
         soft = soft_timeout or self.options.get("soft_timeout") or None
         job = Job(str(args[0]), str(args[1]), soft, hard)
         self.jobs.setdefault(job.task_id, []).append(job)
-        job.greenlet = aio.JobGreenlet(self._trace)
+        task = self.app.tasks.get(job.name) if self.app is not None else None
+        plain = not getattr(task, "is_async", False)  # its function runs on a thread (`plainjobs`)
+        job.greenlet = (plainjobs.PlainGreenlet if plain else aio.JobGreenlet)(self._trace)
         start = (job, target, args, kwargs, callback, accept_callback)
         if self.running >= int(self.limit or 1):  # a prefetch above the limit (a multiplier given): it waits its turn
             self._waiting.append(start)
@@ -230,6 +251,7 @@ class AsyncPool(Shutdown, BasePool):
     def _after(self, job: Job, awaited: Any) -> None:
         """`job`'s trace switched back: it ended, or it waits for `awaited`, its coroutine (handed to the loop)."""
         if job.greenlet.dead:
+            self._ends += 1
             if job.timer is not None:
                 job.timer.cancel()
             self._forget(job)
@@ -237,16 +259,37 @@ class AsyncPool(Shutdown, BasePool):
             self.running -= 1
             self._next()
             return
-        if job.reason is not None:  # stopped (a limit, a cancel) while outside its coroutine: raised at once
+        if isinstance(job.greenlet, plainjobs.PlainGreenlet):
+            self._hand(job, awaited)
+        elif job.reason is not None:  # stopped (a limit, a cancel) while outside its coroutine: raised at once
             awaited.close()
             self._ended.append((job, None))
         else:
             body = job.body = self.loop.create_task(awaited)
             body.add_done_callback(lambda ended: self._ended.append((job, ended)))
             if job.timer is None:
-                self._arm(job, job.deadline(job.soft) or job.deadline(job.hard))
+                self._arm(job, job.first_deadline())
         if not self.loop.is_running():
             self._wake()
+
+    def _hand(self, job: Job, fn: Any) -> None:
+        """A plain job's function, `fn`, to its thread; its limits are armed when the thread starts it."""
+        if job.reason is not None:  # stopped (a cancel) before its function started: raised at once
+            self._ended.append((job, None))
+            return
+        call = job.call = plainjobs.Call(fn, self.loop)
+        call.on_begin = lambda started: self._began(job, started)
+        body = job.body = call.future
+        body.add_done_callback(lambda ended: self._ended.append((job, ended)))
+        if self.threads is None:  # a pool used without `on_start`
+            self.threads = plainjobs.Threads(get_settings().worker_plain_threads)
+        if self.threads.submit(call):  # a thread starts it now
+            self._began(job, time.monotonic())
+
+    def _began(self, job: Job, started: float) -> None:
+        job.started = started  # its limits count from here, not from its wait for a thread
+        if job.timer is None and job.reason is None and not job.greenlet.dead:
+            self._arm(job, job.first_deadline())
 
     def _resume_ended(self) -> None:
         """Outside the loop's iteration: switch into the greenlet of each job whose coroutine has ended (or that was
@@ -285,6 +328,8 @@ class AsyncPool(Shutdown, BasePool):
             limit = job.soft if soft else job.hard
             self._stop(job, SoftTimeLimitExceeded(limit) if soft else TimeLimitExceeded(limit))
         elif job.body is not None and not job.body.done():
+            if job.call is not None:  # a plain job's thread: the hard limit is raised in it, late as it may come
+                job.call.stop(TimeLimitExceeded)
             self._abandon(job)
             job.abandoned = True
             self._ended.append((job, None))
@@ -304,7 +349,9 @@ class AsyncPool(Shutdown, BasePool):
         if earlier is not None:
             at = min(at, time.monotonic() + max(0.0, earlier.when() - self.loop.time()))
         self._arm(job, at)
-        if job.body is not None:
+        if job.call is not None:
+            job.call.stop(type(reason))  # raised in its thread (or it ends now, if it waits for one)
+        elif job.body is not None:
             job.body.cancel()
 
     def _abandon(self, job: Job) -> None:
@@ -328,12 +375,14 @@ class AsyncPool(Shutdown, BasePool):
     # -- stopping a job from another thread ------------------------------------------------------------------
 
     def stop_job(self, task_id: str, reason: type[BaseException], grace: float | None = None) -> bool:
-        """Stop the async job `task_id` if it runs here (from any thread): `reason` is raised in it, and it is given up
-        after `grace` s (default CANCEL_GRACE_S). True if found; False for a plain job (it runs in the main thread)."""
+        """Stop the job `task_id` if it runs here (from any thread): `reason` is raised in it (an async job's coroutine
+        is cancelled), and it is given up after `grace` s (default CANCEL_GRACE_S). True if found."""
         twins = list(self.jobs.get(task_id, ()))  # every delivery of the id here
         if not twins or self.loop.is_closed():
             return False
         for job in twins:
+            if job.call is not None:  # a plain job's thread, at once: the worker's loop may be held up (a Redis call)
+                job.call.interrupt(reason)
             exc: BaseException = reason(task_id) if issubclass(reason, JobCancelled) else reason()
             self.loop.call_soon_threadsafe(self._stop, job, exc, grace)  # wakes the loop's selector: the hub runs it
         return True

@@ -13,8 +13,8 @@ beside the delivery step, runs `Listener`: a daemon thread with its own Redis co
   processes under REMAP_SIGTERM=SIGQUIT (what the start scripts set). REVOKED is stored, the message acknowledged
   and its lease released; the pool process is replaced and the worker takes its next job. What the job started
   in a session of its own (ffmpeg) is not killed with it;
-* asyncio pool: an async job is stopped through the pool (`stop_job`: its coroutine cancelled, `JobCancelled` raised in
-  it); a plain job runs in the main thread, as in solo:
+* asyncio pool: a job is stopped through the pool (`stop_job`: an async job's coroutine cancelled, `JobCancelled`
+  raised in it; a plain job's thread gets it as an asynchronous exception, `pipeline.runtime.plainjobs`);
 * solo: the job runs in the worker's thread, which no pool can kill: `Interrupter` (a guard around each job,
   `pipeline.task.GUARDS`) raises `JobCancelled` in it: on the main thread through the time limits' SIGALRM handler
   (`pipeline.runtime.timelimits`: a blocking call is interrupted too), on another thread (an embedded worker) as an
@@ -212,7 +212,7 @@ class CancelStep(bootsteps.StartStopStep):
         """The listener heard `task_id` cancelled (its thread)."""
         state.revoked.add(task_id)  # held and not started: discarded when it would run (Request.revoked)
         stop_job = getattr(self.pool, "stop_job", None)
-        if stop_job is not None and stop_job(task_id, JobCancelled):  # an async job of the asyncio pool
+        if stop_job is not None and stop_job(task_id, JobCancelled):  # a job of the asyncio pool
             log.warning("job %s was cancelled while it ran: stopping it", task_id)
             return
         if self.interrupter is not None:

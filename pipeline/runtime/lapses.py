@@ -9,13 +9,14 @@ the worker's own clock (no Redis call, so a renewal call hanging on a cut link d
   than two thirds of LEASE_SECONDS ago (`stop_before_lapse`: two renewal periods; one renewal may fail harmlessly,
   the second failure stops the job) is given up (`Leases.give_up`: no longer renewed, never run here if not started) and
   `LeaseLost` is raised in it, as a soft time limit is: a prefork child gets LEASE_LOST_SIGNAL (its handler raises
-  it while the job's function runs); a solo worker's job, or an asyncio pool's plain job, gets it from the time
-  limits' SIGALRM handler (`pipeline.runtime.cancels.Interrupter`, blocking calls interrupted too); an async job of the
-  asyncio pool has its coroutine cancelled (`stop_job`). The job may clean up for the last third of the lease;
+  it while the job's function runs); a solo worker's job gets it from the time limits' SIGALRM handler
+  (`pipeline.runtime.cancels.Interrupter`, blocking calls interrupted too); a job of the asyncio pool is stopped
+  through the pool (`stop_job`: an async job's coroutine cancelled, a plain job's thread given it as an asynchronous
+  exception). The job may clean up for the last third of the lease;
 * **the lapse** (last confirmation plus LEASE_SECONDS, less one POLL_S): a job still running ignored `LeaseLost`.
-  The process is the last line: a prefork child is killed (SIGKILL); the asyncio pool gives a coroutine up and
-  recycles the worker (`pipeline.runtime.asyncpool`); a job in the worker's main thread (solo, or the asyncio pool's
-  plain job) takes the worker down with it (SIGKILL of the worker: its supervisor starts it again).
+  The process is the last line: a prefork child is killed (SIGKILL); the asyncio pool gives a coroutine (or a plain
+  job's thread) up and recycles the worker (`pipeline.runtime.asyncpool`); a solo worker's job, in its main thread,
+  takes the worker down with it (SIGKILL of the worker: its supervisor starts it again).
 
 The attempt is recorded as abandoned (`pipeline.delivery.request.abandon`): nothing stored, acknowledged, retried or
 dead-lettered here; `pipeline_jobs_abandoned_total{task}` and `pipeline_leases_total{outcome="lapsed"}` count it. The
@@ -151,7 +152,7 @@ class LapseWatch(Daemon):
         if stop_job is not None and stop_job(request.id, LeaseLost, grace):
             return  # an async job of the asyncio pool: its coroutine cancelled
         if self.interrupter is not None and self.interrupter.interrupt(request.id, LeaseLost):
-            return  # in the worker's main thread (solo; the asyncio pool's plain jobs)
+            return  # in the worker's main thread (solo)
         pid = getattr(request, "worker_pid", None)
         if self.kind == "prefork" and pid and pid != os.getpid():
             _kill(pid, LEASE_LOST_SIGNAL)
@@ -167,7 +168,7 @@ class LapseWatch(Daemon):
                 log.error("job %s[%s] ignored LeaseLost until its lease lapsed: killing its pool process", request.name,
                           request.id)  # fmt: skip
                 _kill(pid, signal.SIGKILL)
-        elif self.kind == "solo" or (self.kind == "asyncio" and request.id not in getattr(self.pool, "jobs", {})):
+        elif self.kind == "solo":
             log.critical(
                 "job %s[%s] ignored LeaseLost until its lease lapsed in the worker's main thread: stopping the worker"
                 " (its supervisor starts it again)",
@@ -175,7 +176,7 @@ class LapseWatch(Daemon):
                 request.id,
             )
             _kill(os.getpid(), signal.SIGKILL)
-        # asyncio pool's async jobs: the pool gives the coroutine up at the lapse and recycles the worker itself.
+        # asyncio pool: the pool gives the job (its coroutine, or its thread) up at the lapse and recycles the worker.
 
 
 def _kill(pid: int, signum: int) -> None:

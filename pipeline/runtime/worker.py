@@ -24,11 +24,12 @@
 * An asyncio-pool worker (`-P custom`, `pipeline.runtime.asyncpool`; what `pipeline worker` runs) keeps
   WORKER_CONCURRENCY jobs in flight (unless `-c` says otherwise) and prefetches no more than that (multiplier 1), a
   few at a time (`pipeline.delivery.fetch.FETCH_MAX_IN_FLIGHT`). It traces jobs in its main thread as a solo worker
-  does (the same time limits, carried results and decoded bodies for its plain jobs); its soft shutdown lets the
-  async jobs in flight finish (`pipeline.runtime.asyncshutdown`) and gives back what cannot. Its shutdown signals
-  are handled at a safe point of the pool's (`pipeline.runtime.asyncsignals`): a plain job running when one lands
-  finishes first (keep them short). A second SIGTERM during the soft shutdown (a supervisor passing on what systemd
-  sent the whole group) is ignored: SIGQUIT and SIGINT still stop the jobs.
+  does (carried results, decoded bodies); a plain job's function runs on one of its threads
+  (`pipeline.runtime.plainjobs`), its time limits enforced by the pool, not by the solo pool's timer. Its soft
+  shutdown lets the jobs in flight finish (`pipeline.runtime.asyncshutdown`) and gives back what cannot. Its shutdown
+  signals are handled at a safe point of the pool's (`pipeline.runtime.asyncsignals`). A second SIGTERM during the
+  soft shutdown (a supervisor passing on what systemd sent the whole group) is ignored: SIGQUIT and SIGINT still stop
+  the jobs.
 * The tracer writes a plain result's text with Python's `repr` (`pipeline.compat.resultrepr`, installed in
   `on_before_init`), not with Celery's much slower walker.
 """
@@ -99,9 +100,10 @@ class Worker(CeleryWorker):
         refuse_dead_letter_queue(queues)
         self.apply_profile(queues)
         if traces_in_main_thread(getattr(self, "pool_cls", None)):
-            timelimits.enable()  # Celery enforces no time limit in the solo pool: a timer in the main thread does
             acks.enable_carried_results()  # a job's result is stored by the call that acknowledges it
-            request.enable_decoded_bodies()  # the job runs here: its body is decoded once, not twice
+            request.enable_decoded_bodies()  # the job is traced here: its body is decoded once, not twice
+        if is_solo(getattr(self, "pool_cls", None)):  # the job's function runs in the main thread
+            timelimits.enable()  # Celery enforces no time limit in the solo pool: a timer in the main thread does
             if running_job not in GUARDS:  # a job blocks the event loop: the heartbeat is kept up meanwhile
                 GUARDS.append(running_job)
 

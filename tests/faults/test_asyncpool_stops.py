@@ -1,6 +1,7 @@
 """The asyncio pool's stops beside a shutdown's drain, and its bookkeeping: a cancellation no stop of the pool made,
 two deliveries of one task id in flight together, jobs waiting for a turn (a prefetch multiplier above 1) at a
-SIGTERM, and async jobs a soft shutdown cannot finish while a plain job runs. Each is counted at the ledger two leases
+SIGTERM, async jobs a soft shutdown cannot finish while a plain job runs, and a lost lease stopping a job (async,
+then plain). Each is counted at the ledger two leases
 past the last finish (`tests.faults.ledger`).
 
 Workers are `celery worker -P custom` on the `default` queue (REMAP_SIGTERM=SIGQUIT, as `pipeline worker` runs them),
@@ -80,11 +81,11 @@ def test_jobs_waiting_for_a_turn_at_sigterm_never_start_there_and_run_once_on_th
 def test_sigterm_with_a_plain_job_beside_async_ones_gives_back_what_cannot_finish(
     own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
 ) -> None:
-    """SIGTERM lands while a plain job runs in the main thread beside async jobs (2.5 s) a soft shutdown of 1 s cannot
-    finish. On main Celery's `cancel_active_requests` stopped at the plain request (unwound with WorkerTerminate) and
-    the async ones after it were stored REVOKED and acknowledged unrun. Now the signal waits for the pool's safe point
-    (the plain job ends first), and the pool gives the async jobs it cannot finish back itself: none is stored REVOKED,
-    each finishes once (on the old worker, or again on the new one), the plain job once."""
+    """SIGTERM lands while a plain job runs beside async jobs (2.5 s) a soft shutdown of 1 s cannot finish. Celery's
+    `cancel_active_requests` stopped at a plain request (unwound with WorkerTerminate) and the async ones after it
+    were stored REVOKED and acknowledged unrun. Here the signal waits for the pool's safe point, and the pool gives
+    back itself what it cannot finish (a plain job's thread stopped as an async job's coroutine is): none is stored
+    REVOKED, each finishes once (on the old worker, or again on the new one), the plain job once."""
     key = uuid.uuid4().hex
     env = aio_env(own_redis, ledger_redis, WORKER_SOFT_SHUTDOWN_TIMEOUT="1")
     old = make_worker(f"aio-plain-a-{key[:6]}", env=env, pool="custom", concurrency=40)
@@ -120,3 +121,25 @@ def test_a_lease_lost_after_a_soft_limit_still_stops_the_job(
     finally:
         os.kill(own_redis.proc.pid, signal.SIGCONT)  # the worker's event loop, held up by a Redis call, turns again
     wait_for(lambda: run_count(ledger_redis, key, "ignored")[job] == 2, 30, 0.1, what="LeaseLost raised in it")
+
+
+def test_a_lease_lost_stops_a_plain_job_in_its_thread(
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
+) -> None:
+    """A plain job (`test.run`, waiting in short steps for a release) whose worker cannot renew its lease (its Redis
+    frozen by SIGSTOP past two renewal periods; the ledger is another Redis) gets `LeaseLost` in its thread and stops
+    there: it records `stopped`, and the worker process is neither killed nor recycled for it."""
+    key = uuid.uuid4().hex
+    worker = make_worker(f"aio-lost-p-{key[:6]}", env=aio_env(own_redis, ledger_redis), pool="custom", concurrency=4)
+    job = str(producer.send_task("test.run", args=[{"key": key, "ends": "release"}], queue="default").id)
+    wait_for(lambda: run_count(ledger_redis, key, "start")[job] == 1, 30, 0.05, what="the plain job running")
+    assert own_redis.proc is not None
+    os.kill(own_redis.proc.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: run_count(ledger_redis, key, "stopped")[job] == 1, 30, 0.1, what="LeaseLost raised in it")
+    finally:
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+        ledger_redis.client().set(f"test:release:{key}", "1")  # its next run (after the lapse) ends at once
+    assert "stopping it (LeaseLost)" in worker.log()
+    assert "ignored its cancellation" not in worker.log() and "ignored LeaseLost" not in worker.log()
+    assert worker.proc is not None and worker.proc.poll() is None

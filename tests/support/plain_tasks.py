@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
+
+from celery import Task, current_task
+from celery.exceptions import SoftTimeLimitExceeded
 
 from pipeline import app
 from pipeline.delivery import waking
@@ -26,3 +30,40 @@ def add(x: int, y: int) -> int:
 def sleep(seconds: float) -> float:
     time.sleep(seconds)
     return seconds
+
+
+def _steps(seconds: float) -> None:
+    """Sleep `seconds` in short steps: Python code an exception raised in its thread stops within a step."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@app.task(name="plain.spin")
+def spin(seconds: float) -> float:
+    _steps(seconds)
+    return seconds
+
+
+@app.task(name="plain.soft_guard")
+def soft_guard(seconds: float) -> str:
+    """As Celery's own `delayed_sum_with_soft_guard`: a soft time limit is caught, and the job recovers."""
+    try:
+        _steps(seconds)
+    except SoftTimeLimitExceeded:
+        return "recovered"
+    return "finished"
+
+
+@app.task(name="plain.context", bind=True)
+def context(self: Task[Any, Any], retry: bool = False) -> dict[str, Any]:
+    """What the job sees of its own request and of `celery.current_task`; retried once first when `retry`."""
+    if retry and not self.request.retries:
+        raise self.retry(countdown=0)
+    return {
+        "id": self.request.id,
+        "retries": self.request.retries,
+        "probe": (self.request.headers or {}).get("probe", getattr(self.request, "probe", None)),
+        "current": current_task.request.id,
+        "same": current_task.name == self.name,
+    }

@@ -253,3 +253,39 @@ def test_the_app_s_result_backends_are_this_package_s() -> None:
     """The configuration names them by string (`pipeline.config.celery.BACKENDS`), so it imports no module of here."""
     backends = {scheme: symbol_by_name(path) for scheme, path in BACKENDS.items()}
     assert backends == {"redis": RedisBackend, "rediss": RedisBackend, "sentinel": SentinelBackend}
+
+
+@pytest.mark.parity
+def test_a_task_pushed_on_another_thread_is_its_current_task_as_celerys_call_makes_it() -> None:
+    """What `celery.current_task` answers inside Celery's own `Task.__call__` (which pushes the task) is what it answers
+    on a fresh thread after `currenttask.push`; after `pop` it answers what it does outside Celery's call there."""
+    import threading
+
+    import celery
+
+    from pipeline.compat import currenttask
+
+    app = Celery("parity", set_as_current=False)
+    seen: dict[str, Any] = {}
+
+    @app.task(name="parity.current")
+    def current_task() -> Any:
+        return celery.current_task._get_current_object()
+
+    current = app.tasks[current_task.name]
+
+    def on_thread() -> None:
+        seen["before"] = celery.current_task._get_current_object()
+        seen["celery"] = current()  # Celery's own push, in this thread
+        currenttask.push(current)
+        try:
+            seen["pushed"] = celery.current_task._get_current_object()
+        finally:
+            currenttask.pop()
+        seen["after"] = celery.current_task._get_current_object()
+
+    thread = threading.Thread(target=on_thread)
+    thread.start()
+    thread.join()
+    assert seen["celery"] is current and seen["pushed"] is seen["celery"]
+    assert seen["before"] is None and seen["after"] is None
