@@ -25,7 +25,7 @@ from pipeline.constants import HEADER_PUBLISHED_AT
 from pipeline.dlq import capture
 from pipeline.observability import endpoint, logs, metrics, multiproc, sentry, task_metrics
 from pipeline.producer.hooks import publish_safe
-from pipeline.runtime import lapses
+from pipeline.runtime import cancels, lapses
 from pipeline.scheduling import delayed
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,16 @@ def on_task_postrun(sender: Any = None, task_id: str = "", state: str | None = N
 
 
 @guarded
+def on_task_prerun_plain(sender: Any = None, **_: Any) -> None:
+    cancels.plain_started(sender)
+
+
+@guarded
+def on_task_postrun_plain(sender: Any = None, **_: Any) -> None:
+    cancels.plain_ended(sender)
+
+
+@guarded
 def on_task_failure_metrics(sender: Any = None, **_: Any) -> None:
     task_metrics.task_outcome(sender, "failed")
 
@@ -168,6 +178,8 @@ _HANDLERS: list[tuple[Signal, Callable[..., None]]] = [
     (signals.beat_init, on_beat_init),
     (signals.task_prerun, on_task_prerun),
     (signals.task_postrun, on_task_postrun),
+    (signals.task_prerun, on_task_prerun_plain),
+    (signals.task_postrun, on_task_postrun_plain),
     (signals.task_failure, on_task_failure_metrics),
     (signals.task_retry, on_task_retry),
     (signals.task_revoked, on_task_revoked),

@@ -26,3 +26,18 @@ def add(x: int, y: int) -> int:
 def sleep(seconds: float) -> float:
     time.sleep(seconds)
     return seconds
+
+
+@app.task(name="plain.run")
+def run(key: str, sleep_s: float) -> str:
+    """`test.run` as a tutorial writes a task: records `start` in the ledger, then `finish` after its sleep (its side
+    effect, which a stop must prevent)."""
+    from celery import current_task
+
+    from tests.support.ledger_tasks import _record
+
+    task_id, node = str(current_task.request.id), str(current_task.request.hostname)
+    _record(key, "start", task_id, node)
+    time.sleep(sleep_s)
+    _record(key, "finish", task_id, node)
+    return key
