@@ -100,7 +100,7 @@ class Interrupter:
     def start(self, task: PipelineTask) -> None:
         task_id = str(task.request.id)
         with self._lock:
-            self._task_id, self._thread, self._fired = task_id, threading.get_ident(), False
+            self._task_id, self._thread, self._fired, self._within = task_id, threading.get_ident(), False, None
             if task_id in state.revoked:  # heard just after the request's own check
                 self._fired = True
         if self._fired:
