@@ -5,7 +5,8 @@ pops and records up to a prefetch of messages), leases and their renewal (`lease
 acknowledgements written together (`acks`), and fencing (`fencing`: the worker bootstep that owns the `Leases`;
 `request`: the job request that refuses a lost delivery). Its Redis scripts are files in `pipeline.lua`
 (`fetch.lua`, `settle.lua`, `renew.lua`, `release.lua`); `waking` is how an idle channel waits for work
-(`pipeline.queues.wake`), `watches` how it hears a message pushed without a wake-up marker.
+(`pipeline.queues.wake`), `watches` how it hears a message pushed without a wake-up marker, `broadcasts` how Celery's
+revoke broadcast is read off the worker's main thread.
 
 This package and `pipeline.compat` are the only places that reach into private parts of celery, kombu, billiard and
 redis-py (`tests/unit/test_seam.py` fails on any other). Each reach is an entry of `ENTRIES`: the upstream symbols,
@@ -97,6 +98,15 @@ ENTRIES: tuple[Entry, ...] = (
         "pipeline.delivery.fencing",
         _WORKER,
         "tests/faults/test_delivery_parity.py::test_billiards_result_is_accepted_and_terminated_as_fencing_drives_it",
+        critical=True,
+    ),
+    Entry(
+        "kombu.transport.redis.Channel.keyprefix_fanout, _get_publish_topic; kombu.pidbox.Mailbox._publish, "
+        "Node.handle_message (Celery's revoke broadcast: its topic, envelope and destination, read beside the worker's "
+        "control consumer)",
+        "pipeline.delivery.broadcasts",
+        ("celery", "kombu"),
+        "tests/faults/test_delivery_parity.py::test_celerys_revoke_broadcast_is_read_on_the_topic_kombu_publishes_it",
         critical=True,
     ),
     Entry(

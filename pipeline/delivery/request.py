@@ -30,6 +30,11 @@
   (`pipeline.runtime.cancels`), Celery's `Ignore`: `on_failure` announces it revoked (REVOKED stored, read as
   `cancelled`; the revoke signal counts it; its message acknowledged), never a failure or a dead letter. One held
   and not started is refused by `revoked()` (Celery's revoked set, which the cancel listener fills).
+* **Revoke with terminate.** Celery's `revoke(terminate=True)` (`celery control terminate`, Flower's button) calls
+  `terminate`, routed to the stop a cancel uses (`stop_running_with`: `pipeline.runtime.cancels.CancelStep`): a job
+  running in this process (the asyncio pool's, solo's) gets `JobCancelled` raised in it and is recorded as above. A
+  prefork job's pool process gets Celery's signal; SIGTERM, which pool processes ignore under REMAP_SIGTERM=SIGQUIT,
+  becomes their terminate signal there (SIGQUIT: the job unwinds through its `finally`).
 * **One decode.** A solo worker runs the job in the process that received it: the tracer gets the body kombu
   decoded for the consumer's checks (cached on the message), not the raw bytes to decode again.
 """
@@ -40,11 +45,14 @@ import contextlib
 import json
 import logging
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
+from signal import SIGTERM
 from typing import Any
 
+from billiard.common import TERM_SIGNAL, TERM_SIGNAME
 from celery.exceptions import WorkerTerminate
-from celery.platforms import EX_OK
+from celery.platforms import EX_OK, signals
 from celery.worker.request import Request as CeleryRequest
 from celery.worker.state import task_ready
 from kombu.transport import virtual as kombu_virtual
@@ -57,12 +65,30 @@ from pipeline.delivery.lease import Leases
 from pipeline.dlq import capture
 from pipeline.errors import DeliveryLimitExceeded, JobCancelled, LeaseLost, WorkerStopping
 from pipeline.observability import metrics
-from pipeline.pools import traces_in_main_thread
+from pipeline.pools import pool_kind, traces_in_main_thread
 
 log = logging.getLogger(__name__)
 
 #: What `Task.Request` names: the worker's strategy resolves it per task (`celery/worker/strategy.py`).
 REQUEST_CLASS = "pipeline.delivery.request:Request"
+
+
+#: How a running job of this process is stopped (`pipeline.runtime.cancels.CancelStep.stop_running`, what a cancel
+#: uses): True if it was found and is being stopped.
+_stopper: Callable[[str], bool] | None = None
+
+
+def stop_running_with(stopper: Callable[[str], bool] | None) -> None:
+    """Route `Request.terminate` (Celery's revoke with terminate) to `stopper` (None: the pool's `stop_job` alone)."""
+    global _stopper  # one worker per process: its cancel step sets it at start
+    _stopper = stopper
+
+
+def _stop_running(pool: Any, task_id: str) -> bool:
+    if _stopper is not None:
+        return _stopper(task_id)
+    stop_job = getattr(pool, "stop_job", None)
+    return stop_job is not None and bool(stop_job(task_id, JobCancelled))
 
 
 def _cap(value: Any, cap: float | None) -> Any:
@@ -237,11 +263,17 @@ class Request(CeleryRequest):
         super()._announce_revoked(reason, terminated, signum, expired)  # type: ignore[misc]  # untyped in celery-types
 
     def terminate(self, pool: Any, signal: Any = None) -> None:
-        stop_job = getattr(pool, "stop_job", None)
-        if stop_job is not None and self.time_start and stop_job(self.id, JobCancelled):
-            # An async job of the asyncio pool: `JobCancelled` raised in it (its coroutine cancelled); `on_failure`
-            # records it as cancelled (or, for a lease lost, records nothing), as a solo worker's job.
+        """Celery's revoke with terminate, and a cancel's on prefork (SIGKILL): see the module doc."""
+        if self.time_start and _stop_running(pool, self.id):
+            # In this process (the asyncio pool, solo): `JobCancelled` raised in it; `on_failure` records it as
+            # revoked (or, for a lease lost, records nothing), its message acknowledged.
             return
+        if self.time_start and traces_in_main_thread(pool):
+            return  # it ended before the stop reached it (it runs nowhere else): its outcome stands
+        if pool_kind(pool) == "prefork" and signals.signum(signal or TERM_SIGNAME) == SIGTERM:
+            # Flower's terminate sends SIGTERM, which pool processes ignore under REMAP_SIGTERM=SIGQUIT: their own
+            # terminate signal there (SIGQUIT) unwinds the job (SystemExit, its `finally` runs), as Celery's default.
+            signal = TERM_SIGNAL
         super().terminate(pool, signal)
 
     def cancel(self, pool: Any, signal: Any = None, emit_retry: bool = True) -> None:

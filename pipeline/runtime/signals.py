@@ -25,7 +25,7 @@ from pipeline.constants import HEADER_PUBLISHED_AT
 from pipeline.dlq import capture
 from pipeline.observability import endpoint, logs, metrics, multiproc, sentry, task_metrics
 from pipeline.producer.hooks import publish_safe
-from pipeline.runtime import lapses
+from pipeline.runtime import cancels, lapses
 from pipeline.scheduling import delayed
 
 log = logging.getLogger(__name__)
@@ -95,11 +95,13 @@ def stop_delayed_releaser(**_: Any) -> None:
 
 @guarded
 def on_task_prerun(sender: Any = None, task_id: str = "", **_: Any) -> None:
+    cancels.plain_started(sender)  # one handler for both: each receiver costs Celery's dispatch more than its work
     task_metrics.started(sender, task_id)
 
 
 @guarded
 def on_task_postrun(sender: Any = None, task_id: str = "", state: str | None = None, **_: Any) -> None:
+    cancels.plain_ended(sender)
     task_metrics.finished(sender, task_id, state)  # a SUCCESS is counted here: one handler less per job
 
 

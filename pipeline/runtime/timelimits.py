@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from types import FrameType
+from types import CodeType, FrameType
 
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
@@ -58,6 +58,8 @@ class AlarmLimits:
         self._thread: int | None = None
         #: An exception another thread asked to raise in the running job (`interrupt`), raised by the handler.
         self._interrupt: type[Exception] | None = None
+        #: Raise it only while this function runs (a plain task's: `interrupt`'s `within`).
+        self._within: CodeType | None = None
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
@@ -86,28 +88,40 @@ class AlarmLimits:
         """Whether the handler runs on `thread` (the main thread, once `install`ed there)."""
         return self._thread is not None and self._thread == thread
 
-    def interrupt(self, exc: type[Exception]) -> None:
+    def interrupt(self, exc: type[Exception], within: CodeType | None = None) -> None:
         """Raise `exc` in the job running on the main thread, from any thread: the handler raises it, as it raises a
-        time limit, and a blocking call the job is in is interrupted too (a cancel: `pipeline.runtime.cancels`)."""
+        time limit, and a blocking call the job is in is interrupted too (a cancel: `pipeline.runtime.cancels`).
+        With `within`, only if that function is still running when the signal lands (else it is dropped)."""
         if self._thread is None:
             raise RuntimeError("the SIGALRM handler is not installed")
-        self._interrupt = exc
+        self._interrupt, self._within = exc, within
         signal.pthread_kill(self._thread, signal.SIGALRM)
 
     def clear_interrupt(self) -> None:
         """Forget an `interrupt` the handler has not raised yet (the job ended first)."""
-        self._interrupt = None
+        self._interrupt = self._within = None
 
-    def _on_alarm(self, _signum: int, _frame: FrameType | None) -> None:
+    def _on_alarm(self, _signum: int, frame: FrameType | None) -> None:
         interrupt, self._interrupt = self._interrupt, None
+        within, self._within = self._within, None
         if interrupt is not None:
-            raise interrupt()
+            if within is None or _running(frame, within):
+                raise interrupt()
+            return  # the function it was meant for has returned: what runs now is the tracer's
         if not self._stages:
             return  # nothing armed: a stray signal, or the job ended as the timer fired
         limit, exc = self._stages.pop(0)
         if self._stages:  # the hard limit, counted from the start of the job
             signal.setitimer(signal.ITIMER_REAL, max(0.001, self._stages[0][0] - limit))
         raise exc(limit)
+
+
+def _running(frame: FrameType | None, code: CodeType) -> bool:
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
 
 
 alarm_limits = AlarmLimits()

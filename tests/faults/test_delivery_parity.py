@@ -28,7 +28,7 @@ from kombu.asynchronous import Hub, get_event_loop, set_event_loop
 from redis import exceptions as redis_errors
 from vine import promise
 
-from pipeline.delivery import acks, transport
+from pipeline.delivery import acks, broadcasts, transport
 from pipeline.delivery.lease import Leases
 from tests.support.procs import RedisServer
 
@@ -263,3 +263,36 @@ def test_kombus_poller_registers_and_reads_a_watch_as_the_watches_drive_it(own_r
         assert answers == [b"x"] and own_redis.client().lrange("k", 0, -1) == [b"x"]  # BLMOVE k k: nothing taken
         assert cycle._chan_to_sock[(channel, watch, "WATCH:k")] is watch.connection._sock
         watch.connection.disconnect()
+
+
+@pytest.mark.parametrize("prefix", [True, "/custom.", False], ids=["default", "named", "none"])
+def test_celerys_revoke_broadcast_is_read_on_the_topic_kombu_publishes_it(
+    own_redis: RedisServer, prefix: bool | str
+) -> None:
+    """Celery's control broadcasts, published by kombu's Redis transport on database 3 with this `fanout_prefix`, are
+    heard on `broadcasts.topic`; `broadcasts.terminated_ids` reads the ids of each revoke with terminate meant for
+    the node (every node, its name, a pattern matching it) and nothing of the others."""
+    options = {"fanout_prefix": prefix}
+    app = Celery("parity", broker=own_redis.url.rsplit("/", 1)[0] + "/3", set_as_current=False)
+    app.conf.broker_transport_options = options
+    pubsub = own_redis.client().pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(broadcasts.topic(3, app.control.mailbox.exchange.name, options))
+    try:
+        app.control.revoke("a", terminate=True)
+        app.control.revoke(["b", "c"], terminate=True, signal="SIGKILL", destination=["w1@h"])
+        app.control.terminate("d", signal="KILL")
+        app.control.broadcast("revoke", arguments={"task_id": "e", "terminate": True}, pattern="w1@*", matcher="glob")
+        app.control.revoke("f")  # no terminate: Celery's own handler's alone
+        app.control.revoke("g", terminate=True, destination=["w2@h"])
+        app.control.broadcast("rate_limit", arguments={"task_name": "x", "rate_limit": "1/s"})
+        heard: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while len(heard) < 7 and time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=1.0)
+            if message and message["type"] == "message":
+                heard.append(message["data"])
+    finally:
+        pubsub.close()
+        app.close()
+    assert [broadcasts.terminated_ids(data, "w1@h") for data in heard] == [["a"], ["b", "c"], ["d"], ["e"], [], [], []]
+    assert broadcasts.terminated_ids(heard[0], "w2@h") == ["a"] and broadcasts.terminated_ids(heard[1], "w2@h") == []

@@ -67,3 +67,17 @@ def context(self: Task[Any, Any], retry: bool = False) -> dict[str, Any]:
         "current": current_task.request.id,
         "same": current_task.name == self.name,
     }
+
+
+@app.task(name="plain.run")
+def run(key: str, sleep_s: float) -> str:
+    """`test.run` as a tutorial writes a task: records `start` in the ledger, then `finish` after its sleep (its side
+    effect, which a stop must prevent)."""
+
+    from tests.support.ledger_tasks import _record
+
+    task_id, node = str(current_task.request.id), str(current_task.request.hostname)
+    _record(key, "start", task_id, node)
+    time.sleep(sleep_s)
+    _record(key, "finish", task_id, node)
+    return key

@@ -86,3 +86,38 @@ def test_a_guard_installed_off_the_main_thread_never_arms_the_timer(guard: Alarm
     elsewhere.start(_task(hard=0.2, soft=0.1))  # on the main thread, but no handler of its own was installed
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     elsewhere.stop()
+
+
+class Stop(Exception):
+    """What another thread asks to raise in the job."""
+
+
+def _interrupt_soon(guard: AlarmLimits, within: Any) -> threading.Thread:
+    thread = threading.Thread(target=lambda: (time.sleep(0.05), guard.interrupt(Stop, within)))
+    thread.start()
+    return thread
+
+
+def test_an_interrupt_within_a_function_is_raised_while_it_runs(guard: AlarmLimits) -> None:
+    """A plain task's stop (`pipeline.runtime.cancels.Interrupter.start_plain`) lands in its function."""
+
+    def job() -> None:
+        _sleep(2)
+
+    thread = _interrupt_soon(guard, job.__code__)
+    with pytest.raises(Stop):
+        job()
+    thread.join()
+
+
+def test_an_interrupt_within_a_function_that_returned_is_dropped(guard: AlarmLimits) -> None:
+    """The signal landing after the function returned (in the tracer's code around it) raises nothing there."""
+
+    def job() -> None:
+        """Returned before the interrupt."""
+
+    job()
+    thread = _interrupt_soon(guard, job.__code__)
+    thread.join()
+    _sleep(0.2)  # the handler ran here: outside `job`
+    assert guard._interrupt is None and guard._within is None
