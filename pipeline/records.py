@@ -92,7 +92,7 @@ def accepted_times(jobs: list[tuple[str, str]]) -> list[float | None]:
     with broker_redis() as client:
         pipe = client.pipeline(transaction=False)
         for task_id, queue in jobs:
-            pipe.zscore(RECENT_JOBS_KEY.format(queue=queue), task_id)
+            pipe.zscore(keys.recent(queue), task_id)
         scores = pipe.execute()
     return [None if score is None else float(score) for score in scores]
 

@@ -25,9 +25,9 @@ Celery's own revoke with terminate (`AsyncResult.revoke(terminate=True)`, `celer
 button) stops a running job the same way: `Request.terminate` is routed to `CancelStep.stop_running` (the asyncio
 pool's `stop_job`; where it finds no job of the id, the `Interrupter`; prefork: the request's pool process is
 signalled). Celery's control consumer runs on the worker's main thread, which a solo job holds (and a plain job of
-the asyncio pool's, briefly, while its trace runs there): in those pools the listener also hears Celery's revoke broadcast
-(`pipeline.delivery.broadcasts`) and stops the job from its thread; Celery's handler runs once the thread is free
-and finds the job REVOKED.
+the asyncio pool's, briefly, while its trace runs there): in those pools the listener also hears Celery's revoke
+broadcast (`pipeline.delivery.broadcasts`) and stops the job from its thread; Celery's handler runs once the thread is
+free and finds the job REVOKED.
 
 A message missed while the connection was down is caught on reconnect, and every RECHECK_S: the listener reads the
 tombstones of the jobs this worker holds (its leased deliveries, from `unacked`) and handles those that are set.
