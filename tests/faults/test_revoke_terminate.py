@@ -5,7 +5,10 @@ its side effect, its state is REVOKED, its message is acknowledged and its lease
 Workers are `celery worker` (REMAP_SIGTERM=SIGQUIT, as the start scripts run them) on the `default` queue of a
 Redis of the test's own, with a short lease. `test.run` (a plain typed job), `test.run_async` (an `async def` job)
 and `plain.run` (a task as Celery's tutorials write it, `@app.task`) record `start`, then `finish` after their sleep
-(the side effect), in the ledger (`tests.faults.ledger`). The revoke is sent as Celery's users send it:
+(the side effect), in the ledger (`tests.faults.ledger`). The plain ones sleep in short steps, as Python code runs: a
+plain job of the asyncio pool is stopped at its next Python instruction, in its thread; one held in a single blocking
+C call past the time given to unwind is abandoned and its process recycled (`pipeline.runtime.plainjobs`).
+The revoke is sent as Celery's users send it:
 `AsyncResult.revoke` of a plain Celery app on the same broker, or the `celery control` command.
 """
 

@@ -137,6 +137,14 @@ def _wait_for_release(key: str, limit_s: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+def _pause(seconds: float) -> None:
+    """Sleep `seconds` in short steps, as Python code works: a stop raised in the job's thread (a plain job of the
+    asyncio pool) lands within a step, where one blocking `time.sleep` would hold it to its end."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(0.05, left))
+
+
 def _sleep_ignoring_stops(key: str, seconds: float, task_id: str, node: str) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -162,7 +170,7 @@ def run(job: RunJob, ctx: JobContext) -> RunResult:
         elif job.ignores_stop:
             _sleep_ignoring_stops(job.key, job.sleep_s, ctx.task_id, node)
         else:
-            time.sleep(job.sleep_s)
+            _pause(job.sleep_s)
     except Exception:  # stopped by an exception raised in it (a limit, a cancel, a lease that could not be renewed)
         _record(job.key, "stopped", ctx.task_id, node)
         raise
