@@ -18,14 +18,19 @@ from celery import Celery
 from pipeline.constants import HEADER_GROUP, LEASE_KEY
 from pipeline.runtime.asyncpool import POOL
 from tests.faults.ledger import SHORT_LEASE, each_ran_once, env_for, run_count, runs
-from tests.support.procs import RedisServer, wait_for
+from tests.support.procs import RedisServer, wait_for, wait_progressing
 
 pytestmark = pytest.mark.faults
 
 
-def _send(producer: Celery, key: str, sleep_s: float, **headers: str) -> str:
-    payload = {"key": key, "sleep_s": sleep_s}
+def _send(producer: Celery, key: str, sleep_s: float, mode: str = "sleep", **headers: str) -> str:
+    payload = {"key": key, "sleep_s": sleep_s, "mode": mode}
     return str(producer.send_task("test.await", args=[payload], queue="default", headers=headers or None).id)
+
+
+def _release(ledger: RedisServer, key: str) -> None:
+    """Let every held `test.await` job of `key` finish."""
+    ledger.client().set(f"test:release:{key}", 1, ex=300)
 
 
 def _env(own_redis: RedisServer, ledger: RedisServer, **extra: str) -> dict[str, str]:
@@ -38,11 +43,12 @@ def test_kill_9_with_100_in_flight_loses_none_and_runs_none_twice(
     key = uuid.uuid4().hex
     env = _env(own_redis, ledger_redis, **SHORT_LEASE)
     first = make_worker(f"aio-k9-a-{key[:6]}", env=env, pool="custom", concurrency=100)
-    jobs = [_send(producer, key, 3.0) for _ in range(100)]
-    wait_for(lambda: len(run_count(ledger_redis, key, "start")) == 100, 30, 0.05, what="100 jobs in flight")
+    jobs = [_send(producer, key, 0, mode="held") for _ in range(100)]  # running until released, however slow the start
+    wait_progressing(lambda: len(run_count(ledger_redis, key, "start")), 100, 30, what="100 jobs in flight")
     first.kill_group(signal.SIGKILL)
     first.wait(10)
     assert not run_count(ledger_redis, key, "finish")  # killed with all 100 running
+    _release(ledger_redis, key)  # their copies on the peer finish at once
     make_worker(f"aio-k9-b-{key[:6]}", env=env, pool="custom", concurrency=100)
     wait_for(lambda: set(jobs) <= set(run_count(ledger_redis, key, "finish")), 60, 0.1, what="the jobs on the peer")
     assert run_count(ledger_redis, key, "finish") == collections.Counter(dict.fromkeys(jobs, 1))  # lost 0, twice 0
@@ -58,9 +64,11 @@ def test_sigterm_with_100_in_flight_lets_them_finish_and_leaves_the_rest_queued(
     key = uuid.uuid4().hex
     env = _env(own_redis, ledger_redis, REMAP_SIGTERM="SIGQUIT", WORKER_SOFT_SHUTDOWN_TIMEOUT="10", **SHORT_LEASE)
     first = make_worker(f"aio-term-a-{key[:6]}", env=env, pool="custom", concurrency=100)
-    jobs = [_send(producer, key, 2.0) for _ in range(150)]
-    wait_for(lambda: len(run_count(ledger_redis, key, "start")) == 100, 30, 0.05, what="100 jobs in flight")
+    jobs = [_send(producer, key, 0, mode="held") for _ in range(150)]  # running until released, however slow the start
+    wait_progressing(lambda: len(run_count(ledger_redis, key, "start")), 100, 30, what="100 jobs in flight")
     first.send_signal(signal.SIGTERM)
+    wait_for(lambda: "Hitting Ctrl+C again" in first.log(), 20, 0.05, what="the shutdown to begin")
+    _release(ledger_redis, key)  # the 100 finish in the soft shutdown
     assert first.wait(20) is not None
     finished = run_count(ledger_redis, key, "finish")
     assert len(finished) == 100 and set(finished.values()) == {1}  # every job in flight finished before the exit

@@ -105,7 +105,7 @@ def test_sigterm_with_a_plain_job_beside_async_ones_gives_back_what_cannot_finis
 def test_a_lease_lost_after_a_soft_limit_still_stops_the_job(
     own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery
 ) -> None:
-    """A job past its soft limit (1 s) that ignores its cancellation runs on towards its hard limit (9 s, the task's).
+    """A job past its soft limit (1 s) that ignores its cancellation runs on towards its hard limit (9 s, sent with it).
     When the worker then cannot renew its lease (its Redis frozen by SIGSTOP past two renewal periods; the ledger is
     another Redis), `LeaseLost` is still raised in it (its coroutine cancelled a second time, given up at the lapse),
     not ignored because a limit stopped it first."""

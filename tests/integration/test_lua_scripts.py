@@ -660,6 +660,16 @@ def test_a_stored_revoked_is_kept_as_a_success_is(client: redis.Redis) -> None:
     assert client.get("r") == b'{"status": "REVOKED"}'
 
 
+#: The emission interval of the limits `fetch.lua` is given below, in ms.
+INTERVAL_MS = 10_000
+
+
+def _redis_ms(client: redis.Redis) -> float:
+    """Redis's clock (TIME), in ms, as the scripts read it."""
+    seconds, micros = client.time()
+    return seconds * 1000 + micros / 1000
+
+
 def _rated(tag: str, task: str, **headers: object) -> str:
     return json.dumps(
         {
@@ -677,7 +687,12 @@ def test_fetch_takes_each_rated_jobs_slot_as_rate_acquire_does_on_the_workers_ow
     key base and its rate key header for a keyed limit, on the base for a keyless one; the second job of one key waits
     one interval. No slot for a keyed job without the header, one deferred with a slot of its own, or a task the
     worker names no limit for; a header cannot make the script write outside the worker's key bases."""
-    limits = {"limited": [100, 0, 1, "pipeline:ratelimit:limited"], "open": [100, 0, 0, "pipeline:ratelimit:open"]}
+    # An interval of 10 s: the next slot `rate_acquire.lua` gives below is still ahead of Redis's clock however slowly a
+    # loaded machine gets from the fetch to that call.
+    limits = {
+        "limited": [INTERVAL_MS, 0, 1, "pipeline:ratelimit:limited"],
+        "open": [INTERVAL_MS, 0, 0, "pipeline:ratelimit:open"],
+    }
     jobs = [
         _rated("a1", "limited", pipeline_rate_key="h1"),
         _rated("a2", "limited", pipeline_rate_key="h1"),
@@ -695,8 +710,8 @@ def test_fetch_takes_each_rated_jobs_slot_as_rate_acquire_does_on_the_workers_ow
     for tag in ("nokey", "deferred", "other"):
         assert got[tag] == [b"", b"", b""], tag
     assert got["a1"][:2] == [b"pipeline:ratelimit:limited:h1", b"0"]
-    assert got["a2"][0] == b"pipeline:ratelimit:limited:h1" and float(got["a2"][1]) == pytest.approx(100, abs=1)
-    assert float(got["a2"][2]) - float(got["a1"][2]) == pytest.approx(100, abs=0.01)
+    assert got["a2"][0] == b"pipeline:ratelimit:limited:h1" and float(got["a2"][1]) == pytest.approx(INTERVAL_MS, abs=1)
+    assert float(got["a2"][2]) - float(got["a1"][2]) == pytest.approx(INTERVAL_MS, abs=0.01)
     assert got["b1"][:2] == [b"pipeline:ratelimit:limited:h2", b"0"]
     assert got["keyless"][:2] == [b"pipeline:ratelimit:open", b"0"]  # a keyless limit reads no header
     assert sorted(client.keys("pipeline:ratelimit:*")) == [
@@ -708,7 +723,13 @@ def test_fetch_takes_each_rated_jobs_slot_as_rate_acquire_does_on_the_workers_ow
     # rounded up to the ms: what the script sent, not a clock read after it.
     sets = [c["command"].split(" ") for c in seen.mentioning("pipeline:ratelimit:limited:h1")]
     expiries = [int(words[4]) for words in sets if words[0].upper() == "SET" and words[3].upper() == "PX"]
-    assert expiries == [pytest.approx(1100, abs=1), pytest.approx(1200, abs=1)]
+    assert expiries == [pytest.approx(1000 + INTERVAL_MS, abs=1), pytest.approx(1000 + 2 * INTERVAL_MS, abs=1)]
     # One limiter with `rate_acquire.lua`: the next job asking on h1 gets the slot after the two the fetch took.
-    wait, slot = script("rate_acquire")(keys=["pipeline:ratelimit:limited:h1"], args=[100, 0, ""], client=client)
-    assert float(slot) - float(got["a1"][2]) == pytest.approx(200, abs=0.01) and float(wait) > 150
+    # Its wait is to that slot on Redis's clock, read between a TIME before and one after the call.
+    before = _redis_ms(client)
+    wait, slot = script("rate_acquire")(
+        keys=["pipeline:ratelimit:limited:h1"], args=[INTERVAL_MS, 0, ""], client=client
+    )
+    after = _redis_ms(client)
+    assert float(slot) - float(got["a1"][2]) == pytest.approx(2 * INTERVAL_MS, abs=0.01)
+    assert float(slot) - after - 0.01 <= float(wait) <= float(slot) - before + 0.01

@@ -16,7 +16,7 @@ from pipeline.constants import HEADER_RATE_GRANT, HEADER_RATE_SLOT, RATE_LIMIT_K
 from pipeline.fairness.rates import ClusterRate
 from tests.support.limited import limited, starts
 from tests.support.monitor import Monitor
-from tests.support.procs import RedisServer, wait_for
+from tests.support.procs import RedisServer, wait_progressing
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +58,7 @@ def test_limit_holds_across_four_processes_and_nothing_fails(
     key = uuid.uuid4().hex
     with Monitor(redis_server.client()) as seen:
         ids = [limited.enqueue({"key": key, "n": i}) for i in range(JOBS)]
-        wait_for(lambda: len(starts(key)) >= JOBS, JOBS / RATE + 40, 0.2, what=f"{JOBS} rate-limited jobs")
+        wait_progressing(lambda: len(starts(key)), JOBS, 30, what=f"{JOBS} rate-limited jobs")
     asked = new_slot_asks(seen.commands, limiter)
     results = [limited.result(task_id, timeout=30) for task_id in ids]
     times = starts(key)
@@ -96,7 +96,7 @@ def _forge(redis_server: RedisServer, key: str, headers: Any, jobs: int) -> None
 def _limit_held(key: str, jobs: int) -> None:
     """Every job started once, at most SLOW_RATE a second (one more for a start's own jitter), the limit setting the
     pace."""
-    wait_for(lambda: len(starts(key)) >= jobs, jobs / SLOW_RATE + 60, 0.2, what=f"{jobs} rate-limited jobs")
+    wait_progressing(lambda: len(starts(key)), jobs, 30, what=f"{jobs} rate-limited jobs")
     times = starts(key)
     peak = max_in_any_window(times)
     assert len(times) == jobs

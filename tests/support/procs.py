@@ -69,6 +69,22 @@ def wait_for(
         time.sleep(interval)
 
 
+def wait_progressing(
+    count: Callable[[], int], target: int, stalled: float, interval: float = 0.2, what: str = ""
+) -> int:
+    """Wait until `count()` reaches `target` for as long as it keeps growing: a loaded machine is slow, not stuck. Fails
+    after `stalled` seconds without any growth."""
+    last, since = count(), time.monotonic()
+    while last < target:
+        time.sleep(interval)
+        now = count()
+        if now > last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since > stalled:
+            raise TimeoutError(f"{what or 'the count'} stalled at {last} of {target} for {stalled}s")
+    return last
+
+
 def stop_process(proc: subprocess.Popen[bytes] | None, timeout: float = 10) -> None:
     """SIGTERM `proc` and wait; SIGKILL it if it outlives `timeout` seconds."""
     if proc is None or proc.poll() is not None:

@@ -52,8 +52,9 @@ class AwaitJob(BaseModel):
     sleep_s: float = 0.0
     #: "sleep": awaits `sleep_s`; "hang": awaits forever (until cancelled); "ignore": swallows its cancellation and
     #: goes on awaiting (only abandoning it ends the job); "stray": on its first attempt lets out the CancelledError
-    #: of an inner future it cancelled (as a library may), then awaits `sleep_s` on the next.
-    mode: Literal["sleep", "hang", "ignore", "stray"] = "sleep"
+    #: of an inner future it cancelled (as a library may), then awaits `sleep_s` on the next; "held": awaits until
+    #: `test:release:<key>` is set in the ledger (the soft limit stops it otherwise).
+    mode: Literal["sleep", "hang", "ignore", "stray", "held"] = "sleep"
 
 
 class AwaitResult(BaseModel):
@@ -61,7 +62,8 @@ class AwaitResult(BaseModel):
     pid: int
 
 
-@typed_task("test.await", kind="test-await", payload=AwaitJob, result=AwaitResult, soft_time_limit=6, time_limit=9)
+#: Limits a test may shorten per job (`send_task(..., soft_time_limit=...)`); a message cannot lengthen them.
+@typed_task("test.await", kind="test-await", payload=AwaitJob, result=AwaitResult, soft_time_limit=60, time_limit=90)
 async def awaiting(job: AwaitJob, ctx: JobContext) -> AwaitResult:
     """An `async def` job for the asyncio pool: records `start`, then `finish` or `cancelled`, with the ledger's
     clock in `test:run:<key>` (as `test.run` does)."""
@@ -71,6 +73,10 @@ async def awaiting(job: AwaitJob, ctx: JobContext) -> AwaitResult:
             await asyncio.sleep(job.sleep_s)
         elif job.mode == "hang":
             await asyncio.Event().wait()
+        elif job.mode == "held":
+            client = ledger_client()  # one connection for the wait, not one per look
+            while not client.exists(f"test:release:{job.key}"):
+                await asyncio.sleep(0.25)
         elif job.mode == "stray":
             if ctx.attempt == 1:
                 inner = asyncio.ensure_future(asyncio.sleep(3600))

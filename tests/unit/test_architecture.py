@@ -12,6 +12,7 @@ everything.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import subprocess
 import sys
@@ -72,7 +73,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path] = MODULES) -> set[s
     """Modules of `modules` that `name` imports anywhere in its body (function-level imports count too)."""
     targets: set[str] = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_parsed(path)):
         if isinstance(node, ast.Import):
             targets.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -85,8 +86,22 @@ def _imports(name: str, path: Path, modules: dict[str, Path] = MODULES) -> set[s
     return {t for t in targets if t in modules and t != name}
 
 
-GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
-TREE_GRAPH = {name: _imports(name, path, TREE) for name, path in TREE.items()}
+@functools.cache
+def _graph() -> dict[str, set[str]]:
+    """What each module of `MODULES` imports of them: built by the tests that ask, not when the file is collected
+    (every test process collects it; one runs them)."""
+    return {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+@functools.cache
+def _tree_graph() -> dict[str, set[str]]:
+    """What each module of `TREE` imports of it."""
+    return {name: _imports(name, path, TREE) for name, path in TREE.items()}
+
+
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
 
 
 def _package(name: str) -> str:
@@ -139,7 +154,7 @@ def test_every_module_is_in_a_layer_and_every_layer_names_modules() -> None:
 def test_imports_go_one_way() -> None:
     upward = [
         f"{a} ({LAYERS[layer(a)][0]}) -> {b} ({LAYERS[layer(b)][0]})"
-        for a, deps in sorted(GRAPH.items())
+        for a, deps in sorted(_graph().items())
         for b in sorted(deps)
         if layer(b) > layer(a)
     ]
@@ -147,7 +162,9 @@ def test_imports_go_one_way() -> None:
 
 
 def test_task_modules_are_named_never_imported_by_the_package() -> None:
-    imported = [(a, b) for a, deps in GRAPH.items() if a.startswith("pipeline") for b in deps if b.startswith("tasks")]
+    imported = [
+        (a, b) for a, deps in _graph().items() if a.startswith("pipeline") for b in deps if b.startswith("tasks")
+    ]
     assert imported == []
 
 
@@ -155,7 +172,7 @@ def test_the_delivery_layer_does_not_import_the_workers_wiring() -> None:
     """`runtime/` wires the delivery layer into the worker, never the other way round."""
     upward = [
         (a, b)
-        for a, deps in GRAPH.items()
+        for a, deps in _graph().items()
         if a.startswith("pipeline.delivery")
         for b in deps
         if b.startswith("pipeline.runtime")
@@ -171,14 +188,14 @@ def test_the_delivery_layer_does_not_import_the_workers_wiring() -> None:
 
 def test_no_import_loops_between_modules_anywhere_in_the_tree() -> None:
     """bench/, tests/ and docs/hooks/ included; the entry points (`pipeline`, `pipeline.__main__`) sit above all."""
-    graph = {name: deps - ENTRY_POINTS for name, deps in TREE_GRAPH.items() if name not in ENTRY_POINTS}
+    graph = {name: deps - ENTRY_POINTS for name, deps in _tree_graph().items() if name not in ENTRY_POINTS}
     assert _cycles(graph) == []
 
 
 def test_no_import_loops_between_packages() -> None:
     """A package is one layer: `dlq` -> `flows` -> `status` -> `dlq` would be a circle even with no module loop."""
     graph: dict[str, set[str]] = {}
-    for name, deps in TREE_GRAPH.items():
+    for name, deps in _tree_graph().items():
         if name in ENTRY_POINTS:
             continue
         edges = graph.setdefault(_package(name), set())
