@@ -37,6 +37,13 @@ leased (held and renewed) until then. Acknowledgements made off the loop thread 
 synchronous. One that cannot reach Redis is remembered (`Leases.remember_ack`) and applied, fenced, by the
 renewal thread; so is one a fetch carried when its reply was lost (it may have been applied: a second fenced
 acknowledgement of a removed delivery removes nothing, and is logged as fenced).
+
+A deferred acknowledgement is `Leases.settling` from the moment it is deferred, whatever becomes of its channel: a
+prefork job fetched before a Redis restart may end after the reconnect, its acknowledgement deferred on the QoS of
+the channel the restart closed (applied at the next tick, or remembered). A second lost connection before that tick
+makes Celery's `Consumer.on_close` forget the requests it holds, and the delivery step gives up the leases of those
+not running (`Leases.drop`): a settling delivery is not among them, so its acknowledgement is never fenced by its own
+worker's release and its job never swept and run again.
 """
 
 from __future__ import annotations
@@ -100,6 +107,9 @@ class DeferredAcks:
         if self._deferred_acks is None:
             self._deferred_acks = []
         self._deferred_acks.append(delivery_tag)
+        # Leaving this worker from now on, whatever becomes of this channel: never given up with a lost connection
+        # (`Leases.drop`), stopped (`Leases.due`) or reported lost while it waits here for a call to carry it.
+        self.channel.leases.settling([delivery_tag])
         hub.on_tick.add(self.flush_acks)
 
     def carry_result(self, stored: Stored) -> bool:

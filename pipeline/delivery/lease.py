@@ -139,8 +139,8 @@ class Leases:
             self._settling.discard(tag)
 
     def settling(self, tags: Iterable[str]) -> None:
-        """`tags` leave this worker by a call sent now (a fetch carrying their acknowledgements, or `leaving`): until
-        `release` or the call's failure (`remember_ack`), a renewal does not report them lost."""
+        """`tags` leave by a call sent now (a fetch carrying their acks, `leaving`) or deferred to one (`acks`): until
+        `release` or the call's failure (`remember_ack`), not reported lost, stopped (`due`) or given up (`drop`)."""
         with self._lock:
             self._settling.update(tags)
 

@@ -331,3 +331,29 @@ def test_a_fetch_takes_each_rate_limited_jobs_slot_and_never_keeps_a_grant_the_m
     assert second["slot"] - first["slot"] == pytest.approx(0.05, abs=0.001)  # one interval apart: two slots taken
     assert first["slot"] > 1e9 and first["due"] > 1e9  # the fetch's own, not the message's
     client.delete(limiter)
+
+
+def test_an_acknowledgement_deferred_on_a_closed_channel_is_not_given_up_with_a_second_lost_connection(
+    own_redis: RedisServer, conn: Connection, name: str, loop: Hub, leases: Leases
+) -> None:
+    """A prefork job fetched before a Redis restart ends after the reconnect: its acknowledgement is deferred on the
+    QoS of the channel the restart closed, for the next tick. A second lost connection before that tick makes Celery's
+    `Consumer.on_close` forget the requests it holds, and the delivery step gives up the leases of those not running
+    (`Leases.drop`): the finished job's must not be among them, or its acknowledgement is fenced and a sweep runs it
+    again."""
+    client = own_redis.client()
+    got: list[Any] = []
+    _publish(conn, name, [{"n": 1}])
+    with _consumer(conn, name, 1, got) as consumer:
+        _drain_once(conn)
+        (message,) = got
+        tag, channel = message.delivery_tag, consumer.channel
+        channel.close()  # the restart: a lost connection closes the channel, the job goes on running
+        message.ack()  # the job ended after the reconnect: deferred on the closed channel's QoS
+        leases.drop(leases.held())  # a second lost connection: `on_close` keeps no request (this one ended)
+        leases.renew_once(client)  # the renewal thread gives up what was dropped
+        channel.qos.flush_acks()  # the tick after the reconnect: the channel is closed, so remembered
+        leases.renew_once(client)  # and applied by the renewal thread
+    assert not client.hexists("unacked", tag), "its acknowledgement was fenced: a sweep runs the job again"
+    assert client.zcard("unacked_index") == 0 and not client.hexists(LEASE_KEY, tag)
+    assert leases.held() == set() and leases.pending_acks() == 0
