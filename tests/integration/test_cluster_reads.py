@@ -8,6 +8,7 @@ records and results whose keys hash to different masters.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -23,7 +24,8 @@ import httpx
 import pytest
 from redis.crc import key_slot
 
-from pipeline.constants import HEADER_PUBLISHED_AT, JOB_RECORD_KEY
+from pipeline.constants import DEAD_LETTER_QUEUE, HEADER_PUBLISHED_AT, JOB_RECORD_KEY
+from pipeline.dlq.envelope import DeadLetter
 from pipeline.queues import keys
 from tests.support.api import ApiServer
 from tests.support.cluster import Cluster
@@ -62,6 +64,24 @@ class Seeded:
     succeeded: list[str]
     queued: list[str]
     names: list[str]
+    dead: list[str]
+
+
+def _dead_letter(queue: str) -> DeadLetter:
+    return DeadLetter(
+        reason="failed",
+        task_name="pdf.render",
+        task_id=uuid.uuid4().hex,
+        queue=queue,
+        exception_type="tasks.errors.Broken",
+        exception_message="broken",
+    )
+
+
+def _dead_envelope(entry: DeadLetter) -> str:
+    """A dead-letter list element as the dead-letter queue holds it: a kombu envelope whose body is the entry."""
+    body = base64.b64encode(entry.model_dump_json().encode()).decode()
+    return json.dumps({"body": body, "headers": {}, "properties": {"body_encoding": "base64"}})
 
 
 @pytest.fixture
@@ -100,7 +120,10 @@ def seeded(redis_cluster: Cluster) -> Iterator[Seeded]:
         client.set(JOB_RECORD_KEY.format(id=task_id), json.dumps({"task": "pdf.render", "accepted_at": accepted}))
         names.append(JOB_RECORD_KEY.format(id=task_id))
     names.append(keys.recent("webhooks", cluster=True))
-    yield Seeded(succeeded, queued, names)
+    dead = [_dead_letter("pdf"), _dead_letter("pdf")]
+    client.lpush(DEAD_LETTER_QUEUE, *(_dead_envelope(entry) for entry in dead))
+    names.append(DEAD_LETTER_QUEUE)
+    yield Seeded(succeeded, queued, names, [entry.id for entry in dead])
     for name in names:
         client.delete(name)
 
@@ -133,6 +156,8 @@ def test_queues_and_status_read_every_master(redis_cluster: Cluster, seeded: See
     for task_id in seeded.queued:
         status = _cli(redis_cluster, "status", "--json", task_id)
         assert status["state"] == "queued" and status["task"] == "pdf.render", status
+    listed = _cli(redis_cluster, "dlq", "list", "--json")
+    assert sorted(row["id"] for row in listed) == sorted(seeded.dead)
 
 
 @pytest.fixture
@@ -157,10 +182,15 @@ def test_the_api_and_the_job_browser_read_every_master(api: ApiServer, seeded: S
         for task_id in seeded.queued:
             assert client.get(f"/jobs/{task_id}").json()["state"] == "queued"
 
+        dead = client.get("/dlq")
+        assert dead.status_code == 200, dead.text
+        assert sorted(row["id"] for row in dead.json()) == sorted(seeded.dead)
+
         running = _page(client, "email", "running")
         assert sorted(row["id"] for row in running["jobs"]) == ["e-0", "e-1"]
         counts = running["counts"]
         assert counts["webhooks"]["waiting"] == 3 and counts["email"]["running"] == 2
+        assert counts["pdf"]["dead_lettered"] == len(seeded.dead)
         assert counts["transcode"]["scheduled"] == 1 and counts["webhooks"]["succeeded"] == len(seeded.succeeded)
         assert [row["id"] for row in _page(client, "transcode", "scheduled")["jobs"]] == ["t-1"]
         done = _page(client, "webhooks", "succeeded")
@@ -190,6 +220,7 @@ def test_the_exporter_reads_every_master(redis_cluster: Cluster, seeded: Seeded,
         assert value(samples, "pipeline_queue_paused", queue="email") == 1
         assert value(samples, "pipeline_queue_paused", queue="webhooks") == 0
         assert value(samples, "pipeline_queue_in_flight") == 2
+        assert value(samples, "pipeline_dlq_size") == len(seeded.dead)
         assert (value(samples, "pipeline_queue_oldest_age_seconds", queue="pdf") or 0) >= 30
         assert (value(samples, "pipeline_redis_memory_used_bytes") or 0) > 0
     finally:
