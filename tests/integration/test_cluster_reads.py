@@ -93,8 +93,13 @@ def seeded(redis_cluster: Cluster) -> Iterator[Seeded]:
     client.lpush(webhooks[0], _message("w-1", "webhooks.deliver", now - 5), _message("w-2", "webhooks.deliver", now))
     client.lpush(webhooks[2], _message("w-3", "webhooks.deliver", now))
     names += webhooks
-    client.lpush(keys.levels("pdf", cluster=True)[0], _message("p-1", "pdf.render", now - 30))
-    names.append(keys.levels("pdf", cluster=True)[0])
+    pdf = keys.levels("pdf", cluster=True)[0]
+    client.lpush(pdf, _message("p-1", "pdf.render", now - 30))
+    grouped = keys.group_jobs("pdf", pdf, "tenant-a", cluster=True)  # a fair group's job (`pipeline.fairness`)
+    client.lpush(grouped, _message("p-2", "pdf.render", now))
+    client.hset(keys.group_state("pdf", pdf, cluster=True), "tenant-a", "r")
+    client.hset(keys.group_count("pdf", cluster=True), pdf, 1)
+    names += [pdf, grouped, keys.group_state("pdf", pdf, cluster=True), keys.group_count("pdf", cluster=True)]
     client.set(keys.paused("email", cluster=True), "1")
     names.append(keys.paused("email", cluster=True))
     delivered = keys.unacked("email", cluster=True)
@@ -147,7 +152,7 @@ def test_the_seeded_queues_live_on_different_masters(redis_cluster: Cluster) -> 
 def test_queues_and_status_read_every_master(redis_cluster: Cluster, seeded: Seeded) -> None:
     shown = {q["name"]: q for q in _cli(redis_cluster, "queues", "--json")["queues"]}
     assert shown["webhooks"]["depth"] == 3 and shown["webhooks"]["levels"] == {"0": 2, "3": 0, "6": 1, "9": 0}
-    assert shown["pdf"]["depth"] == 1
+    assert shown["pdf"]["depth"] == 2
     assert shown["email"]["paused"] is True and shown["webhooks"]["paused"] is False
 
     for task_id in seeded.succeeded:
@@ -172,7 +177,7 @@ def test_the_api_and_the_job_browser_read_every_master(api: ApiServer, seeded: S
         queues = client.get("/queues")
         assert queues.status_code == 200, queues.text
         by_name = {q["name"]: q for q in queues.json()["queues"]}
-        assert by_name["webhooks"]["depth"] == 3 and by_name["pdf"]["depth"] == 1
+        assert by_name["webhooks"]["depth"] == 3 and by_name["pdf"]["depth"] == 2
         assert by_name["email"]["paused"] is True and by_name["email"]["in_flight"] == 2
         assert queues.json()["in_flight"] == 2
         assert by_name["pdf"]["oldest_wait_s"] >= 30
@@ -197,6 +202,7 @@ def test_the_api_and_the_job_browser_read_every_master(api: ApiServer, seeded: S
         assert sorted(row["id"] for row in done["jobs"]) == sorted(seeded.succeeded)
         waiting = _page(client, "webhooks", "waiting")
         assert {row["id"] for row in waiting["jobs"]} == {"w-1", "w-2", "w-3"}
+        assert {row["id"] for row in _page(client, "pdf", "waiting")["jobs"]} == {"p-1", "p-2"}
 
 
 def _page(client: httpx.Client, queue: str, state: str) -> dict[str, Any]:
@@ -216,7 +222,7 @@ def test_the_exporter_reads_every_master(redis_cluster: Cluster, seeded: Seeded,
         samples = cast(Samples, wait_for(lambda: try_scrape(port), 60, 0.2, what="the exporter's first scrape"))
         assert value(samples, "pipeline_broker_up") == 1
         assert value(samples, "pipeline_queue_depth", queue="webhooks") == 3
-        assert value(samples, "pipeline_queue_depth", queue="pdf") == 1
+        assert value(samples, "pipeline_queue_depth", queue="pdf") == 2
         assert value(samples, "pipeline_queue_paused", queue="email") == 1
         assert value(samples, "pipeline_queue_paused", queue="webhooks") == 0
         assert value(samples, "pipeline_queue_in_flight") == 2
