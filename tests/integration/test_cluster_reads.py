@@ -27,7 +27,7 @@ from redis.crc import key_slot
 from pipeline.constants import DEAD_LETTER_QUEUE, HEADER_PUBLISHED_AT, JOB_RECORD_KEY
 from pipeline.dlq.envelope import DeadLetter
 from pipeline.queues import keys
-from tests.support.api import ApiServer
+from tests.support.api import ApiServer, sse_events
 from tests.support.cluster import Cluster
 from tests.support.procs import ROOT, free_port, stop_process, wait_for
 from tests.support.scrape import Samples, try_scrape, value
@@ -184,6 +184,8 @@ def test_the_api_and_the_job_browser_read_every_master(api: ApiServer, seeded: S
 
         for task_id in seeded.succeeded:
             assert client.get(f"/jobs/{task_id}").json()["state"] == "succeeded"
+        events = list(sse_events(client, f"/jobs/{seeded.succeeded[0]}/events"))  # a final state ends the stream
+        assert [(event, data["state"]) for event, data in events] == [("status", "succeeded")]
         for task_id in seeded.queued:
             assert client.get(f"/jobs/{task_id}").json()["state"] == "queued"
 
