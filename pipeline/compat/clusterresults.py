@@ -29,6 +29,9 @@ from pipeline import cluster
 class ClusterBackend(RedisBackend):
     """Celery's Redis backend whose client is the process's cluster client."""
 
+    #: RESULT_EXPIRES in seconds, set by Celery's backend (celery-types does not declare it).
+    expires: Any
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["url"] = None  # the seeds are the settings' (`pipeline.cluster`): Celery's URL parsing takes one host
         super().__init__(*args, **kwargs)

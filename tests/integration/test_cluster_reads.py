@@ -271,8 +271,10 @@ def test_results_stored_and_read_through_the_cluster_backend(redis_cluster: Clus
         }
         for task_id in ids:
             key = RESULT_KEY.format(id=task_id)
-            raw = redis_cluster.master_of(key_slot(key.encode())).client().get(key)
+            master = redis_cluster.master_of(key_slot(key.encode())).client()
+            raw = master.get(key)
             assert raw is not None and json.loads(raw)["status"] == "SUCCESS"
+            assert int(master.ttl(key)) > 0, "stored with RESULT_EXPIRES, as Celery's backend stores it"
     finally:
         for task_id in ids:
             client.delete(RESULT_KEY.format(id=task_id))
