@@ -174,6 +174,7 @@ def api(redis_cluster: Cluster, work_dir: Path) -> Iterator[ApiServer]:
 
 def test_the_api_and_the_job_browser_read_every_master(api: ApiServer, seeded: Seeded) -> None:
     with api.client() as client:
+        assert client.get("/readyz").json() == {"status": "ready"}
         queues = client.get("/queues")
         assert queues.status_code == 200, queues.text
         by_name = {q["name"]: q for q in queues.json()["queues"]}
