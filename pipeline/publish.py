@@ -32,7 +32,8 @@ from pipeline.celery_app import get_app
 from pipeline.compat import batch
 from pipeline.compat.batch import Command
 from pipeline.config import get_settings
-from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
+from pipeline.constants import DELAYED_KEY
+from pipeline.queues import keys
 
 #: Sends the job through `producer` (None: the app's pool) with this ETA.
 Send = Callable[[Producer | None, datetime | None], Any]
@@ -76,7 +77,7 @@ def _one_message(commands: list[Command]) -> Captured:
     if len(pushes) != 1 or any(name != "publish" for name, _ in extra):
         raise RuntimeError(f"a job must route to exactly one Redis queue, got {commands!r}")
     key, body = pushes[0]
-    return Captured(str(key), body.decode() if isinstance(body, bytes) else str(body), extra)
+    return Captured(keys.listed(str(key)), body.decode() if isinstance(body, bytes) else str(body), extra)
 
 
 def schedule(send: Send, task_id: str, due: float | None) -> bool:
@@ -87,13 +88,31 @@ def schedule(send: Send, task_id: str, due: float | None) -> bool:
     message = capture(lambda producer: send(producer, _eta(due)))
     with broker_redis() as client:
         pipe = client.pipeline(transaction=True)
-        pipe.hset(DELAYED_MESSAGE_KEY, task_id, message.body)
-        pipe.hset(DELAYED_DEST_KEY, task_id, message.dest)
-        pipe.zadd(DELAYED_KEY, {task_id: due})
+        park(pipe, task_id, message, due)
+        pipe.execute()
+        announce(client, message)
+    return True
+
+
+def park(pipe: Any, task_id: str, message: Captured, due: float) -> None:
+    """Queue on `pipe` (a MULTI) the commands parking `message` under `task_id` until `due`: in the delayed keys of
+    its queue (shared by every queue on a single Redis; the queue's slot on a cluster), with its extra PUBLISHes on a
+    single Redis (`announce` sends them on a cluster, where a MULTI holds one slot's keys only)."""
+    index, bodies, dests = keys.delayed(keys.queue_of(message.dest))
+    pipe.hset(bodies, task_id, message.body)
+    pipe.hset(dests, task_id, message.dest)
+    pipe.zadd(index, {task_id: due})
+    if not keys.clustered():
         for _, args in message.extra:
             pipe.publish(*args)
-        pipe.execute()
-    return True
+
+
+def announce(client: Any, message: Captured) -> None:
+    """On a cluster, send `message`'s extra PUBLISHes (its `task-sent` event) after its MULTI; on a single Redis
+    they went in it (`park`)."""
+    if keys.clustered():
+        for _, args in message.extra:
+            client.publish(*args)
 
 
 def _eta(due: float) -> datetime:
