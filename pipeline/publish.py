@@ -57,6 +57,12 @@ class Captured:
     extra: tuple[tuple[str, tuple[Any, ...]], ...]
 
 
+def declare_option() -> dict[str, Any]:
+    """Celery's publish option that declares nothing, on a Redis Cluster (kombu's declare reads the queue's lists on
+    the one node Celery is given, whichever slots it serves); none on a single Redis."""
+    return {"declare": []} if keys.clustered() else {}
+
+
 def capture(send: Callable[[Producer], Any]) -> Captured:
     """What `send(producer)` would write to Redis, recorded without publishing it."""
     return capture_many([send])[0]

@@ -39,7 +39,6 @@ from pipeline.fairness import groups
 from pipeline.fairness.rates import ClusterRate
 from pipeline.pools import aio
 from pipeline.producer import write
-from pipeline.queues import keys
 from pipeline.queues.priority import check as check_priority
 from pipeline.retry import RetryPolicy
 
@@ -274,8 +273,7 @@ class TypedTask(Generic[P, R]):
     ) -> Any:
         """Celery's own publish of one job (captured by `pipeline.producer`, never sent from here)."""
         options: dict[str, Any] = {k: v for k, v in (("eta", eta), ("priority", priority)) if v is not None}
-        if keys.clustered():  # kombu's declare reads the queue's lists on one node: on a cluster nothing is declared
-            options["declare"] = []
+        options.update(publish.declare_option())
         return self.task.apply_async((payload,), task_id=task_id, headers=headers, producer=producer, **options)
 
     def _sender(self, priority: int | None) -> write.Send:

@@ -34,7 +34,7 @@ from pipeline.dlq.filters import EVERYTHING, Filters
 from pipeline.flows.record import Ref, replaced
 from pipeline.producer import idempotency
 from pipeline.producer.script import store_jobs
-from pipeline.publish import capture
+from pipeline.publish import capture, declare_option
 from pipeline.queues import keys
 
 __all__ = [
@@ -134,8 +134,7 @@ def _republish(client: redis.Redis, entry: DeadLetter, name: str) -> str:
 
     def send(producer: Any) -> Any:
         options = {"queue": entry.queue, "task_id": new_id, "headers": entry.headers, "producer": producer}
-        if keys.clustered():  # kombu's declare reads the queue's lists on one node: on a cluster nothing is declared
-            options["declare"] = []
+        options.update(declare_option())
         return get_app().send_task(name, args=entry.args, kwargs=entry.kwargs or {}, **options)
 
     message = capture(send)
