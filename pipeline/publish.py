@@ -32,7 +32,7 @@ from pipeline.celery_app import get_app
 from pipeline.compat import batch
 from pipeline.compat.batch import Command
 from pipeline.config import get_settings
-from pipeline.constants import DELAYED_KEY
+from pipeline.constants import DELAYED_KEY, WORK_QUEUES
 from pipeline.queues import keys
 
 #: Sends the job through `producer` (None: the app's pool) with this ETA.
@@ -125,20 +125,33 @@ def _eta(due: float) -> datetime:
     return datetime.fromtimestamp(due, UTC)
 
 
+def _indexes() -> list[str]:
+    """The due-time indexes of parked jobs: one on a single Redis, each work queue's on a cluster."""
+    if not keys.clustered():
+        return [DELAYED_KEY]
+    return [keys.delayed(queue)[0] for queue in WORK_QUEUES]
+
+
 def parked_due(task_id: str) -> float | None:
     """When a parked job is due (epoch seconds), or None if it is not parked."""
-    with broker_redis() as client:
-        score = client.zscore(DELAYED_KEY, task_id)
-    return None if score is None else float(score)
+    return parked_dues([task_id]).get(task_id)
 
 
 def parked_dues(task_ids: list[str]) -> dict[str, float]:
-    """When each parked job of `task_ids` is due (epoch seconds; those not parked are left out), in one ZMSCORE."""
+    """When each parked job of `task_ids` is due (epoch seconds; those not parked are left out), in one ZMSCORE per
+    index (one round trip; on a cluster a batch per master)."""
     if not task_ids:
         return {}
     with broker_redis() as client:
-        scores = client.zmscore(DELAYED_KEY, task_ids)
-    return {task_id: float(score) for task_id, score in zip(task_ids, scores, strict=True) if score is not None}
+        pipe = client.pipeline(transaction=False)
+        for index in _indexes():
+            pipe.zmscore(index, task_ids)
+        found: dict[str, float] = {}
+        for scores in pipe.execute():
+            found.update(
+                {task: float(score) for task, score in zip(task_ids, scores, strict=True) if score is not None}
+            )
+    return found
 
 
 def is_parked(task_id: str) -> bool:
@@ -161,9 +174,12 @@ def parked_stats(now: float | None = None) -> ParkedStats:
     refuses one, reads included, and the exporter must read a full broker)."""
     with broker_redis() as client:
         pipe = client.pipeline(transaction=False)
-        pipe.zcard(DELAYED_KEY)
-        pipe.zrange(DELAYED_KEY, 0, 0, withscores=True)
-        count, earliest = pipe.execute()
+        for index in _indexes():
+            pipe.zcard(index)
+            pipe.zrange(index, 0, 0, withscores=True)
+        replies = pipe.execute()
+    count = sum(int(n) for n in replies[::2])
+    dues = [float(first[0][1]) for first in replies[1::2] if first]
     now = time.time() if now is None else now
-    overdue = max(0.0, now - float(earliest[0][1])) if earliest else 0.0
-    return ParkedStats(int(count), overdue)
+    overdue = max(0.0, now - min(dues)) if dues else 0.0
+    return ParkedStats(count, overdue)

@@ -48,6 +48,10 @@ from pipeline.scheduling.delayed import release_due
 out["due"] = probe.enqueue({"message": "later"}, countdown=600)
 out["dropped"] = probe.enqueue({"message": "dropped"}, countdown=600)
 out["queued"] = probe.enqueue({"message": "queued"})
+out["soon"] = probe.enqueue({"message": "soon"}, countdown=1)  # within DELAYED_RELEASE_AHEAD: queued at once
+from pipeline.publish import parked_due, parked_stats
+out["parked_in"] = parked_due(out["due"]) - time.time()
+out["parked_count"] = parked_stats().count
 out["parked_dropped"] = _tombstone(out["dropped"], "default")
 out["queued_parked"] = _tombstone(out["queued"], "default")
 out["released"] = release_due(now=time.time() + 1200)
@@ -138,7 +142,9 @@ def test_a_parked_job_is_released_to_its_queue_and_a_cancelled_one_never_is(redi
     assert out["parked_dropped"] == 1 and out["queued_parked"] == 0
     assert out["released"] >= 1
     waiting = _waiting(default, "default")
-    assert out["due"] in waiting and out["queued"] in waiting
+    assert 590 < out["parked_in"] <= 600 and out["parked_count"] >= 2, "the parked jobs are read where they are"
+    assert out["due"] in waiting and out["queued"] in waiting and out["soon"] in waiting
+    assert redis_cluster.client().get(f"pipeline:job:{out['soon']}") is not None
     assert out["dropped"] not in waiting, "a cancelled parked job is never released"
     assert default.zscore(index, out["due"]) is None and default.zscore(index, out["dropped"]) is None
     assert not default.hexists(bodies, out["dropped"]) and not default.hexists(dests, out["dropped"])
