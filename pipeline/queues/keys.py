@@ -38,10 +38,19 @@ from pipeline.constants import (
 )
 from pipeline.queues.priority import level_key
 
+#: (settings, whether their broker URL names a cluster): the answer for the process's settings, kept (a producer asks
+#: on every enqueue).
+_known: list[tuple[object, bool]] = []
+
 
 def clustered(cluster: bool | None = None) -> bool:
     """`cluster`, or whether the broker URL names a Redis Cluster when it is None."""
-    return is_cluster(get_settings().broker_url) if cluster is None else cluster
+    if cluster is not None:
+        return cluster
+    settings = get_settings()
+    if not _known or _known[0][0] is not settings:
+        _known[:] = [(settings, is_cluster(settings.broker_url))]
+    return _known[0][1]
 
 
 def tag(queue: str) -> str:
