@@ -200,7 +200,7 @@ def enqueue_one(
     with memory_refusals(), idempotency.claim(name, idempotency_key, queue) as claimed:
         if claimed.existing_id is None:
             _write_captured(name, queue, send, claimed.task_id, payload, idempotency_key, due, now, group, rate)
-    confirm_replicated(producer_redis())  # outside the claim: a job not confirmed keeps its key
+    confirm_replicated(producer_redis(), queue)  # outside the claim: a job not confirmed keeps its key
     return claimed.existing_id or claimed.task_id
 
 

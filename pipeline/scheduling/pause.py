@@ -48,7 +48,7 @@ def pause(queue: str) -> bool:
             added = 0 if client.set(keys.paused(queue), "1", get=True) else 1
         else:
             added = int(client.sadd(PAUSED_KEY, queue))
-        confirm_replicated(client)  # a pause lost in a failover would let its jobs start
+        confirm_replicated(client, keys.paused(queue))  # a pause lost in a failover would let its jobs start
     return added == 1
 
 
@@ -71,5 +71,5 @@ def resume(queue: str) -> bool:
             pipe.srem(PAUSED_KEY, queue)
         wake.mark(pipe, queue)  # an idle worker of the queue wakes now, not at its next poll
         removed = int(pipe.execute()[0])
-        confirm_replicated(client)
+        confirm_replicated(client, keys.paused(queue))
     return removed == 1

@@ -79,8 +79,18 @@ out["pause_again"] = pause.pause("pdf")
 """
 
 
-def _produce(cluster: Cluster, body: str, *argv: str) -> dict[str, Any]:
-    env = {**os.environ, "REDIS_URL": cluster.url(), "REDIS_WAIT_REPLICAS": "0"}
+_DURABLE = """
+from pipeline.scheduling import pause
+out["one"] = probe.enqueue({"message": "durable"})
+out["keyed"] = [probe.enqueue({"message": "k"}, idempotency_key=sys.argv[1]) for _ in range(2)]
+out["parked"] = probe.enqueue({"message": "later"}, countdown=600)
+out["paused"] = pause.pause("transcode")
+out["resumed"] = pause.resume("transcode")
+"""
+
+
+def _produce(cluster: Cluster, body: str, *argv: str, replicas: int = 0) -> dict[str, Any]:
+    env = {**os.environ, "REDIS_URL": cluster.url(), "REDIS_WAIT_REPLICAS": str(replicas)}
     code = _PREAMBLE + body + "\nprint(json.dumps(out))\n"
     done = subprocess.run(
         [sys.executable, "-c", code, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
@@ -174,3 +184,17 @@ def test_pause_and_resume_keep_a_flag_in_the_queues_slot(redis_cluster: Cluster)
     assert email.llen(keys.wake("email", cluster=True)) >= 1, "a resume wakes the queue's idle workers"
     assert out["pause_again"] is True and pdf.get(keys.paused("pdf", cluster=True)) == b"1"
     pdf.delete(keys.paused("pdf", cluster=True))
+
+
+def test_with_wait_replicas_each_write_is_confirmed_by_the_replica_of_the_master_that_took_it(
+    redis_cluster: Cluster,
+) -> None:
+    out = _produce(redis_cluster, _DURABLE, "key-durable", replicas=1)
+    assert out["keyed"][0] == out["keyed"][1] and out["paused"] is True and out["resumed"] is True
+    master = redis_cluster.master_of(key_slot(b"default"))
+    replica = redis.Redis(port=redis_cluster.replica_of(master).port, single_connection_client=True)
+    replica.execute_command("READONLY")  # a replica answers reads of its master's slots on this connection
+    # WAIT returned 1 before each call answered: the replica holds the jobs already, read there without waiting.
+    waiting = _waiting(replica, "default")
+    assert out["one"] in waiting and out["keyed"][0] in waiting
+    assert replica.zscore(keys.delayed("default", cluster=True)[0], out["parked"]) is not None
