@@ -90,4 +90,5 @@ def seed_url(url: str) -> str:
     auth = ""
     if parsed.username is not None or parsed.password is not None:
         auth = f"{quote(parsed.username or '', safe='')}:{quote(parsed.password or '', safe='')}@"
-    return f"{'rediss' if parsed.tls else 'redis'}://{auth}{host}:{port}/0"
+    address = f"[{host}]" if ":" in host else host  # an IPv6 address in brackets
+    return f"{'rediss' if parsed.tls else 'redis'}://{auth}{address}:{port}/0"
