@@ -36,6 +36,10 @@ out["many"] = webhook.enqueue_many(
 )
 out["grouped"] = probe.enqueue({"message": "g"}, group="tenant-1")
 out["keyed"] = [probe.enqueue({"message": "k"}, idempotency_key=sys.argv[1]) for _ in range(2)]
+from pipeline.records import forget_accepted, record_accepted
+for task_id in ("accepted-kept", "accepted-forgotten"):
+    record_accepted(task_id, "pipeline.probe", queue="pdf")
+forget_accepted("accepted-forgotten", "pdf")
 try:
     probe.enqueue({"message": "x" * 5000})
 except Exception as exc:
@@ -142,6 +146,11 @@ def test_enqueued_jobs_land_in_their_queues_slot_with_marker_index_record_and_id
         record = client.get(f"pipeline:job:{task_id}")
         assert record is not None and json.loads(record)["task"] in ("pipeline.probe", "webhooks.deliver")
     assert out["invalid"] == "PayloadInvalid"
+    pdf_recent = _on_master(redis_cluster, "pdf").zrange(keys.recent("pdf", cluster=True), 0, -1)
+    assert b"accepted-kept" in pdf_recent and b"accepted-forgotten" not in pdf_recent
+    assert (
+        client.get("pipeline:job:accepted-kept") is not None and client.get("pipeline:job:accepted-forgotten") is None
+    )
     assert len(_waiting(default, "default")) == len(waiting), "an invalid payload stores nothing"
 
 
