@@ -35,7 +35,14 @@ out["many"] = webhook.enqueue_many(
     [{"url": "https://example.com/a", "event": "e", "payload": {}}] * 2, priority=3
 )
 out["grouped"] = probe.enqueue({"message": "g"}, group="tenant-1")
-out["keyed"] = [probe.enqueue({"message": "k"}, idempotency_key=sys.argv[1]) for _ in range(2)]
+from pipeline.broker import broker_redis
+def records():
+    with broker_redis() as client:
+        return sum(1 for _ in client.scan_iter(match="pipeline:job:*", count=1000))
+out["keyed"] = [probe.enqueue({"message": "k"}, idempotency_key=sys.argv[1])]
+before = records()
+out["keyed"].append(probe.enqueue({"message": "k"}, idempotency_key=sys.argv[1]))
+out["records_added_by_repeat"], out["records_before"] = records() - before, before
 from pipeline.records import forget_accepted, record_accepted
 for task_id in ("accepted-kept", "accepted-forgotten"):
     record_accepted(task_id, "pipeline.probe", queue="pdf")
@@ -128,6 +135,8 @@ def test_enqueued_jobs_land_in_their_queues_slot_with_marker_index_record_and_id
     waiting = _waiting(default, "default")
     assert out["one"] in waiting and out["keyed"][0] in waiting
     assert out["keyed"][0] == out["keyed"][1], "the same idempotency key gives the first job's id"
+    assert out["records_added_by_repeat"] == 0, "the repeat's record, written before the call, is dropped"
+    assert out["records_before"] >= 5, "the scan counts the records on every master"
     assert waiting.count(out["keyed"][0]) == 1, "one job for the key"
     claim = keys.idempotency("default", "pipeline.probe", "key-enqueue", cluster=True)
     assert default.get(claim) == out["keyed"][0].encode()
