@@ -173,6 +173,9 @@ def run_script_waited(
     know yet (NOSCRIPT: a restarted or new server) is loaded and the round trip made again."""
     if replicas_wanted() <= 0:
         return script(name)(keys=keys, args=args, client=client), None
+    if layout.clustered():  # redis-py runs no script in a cluster pipeline: the script, then WAIT on its master
+        reply = script(name)(keys=keys, args=args, client=client)
+        return reply, _barrier_wait(cluster.node_of(client, keys[0]))
     for _ in range(2):
         pipe = client.pipeline(transaction=False)
         pipe.evalsha(sha(name), len(keys), *keys, *args)
@@ -194,18 +197,24 @@ def _reached(reply: Any) -> int:
     return 0 if isinstance(reply, Exception) else int(reply)
 
 
-def confirm_replicated(client: redis.Redis) -> None:
+def confirm_replicated(client: redis.Redis, key: str | None = None) -> None:
     """Return once REDIS_WAIT_REPLICAS replicas hold every write the primary took so far (a replication barrier,
-    then WAIT, one round trip), else raise `NotReplicated`; nothing at all with REDIS_WAIT_REPLICAS=0.
-
-    For writes made on another connection (a MULTI, which cannot hold a WAIT) or earlier (an idempotency key's
-    first job, answered again to a retry)."""
+    then WAIT, one round trip), else raise `NotReplicated`; nothing at all with REDIS_WAIT_REPLICAS=0. On a cluster,
+    the primary is the master serving `key` (a queue's key). For writes made on another connection (a MULTI, which
+    cannot hold a WAIT) or earlier (an idempotency key's first job, answered again to a retry)."""
     if replicas_wanted() <= 0:
         return
+    if key is not None and layout.clustered():
+        client = cluster.node_of(client, key)
+    check_replicas(_barrier_wait(client))
+
+
+def _barrier_wait(client: redis.Redis) -> int:
+    """A replication barrier and WAIT on one connection of `client` (one node); the replicas WAIT reached."""
     pipe = client.pipeline(transaction=False)
     pipe.publish(REPLICATION_BARRIER, "")
     add_wait(pipe)
-    check_replicas(_reached(pipe.execute(raise_on_error=False)[-1]))
+    return _reached(pipe.execute(raise_on_error=False)[-1])
 
 
 def oom_cause(exc: BaseException) -> BaseException | None:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 import redis.asyncio.cluster
 from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
@@ -76,6 +77,15 @@ def reset() -> None:
     with _lock:
         while _shared:
             _shared.pop().close()
+
+
+def node_of(client: redis.Redis | RedisCluster, key: str) -> redis.Redis:
+    """A client of the master serving `key`'s slot now: where a WAIT for that key's writes is sent."""
+    if not isinstance(client, RedisCluster):
+        return client
+    node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]  # redis-py: untyped
+    found: redis.Redis = client.get_redis_connection(node)
+    return found
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ from pipeline.celery_app import get_app
 from pipeline.compat import batch
 from pipeline.compat.batch import Command
 from pipeline.config import get_settings
-from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
+from pipeline.constants import DELAYED_KEY, WORK_QUEUES
+from pipeline.queues import keys
 
 #: Sends the job through `producer` (None: the app's pool) with this ETA.
 Send = Callable[[Producer | None, datetime | None], Any]
@@ -56,6 +57,12 @@ class Captured:
     extra: tuple[tuple[str, tuple[Any, ...]], ...]
 
 
+def declare_option() -> dict[str, Any]:
+    """Celery's publish option that declares nothing, on a Redis Cluster (kombu's declare reads the queue's lists on
+    the one node Celery is given, whichever slots it serves); none on a single Redis."""
+    return {"declare": []} if keys.clustered() else {}
+
+
 def capture(send: Callable[[Producer], Any]) -> Captured:
     """What `send(producer)` would write to Redis, recorded without publishing it."""
     return capture_many([send])[0]
@@ -76,7 +83,7 @@ def _one_message(commands: list[Command]) -> Captured:
     if len(pushes) != 1 or any(name != "publish" for name, _ in extra):
         raise RuntimeError(f"a job must route to exactly one Redis queue, got {commands!r}")
     key, body = pushes[0]
-    return Captured(str(key), body.decode() if isinstance(body, bytes) else str(body), extra)
+    return Captured(keys.listed(str(key)), body.decode() if isinstance(body, bytes) else str(body), extra)
 
 
 def schedule(send: Send, task_id: str, due: float | None) -> bool:
@@ -87,33 +94,64 @@ def schedule(send: Send, task_id: str, due: float | None) -> bool:
     message = capture(lambda producer: send(producer, _eta(due)))
     with broker_redis() as client:
         pipe = client.pipeline(transaction=True)
-        pipe.hset(DELAYED_MESSAGE_KEY, task_id, message.body)
-        pipe.hset(DELAYED_DEST_KEY, task_id, message.dest)
-        pipe.zadd(DELAYED_KEY, {task_id: due})
+        park(pipe, task_id, message, due)
+        pipe.execute()
+        announce(client, message)
+    return True
+
+
+def park(pipe: Any, task_id: str, message: Captured, due: float) -> None:
+    """Queue on `pipe` (a MULTI) the commands parking `message` under `task_id` until `due`: in the delayed keys of
+    its queue (shared by every queue on a single Redis; the queue's slot on a cluster), with its extra PUBLISHes on a
+    single Redis (`announce` sends them on a cluster, where a MULTI holds one slot's keys only)."""
+    index, bodies, dests = keys.delayed(keys.queue_of(message.dest))
+    pipe.hset(bodies, task_id, message.body)
+    pipe.hset(dests, task_id, message.dest)
+    pipe.zadd(index, {task_id: due})
+    if not keys.clustered():
         for _, args in message.extra:
             pipe.publish(*args)
-        pipe.execute()
-    return True
+
+
+def announce(client: Any, message: Captured) -> None:
+    """On a cluster, send `message`'s extra PUBLISHes (its `task-sent` event) after its MULTI; on a single Redis
+    they went in it (`park`)."""
+    if keys.clustered():
+        for _, args in message.extra:
+            client.publish(*args)
 
 
 def _eta(due: float) -> datetime:
     return datetime.fromtimestamp(due, UTC)
 
 
+def _indexes() -> list[str]:
+    """The due-time indexes of parked jobs: one on a single Redis, each work queue's on a cluster."""
+    if not keys.clustered():
+        return [DELAYED_KEY]
+    return [keys.delayed(queue)[0] for queue in WORK_QUEUES]
+
+
 def parked_due(task_id: str) -> float | None:
     """When a parked job is due (epoch seconds), or None if it is not parked."""
-    with broker_redis() as client:
-        score = client.zscore(DELAYED_KEY, task_id)
-    return None if score is None else float(score)
+    return parked_dues([task_id]).get(task_id)
 
 
 def parked_dues(task_ids: list[str]) -> dict[str, float]:
-    """When each parked job of `task_ids` is due (epoch seconds; those not parked are left out), in one ZMSCORE."""
+    """When each parked job of `task_ids` is due (epoch seconds; those not parked are left out), in one ZMSCORE per
+    index (one round trip; on a cluster a batch per master)."""
     if not task_ids:
         return {}
     with broker_redis() as client:
-        scores = client.zmscore(DELAYED_KEY, task_ids)
-    return {task_id: float(score) for task_id, score in zip(task_ids, scores, strict=True) if score is not None}
+        pipe = client.pipeline(transaction=False)
+        for index in _indexes():
+            pipe.zmscore(index, task_ids)
+        found: dict[str, float] = {}
+        for scores in pipe.execute():
+            found.update(
+                {task: float(score) for task, score in zip(task_ids, scores, strict=True) if score is not None}
+            )
+    return found
 
 
 def is_parked(task_id: str) -> bool:
@@ -136,9 +174,12 @@ def parked_stats(now: float | None = None) -> ParkedStats:
     refuses one, reads included, and the exporter must read a full broker)."""
     with broker_redis() as client:
         pipe = client.pipeline(transaction=False)
-        pipe.zcard(DELAYED_KEY)
-        pipe.zrange(DELAYED_KEY, 0, 0, withscores=True)
-        count, earliest = pipe.execute()
+        for index in _indexes():
+            pipe.zcard(index)
+            pipe.zrange(index, 0, 0, withscores=True)
+        replies = pipe.execute()
+    count = sum(int(n) for n in replies[::2])
+    dues = [float(first[0][1]) for first in replies[1::2] if first]
     now = time.time() if now is None else now
-    overdue = max(0.0, now - float(earliest[0][1])) if earliest else 0.0
-    return ParkedStats(int(count), overdue)
+    overdue = max(0.0, now - min(dues)) if dues else 0.0
+    return ParkedStats(count, overdue)

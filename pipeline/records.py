@@ -6,7 +6,9 @@ and ETA) *before* publishing, with a TTL of RESULT_EXPIRES past the ETA. `pipeli
 
 In the same round trip the id joins its queue's recent-jobs index (`pipeline:recent:<queue>`, a sorted set
 by accepted time trimmed to the newest RECENT_JOBS_MAX), from which the job browser (`pipeline.browse`)
-lists retrying, succeeded and failed jobs.
+lists retrying, succeeded and failed jobs. On a Redis Cluster the record and the index live in different slots:
+`record_accepted` sends them in one pipeline without MULTI (a batch per master), and the producer's own paths write
+the record before the queue's call (`pipeline.producer.script`).
 
 A stored SUCCESS makes the record useless (a result tells the job from an unknown one): the script that stores it
 deletes it (`pipeline/lua/parts/results.lua`), the meta keeps the ETA, and the accepted time is read from the
@@ -54,7 +56,7 @@ def record_accepted(task_id: str, task_name: str, eta: datetime | None = None, q
     """Remember that `task_id` was accepted (on `queue`); call before publishing it (raises if Redis is down)."""
     value, ttl = accepted_entry(task_name, eta)
     with broker_redis() as client:
-        pipe = client.pipeline(transaction=True)
+        pipe = client.pipeline(transaction=not keys.clustered())  # on a cluster: two slots, one batch per master
         pipe.set(JOB_RECORD_KEY.format(id=task_id), value, ex=ttl)
         remember_recent(pipe, queue, [task_id])
         pipe.execute()
@@ -63,7 +65,7 @@ def record_accepted(task_id: str, task_name: str, eta: datetime | None = None, q
 def forget_accepted(task_id: str, queue: str | None = None) -> None:
     """Drop the record of a job whose publish failed (best effort: Redis is likely the reason it failed)."""
     with contextlib.suppress(Exception), broker_redis() as client:
-        pipe = client.pipeline(transaction=True)
+        pipe = client.pipeline(transaction=not keys.clustered())
         pipe.delete(JOB_RECORD_KEY.format(id=task_id))
         if queue is not None:
             pipe.zrem(keys.recent(queue), task_id)

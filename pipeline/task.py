@@ -273,6 +273,7 @@ class TypedTask(Generic[P, R]):
     ) -> Any:
         """Celery's own publish of one job (captured by `pipeline.producer`, never sent from here)."""
         options: dict[str, Any] = {k: v for k, v in (("eta", eta), ("priority", priority)) if v is not None}
+        options.update(publish.declare_option())
         return self.task.apply_async((payload,), task_id=task_id, headers=headers, producer=producer, **options)
 
     def _sender(self, priority: int | None) -> write.Send:

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from kombu import Queue
 
+from pipeline.config import cluster
 from pipeline.config.beat import maintenance_entries
 from pipeline.config.cluster import is_cluster
 from pipeline.config.settings import Settings
@@ -104,6 +105,11 @@ def sentinel_kwargs(settings: Settings) -> dict[str, Any]:
     return options
 
 
+def _celery_url(url: str) -> str:
+    """`url`, or for a Redis Cluster's its first seed's plain URL (`pipeline.config.cluster.seed_url`)."""
+    return cluster.seed_url(url) if cluster.is_cluster(url) else url
+
+
 def celery_conf(settings: Settings) -> dict[str, Any]:
     """Celery's configuration for these settings. The only place lowercase Celery keys appear.
 
@@ -111,7 +117,7 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
     """
     transport = _transport_options(settings)
     conf: dict[str, Any] = {
-        "broker_url": settings.broker_url,
+        "broker_url": _celery_url(settings.broker_url),
         "result_backend": result_backend_name(settings),
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,

@@ -11,7 +11,7 @@ Credentials, when given, are the same on every node (as Redis Cluster requires o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 #: The schemes of a cluster URL: plain and TLS.
 SCHEMES = ("redis+cluster", "rediss+cluster")
@@ -78,3 +78,17 @@ def _seed(part: str, name: str) -> tuple[str, int]:
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise ValueError(f"{name}: seed {part!r} has no valid port")
     return host, int(port_text)
+
+
+def seed_url(url: str) -> str:
+    """A plain `redis://` (`rediss://`) URL of cluster URL `url`'s first seed node, with its credentials: what Celery's
+    and kombu's own objects are built on, since neither parses a cluster URL. The pipeline writes through cluster
+    clients (`pipeline.cluster`); a command Celery sends to this node for a key of a slot it does not serve is refused
+    (MOVED), never misplaced."""
+    parsed = parse(url)
+    host, port = parsed.seeds[0]
+    auth = ""
+    if parsed.username is not None or parsed.password is not None:
+        auth = f"{quote(parsed.username or '', safe='')}:{quote(parsed.password or '', safe='')}@"
+    address = f"[{host}]" if ":" in host else host  # an IPv6 address in brackets
+    return f"{'rediss' if parsed.tls else 'redis'}://{auth}{address}:{port}/0"

@@ -4,7 +4,9 @@
 succeeded, failed, dead-lettered or cancelled already). Otherwise, in one script on the broker (`cancel.lua`):
 
 * a parked delayed job (a countdown, an ETA, a long retry: `pipeline.publish`) is taken out of `pipeline:delayed`;
-* the job's tombstone `pipeline:cancel:<id>` is written, for RESULT_EXPIRES: a worker's fetch acknowledges the job's
+* the job's tombstone `pipeline:cancel:<id>` is written (on a Redis Cluster both are the job's queue's keys, in its
+  slot: the queue comes from the job's status, and a job whose queue is unknown gets one on every work queue), for
+  RESULT_EXPIRES: a worker's fetch acknowledges the job's
   message as it pops it and drops it unrun (`fetch.lua`, `pipeline.delivery.cancelled`), a waiting job and the next
   attempt of a retrying one alike;
 * its id is PUBLISHed on `pipeline:cancel`: the worker holding the job (prefetched, a retry's countdown in its
@@ -24,8 +26,9 @@ import logging
 from pipeline.broker import broker_redis, check_replicas, run_script_waited
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
-from pipeline.constants import CANCEL_CHANNEL, CANCEL_KEY, DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
+from pipeline.constants import CANCEL_CHANNEL, WORK_QUEUES
 from pipeline.observability import metrics
+from pipeline.queues import keys
 from pipeline.status import JobState, JobStatus, job_status
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,22 @@ class JobFinished(ValueError):
         super().__init__(f"job {status.id} has finished ({status.state}): nothing to cancel")
 
 
+def _tombstone(task_id: str, queue: str | None) -> int:
+    """Run `cancel.lua` for `task_id`: once on a single Redis (shared keys); on a cluster in the slot of the job's
+    `queue`, or of every work queue when it is not known. 1 when a parked entry was dropped."""
+    calls = [queue] if queue in WORK_QUEUES or not keys.clustered() else list(WORK_QUEUES)
+    parked = 0
+    with broker_redis() as client:
+        for n, each in enumerate(calls):
+            names = [keys.cancel(each or "", task_id), *keys.delayed(each or "")]
+            args = [task_id, get_settings().result_expires, CANCEL_CHANNEL if n == 0 else ""]
+            dropped, reached = run_script_waited(client, "cancel", names, args)
+            if reached is not None:
+                check_replicas(reached)
+            parked = max(parked, int(dropped))
+    return parked
+
+
 def cancel(task_id: str) -> JobStatus:
     """Cancel the job `task_id` (see the module doc); return its status, `cancelled`."""
     before = job_status(task_id)
@@ -58,11 +77,7 @@ def cancel(task_id: str) -> JobStatus:
         raise JobNotFound(task_id)
     if before.state in FINISHED:
         raise JobFinished(before)
-    keys = [CANCEL_KEY.format(id=task_id), DELAYED_KEY, DELAYED_MESSAGE_KEY, DELAYED_DEST_KEY, CANCEL_CHANNEL]
-    with broker_redis() as client:
-        parked, reached = run_script_waited(client, "cancel", keys, [task_id, get_settings().result_expires])
-    if reached is not None:
-        check_replicas(reached)
+    parked = _tombstone(task_id, before.queue)
     get_app().backend.mark_as_revoked(task_id, REASON)
     after = job_status(task_id)
     if after.state is not JobState.CANCELLED:  # it finished first: its outcome stands

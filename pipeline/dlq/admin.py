@@ -27,14 +27,15 @@ from pipeline import records
 from pipeline.broker import broker_redis, decode_message, memory_refusals
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
-from pipeline.constants import HEADER_FLOW, KEY_PREFIX, PRIORITY_SEPARATOR
+from pipeline.constants import HEADER_FLOW, KEY_PREFIX
 from pipeline.dlq import store
 from pipeline.dlq.envelope import DeadLetter, DeadLetterRow
 from pipeline.dlq.filters import EVERYTHING, Filters
 from pipeline.flows.record import Ref, replaced
 from pipeline.producer import idempotency
 from pipeline.producer.script import store_jobs
-from pipeline.publish import capture
+from pipeline.publish import capture, declare_option
+from pipeline.queues import keys
 
 __all__ = [
     "DeadLetter",
@@ -133,6 +134,7 @@ def _republish(client: redis.Redis, entry: DeadLetter, name: str) -> str:
 
     def send(producer: Any) -> Any:
         options = {"queue": entry.queue, "task_id": new_id, "headers": entry.headers, "producer": producer}
+        options.update(declare_option())
         return get_app().send_task(name, args=entry.args, kwargs=entry.kwargs or {}, **options)
 
     message = capture(send)
@@ -140,10 +142,11 @@ def _republish(client: redis.Redis, entry: DeadLetter, name: str) -> str:
     events = [
         (str(args[0]), str(args[1].decode() if isinstance(args[1], bytes) else args[1])) for _, args in message.extra
     ]
-    claim = (idempotency.redis_key(name, f"dlq-replay:{entry.id}"), get_settings().enqueue_idempotency_ttl)
+    queue = keys.queue_of(message.dest)
+    claim = (idempotency.redis_key(name, f"dlq-replay:{entry.id}", queue), get_settings().enqueue_idempotency_ttl)
     first = store_jobs(
         client,
-        queue=entry.queue or message.dest.split(PRIORITY_SEPARATOR)[0],
+        queue=queue,
         dest=message.dest,
         record=record,
         record_ttl=ttl,

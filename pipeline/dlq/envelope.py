@@ -39,6 +39,7 @@ from pipeline.constants import DEAD_LETTER_QUEUE, HEADER_FLOW
 from pipeline.dlq import store
 from pipeline.observability import metrics
 from pipeline.publish import capture
+from pipeline.queues import keys
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +177,10 @@ def _send(body: dict[str, Any]) -> None:
 
     def send(producer: Producer) -> None:
         # The default exchange routes by queue name, so delivery never depends on a stored binding.
+        # On a cluster nothing is declared: kombu's declare reads the list on one node, whichever slot it serves.
+        declare = [] if keys.clustered() else [DLQ]
         producer.publish(
-            body, exchange="", routing_key=DEAD_LETTER_QUEUE, declare=[DLQ], serializer="json", delivery_mode=2
+            body, exchange="", routing_key=DEAD_LETTER_QUEUE, declare=declare, serializer="json", delivery_mode=2
         )
 
     for pause in (*RETRY_PAUSES_S, None):

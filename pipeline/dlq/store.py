@@ -3,6 +3,9 @@
 The list stays what kombu and other Celery tooling read: kombu envelopes, newest at the left. Beside it
 two hashes make an entry O(1) to find:
 
+On a Redis Cluster the hashes carry the list's hash tag (``pipeline:{dead_letter}:dlq:index``, ``...:tasks``:
+`pipeline.queues.keys.dlq_index`), so each MULTI touches one slot.
+
 * ``pipeline:dlq:index`` — entry id → the exact list element (the envelope, and what LREM needs);
 * ``pipeline:dlq:tasks`` — original task id → entry id (of the task's newest entry).
 
@@ -27,10 +30,21 @@ from redis.client import Pipeline
 from redis.exceptions import WatchError
 
 from pipeline.broker import broker_redis, decode_message
-from pipeline.constants import DEAD_LETTER_QUEUE, DLQ_INDEX_KEY, DLQ_TASKS_KEY
+from pipeline.constants import DEAD_LETTER_QUEUE
+from pipeline.queues import keys
 
 T = TypeVar("T")
 Raw = bytes | str
+
+
+def _index() -> str:
+    """The hash entry id -> element (`pipeline:{dead_letter}:dlq:index` on a cluster: the list's slot)."""
+    return keys.dlq_index()[0]
+
+
+def _tasks() -> str:
+    """The hash task id -> entry id (in the list's slot on a cluster)."""
+    return keys.dlq_index()[1]
 
 
 def _lrange(pipe: redis.Redis | Pipeline, start: int, end: int) -> list[bytes]:
@@ -69,10 +83,10 @@ def _atomic(client: redis.Redis, watches: Sequence[str], build: Callable[[Pipeli
 def _unindex(pipe: Pipeline, gone: Sequence[tuple[str, str | None]], pointers: Sequence[Any]) -> None:
     """Queue HDELs for removed elements; a task pointer only while it still names the removed entry."""
     if gone:
-        pipe.hdel(DLQ_INDEX_KEY, *[field for field, _ in gone])
+        pipe.hdel(_index(), *[field for field, _ in gone])
     stale = [task for (field, task), now in zip(gone, pointers, strict=True) if task and _text(now) == field]
     if stale:
-        pipe.hdel(DLQ_TASKS_KEY, *stale)
+        pipe.hdel(_tasks(), *stale)
 
 
 def _text(value: Any) -> str | None:
@@ -81,7 +95,7 @@ def _text(value: Any) -> str | None:
 
 def _pointers(pipe: Pipeline, gone: Sequence[tuple[str, str | None]]) -> list[Any]:
     tasks = [task or "" for _, task in gone]
-    return list(pipe.hmget(DLQ_TASKS_KEY, tasks)) if any(tasks) else [None] * len(gone)
+    return list(pipe.hmget(_tasks(), tasks)) if any(tasks) else [None] * len(gone)
 
 
 def push(raw: str, entry_id: str, task_id: str | None, keep: int) -> None:
@@ -94,12 +108,12 @@ def push(raw: str, entry_id: str, task_id: str | None, keep: int) -> None:
         pipe.lpush(DEAD_LETTER_QUEUE, raw)
         pipe.ltrim(DEAD_LETTER_QUEUE, 0, keep - 1)
         _unindex(pipe, beyond, pointers)  # before the new fields: the new entry may share a trimmed one's task
-        pipe.hset(DLQ_INDEX_KEY, entry_id, raw)
+        pipe.hset(_index(), entry_id, raw)
         if task_id:
-            pipe.hset(DLQ_TASKS_KEY, task_id, entry_id)
+            pipe.hset(_tasks(), task_id, entry_id)
 
     with broker_redis() as client:
-        _atomic(client, (DEAD_LETTER_QUEUE, DLQ_TASKS_KEY), write)
+        _atomic(client, (DEAD_LETTER_QUEUE, _tasks()), write)
 
 
 def lookup(ident: str) -> bytes | None:
@@ -107,16 +121,16 @@ def lookup(ident: str) -> bytes | None:
     with broker_redis() as client:
         for attempt in range(2):
             pipe = client.pipeline(transaction=True)
-            pipe.hget(DLQ_INDEX_KEY, ident)
-            pipe.hget(DLQ_TASKS_KEY, ident)
+            pipe.hget(_index(), ident)
+            pipe.hget(_tasks(), ident)
             pipe.llen(DEAD_LETTER_QUEUE)
-            pipe.hlen(DLQ_INDEX_KEY)
+            pipe.hlen(_index())
             raw, entry_id, length, indexed = pipe.execute()
             if length != indexed and attempt == 0:
                 reindex(client)
                 continue
             if raw is None and entry_id is not None:
-                raw = client.hget(DLQ_INDEX_KEY, entry_id)
+                raw = client.hget(_index(), entry_id)
             return raw if isinstance(raw, bytes) or raw is None else str(raw).encode()
     return None
 
@@ -130,15 +144,15 @@ def lookup_tasks(task_ids: Sequence[str]) -> dict[str, bytes]:
     with broker_redis() as client:
         for attempt in range(2):
             pipe = client.pipeline(transaction=True)
-            pipe.hmget(DLQ_TASKS_KEY, ids)
+            pipe.hmget(_tasks(), ids)
             pipe.llen(DEAD_LETTER_QUEUE)
-            pipe.hlen(DLQ_INDEX_KEY)
+            pipe.hlen(_index())
             entry_ids, length, indexed = pipe.execute()
             if length != indexed and attempt == 0:
                 reindex(client)
                 continue
             found = {task_id: str(_text(e)) for task_id, e in zip(ids, entry_ids, strict=True) if e is not None}
-            raws = client.hmget(DLQ_INDEX_KEY, list(found.values())) if found else []
+            raws = client.hmget(_index(), list(found.values())) if found else []
             return {
                 task_id: raw if isinstance(raw, bytes) else str(raw).encode()
                 for task_id, raw in zip(found, raws, strict=True)
@@ -162,11 +176,11 @@ def reindex(client: redis.Redis) -> int:
             if task_id:
                 tasks.setdefault(task_id, field)
         pipe.multi()
-        pipe.delete(DLQ_INDEX_KEY, DLQ_TASKS_KEY)
+        pipe.delete(_index(), _tasks())
         if fields:
-            pipe.hset(DLQ_INDEX_KEY, items=[x for pair in fields.items() for x in pair])
+            pipe.hset(_index(), items=[x for pair in fields.items() for x in pair])
         if tasks:
-            pipe.hset(DLQ_TASKS_KEY, items=[x for pair in tasks.items() for x in pair])
+            pipe.hset(_tasks(), items=[x for pair in tasks.items() for x in pair])
         return len(raws)
 
     return _atomic(client, (DEAD_LETTER_QUEUE,), rebuild)[0]
@@ -182,7 +196,7 @@ def remove_one(client: redis.Redis, raw: Raw) -> bool:
         _lrem(pipe, raw)
         _unindex(pipe, gone, pointers)
 
-    return bool(_atomic(client, (DLQ_TASKS_KEY,), write)[1][0])
+    return bool(_atomic(client, (_tasks(),), write)[1][0])
 
 
 def elements(client: redis.Redis) -> list[bytes]:
@@ -218,4 +232,4 @@ def remove_where(drop: Callable[[int, bytes], bool]) -> int:
         return len(doomed)
 
     with broker_redis() as client:
-        return _atomic(client, (DEAD_LETTER_QUEUE, DLQ_TASKS_KEY), write)[0]
+        return _atomic(client, (DEAD_LETTER_QUEUE, _tasks()), write)[0]

@@ -3,18 +3,21 @@
 kombu builds a new redis-py client for each message it publishes. Here the client comes from a kombu
 connection the process keeps for itself, so it carries the broker's own options (TLS, Sentinel, socket
 timeouts, health checks); its connection pool hands each thread its own socket. A forked child builds its
-own (the parent's sockets are never shared), keyed by process id.
+own (the parent's sockets are never shared), keyed by process id. On a Redis Cluster it is the process's cluster
+client, which sends each command to the master serving its key's slot.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import Any, cast
 
 import redis
 
+from pipeline import cluster
 from pipeline.celery_app import get_app
+from pipeline.queues import keys
 
 _lock = threading.Lock()
 #: process id → (kombu connection kept open, its client)
@@ -23,6 +26,8 @@ _clients: dict[int, tuple[Any, redis.Redis]] = {}
 
 def producer_redis() -> redis.Redis:
     """The process's Redis client on the broker (built on first use; raises if Redis is unreachable then)."""
+    if keys.clustered():  # kombu cannot talk to a cluster: the process's cluster client (`pipeline.cluster`)
+        return cast("redis.Redis", cluster.shared())
     pid = os.getpid()
     held = _clients.get(pid)
     if held is not None:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from celery.utils import uuid
 
 from pipeline.config import get_settings
-from pipeline.constants import ENQUEUE_IDEMPOTENCY_KEY
 from pipeline.producer.client import producer_redis
+from pipeline.queues import keys
 
 
 @dataclass(frozen=True)
@@ -28,19 +28,20 @@ class Claim:
     existing_id: str | None = None
 
 
-def redis_key(task_name: str, key: str) -> str:
-    """The Redis key holding the id of the job that claimed idempotency `key` for `task_name`."""
-    return ENQUEUE_IDEMPOTENCY_KEY.format(task=task_name, key=key)
+def redis_key(task_name: str, key: str, queue: str) -> str:
+    """The Redis key holding the id of the job that claimed idempotency `key` for `task_name` (a task of `queue`: on a
+    Redis Cluster the key lives in the queue's slot, beside the lists the job goes on)."""
+    return keys.idempotency(queue, task_name, key)
 
 
 @contextmanager
-def claim(task_name: str, key: str | None) -> Iterator[Claim]:
-    """Claim `key` for a new job of `task_name`; yields the id to publish under (or the existing one)."""
+def claim(task_name: str, key: str | None, queue: str) -> Iterator[Claim]:
+    """Claim `key` for a new job of `task_name` (of `queue`); yields the id to publish under (or the existing one)."""
     new_id = uuid()
     if not key:
         yield Claim(new_id)
         return
-    held = redis_key(task_name, key)
+    held = redis_key(task_name, key, queue)
     client = producer_redis()
     for _ in range(3):  # the holder may expire between SET NX and GET
         if client.set(held, new_id, nx=True, ex=get_settings().enqueue_idempotency_ttl):

@@ -35,9 +35,6 @@ from pipeline.broker import confirm_replicated, full, memory_refusals, oom_cause
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.constants import (
-    DELAYED_DEST_KEY,
-    DELAYED_KEY,
-    DELAYED_MESSAGE_KEY,
     HEADER_GROUP,
     HEADER_IDEMPOTENCY_KEY,
     HEADER_PUBLISHED_AT,
@@ -50,8 +47,8 @@ from pipeline.producer.client import producer_redis
 from pipeline.producer.hooks import publish_hooked
 from pipeline.producer.script import store_jobs
 from pipeline.producer.template import Job, Template, args_repr, template_for, uuid4_strings
-from pipeline.publish import capture, capture_many
-from pipeline.queues import wake
+from pipeline.publish import announce, capture, capture_many, park
+from pipeline.queues import keys, wake
 from pipeline.records import accepted_entry, remember_recent
 
 #: Jobs per Redis round trip in `enqueue_many`.
@@ -198,12 +195,12 @@ def enqueue_one(
         )
         claim = None
         if idempotency_key:
-            claim = (idempotency.redis_key(name, idempotency_key), get_settings().enqueue_idempotency_ttl)
+            claim = (idempotency.redis_key(name, idempotency_key, queue), get_settings().enqueue_idempotency_ttl)
         return _store(name, queue, [task_id], [out], now, claim, group or None) or task_id
-    with memory_refusals(), idempotency.claim(name, idempotency_key) as claimed:
+    with memory_refusals(), idempotency.claim(name, idempotency_key, queue) as claimed:
         if claimed.existing_id is None:
             _write_captured(name, queue, send, claimed.task_id, payload, idempotency_key, due, now, group, rate)
-    confirm_replicated(producer_redis())  # outside the claim: a job not confirmed keeps its key
+    confirm_replicated(producer_redis(), queue)  # outside the claim: a job not confirmed keeps its key
     return claimed.existing_id or claimed.task_id
 
 
@@ -233,19 +230,23 @@ def _write_captured(
     eta = datetime.fromtimestamp(due, UTC) if due is not None and due > now else None
     message = capture(lambda producer: send(producer, task_id, payload, headers, eta))
     record, ttl = accepted_entry(name, eta)
-    pipe = producer_redis().pipeline(transaction=True)
-    pipe.set(JOB_RECORD_KEY.format(id=task_id), record, ex=ttl)
+    client = producer_redis()
+    pipe = client.pipeline(transaction=True)
+    if keys.clustered():  # the record is a key of its own slot: written first, the queue's keys in one MULTI after
+        client.set(JOB_RECORD_KEY.format(id=task_id), record, ex=ttl)
+    else:
+        pipe.set(JOB_RECORD_KEY.format(id=task_id), record, ex=ttl)
     remember_recent(pipe, queue, [task_id], now)
     if due is not None and due - now > get_settings().release_ahead:
-        pipe.hset(DELAYED_MESSAGE_KEY, task_id, message.body)
-        pipe.hset(DELAYED_DEST_KEY, task_id, message.dest)
-        pipe.zadd(DELAYED_KEY, {task_id: due})
+        park(pipe, task_id, message, due)
     else:
         pipe.lpush(message.dest, message.body)
         wake.mark(pipe, message.dest)  # an idle worker of the queue wakes at once
-    for _, (channel, event) in message.extra:
-        pipe.publish(channel, event)
+        if not keys.clustered():
+            for _, (channel, event) in message.extra:
+                pipe.publish(channel, event)
     pipe.execute()
+    announce(client, message)
 
 
 def step_messages(

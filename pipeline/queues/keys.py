@@ -17,11 +17,14 @@ from __future__ import annotations
 from pipeline.config import get_settings
 from pipeline.config.cluster import is_cluster
 from pipeline.constants import (
+    DEAD_LETTER_QUEUE,
     DELAYED_DEST_KEY,
     DELAYED_KEY,
     DELAYED_MESSAGE_KEY,
     DELIVERIES_KEY,
     DELIVERY_LOG_KEY,
+    DLQ_INDEX_KEY,
+    DLQ_TASKS_KEY,
     ENQUEUE_IDEMPOTENCY_KEY,
     GROUP_KEY_PREFIX,
     KEY_PREFIX,
@@ -35,10 +38,19 @@ from pipeline.constants import (
 )
 from pipeline.queues.priority import level_key
 
+#: (settings, whether their broker URL names a cluster): the answer for the process's settings, kept (a producer asks
+#: on every enqueue).
+_known: list[tuple[object, bool]] = []
+
 
 def clustered(cluster: bool | None = None) -> bool:
     """`cluster`, or whether the broker URL names a Redis Cluster when it is None."""
-    return is_cluster(get_settings().broker_url) if cluster is None else cluster
+    if cluster is not None:
+        return cluster
+    settings = get_settings()
+    if not _known or _known[0][0] is not settings:
+        _known[:] = [(settings, is_cluster(settings.broker_url))]
+    return _known[0][1]
 
 
 def tag(queue: str) -> str:
@@ -62,6 +74,15 @@ def level(queue: str, step: int, cluster: bool | None = None) -> str:
 def levels(queue: str, cluster: bool | None = None) -> list[str]:
     """Every list of `queue`, one per priority step, most urgent first."""
     return [level(queue, step, cluster) for step in PRIORITY_STEPS]
+
+
+def listed(key: str, cluster: bool | None = None) -> str:
+    """The layout's name of kombu's list key `key` (`<queue>` or `<queue>\\x06\\x16<step>`, what a captured publish
+    pushes on): the same on a single Redis, the queue's tagged list of that step on a cluster."""
+    if not clustered(cluster):
+        return key
+    queue, _, step = key.partition(PRIORITY_SEPARATOR)
+    return level(queue_of(queue, cluster), int(step) if step else 0, cluster)
 
 
 def queue_of(key: str, cluster: bool | None = None) -> str:
@@ -120,6 +141,11 @@ def group_jobs(queue: str, key: str, group: str, cluster: bool | None = None) ->
     return f"{group_prefix(queue, cluster)}jobs:{key}:{group}"
 
 
+def group_ring(queue: str, key: str, cluster: bool | None = None) -> str:
+    """The list of `queue`'s groups with jobs ready in its list `key`, each once."""
+    return f"{group_prefix(queue, cluster)}ring:{key}"
+
+
 def group_count(queue: str, cluster: bool | None = None) -> str:
     """The hash list key -> grouped jobs waiting, that holds `queue`'s counts."""
     return group_prefix(queue, cluster) + "count"
@@ -156,6 +182,14 @@ def idempotency(queue: str, task: str, key: str, cluster: bool | None = None) ->
     return ENQUEUE_IDEMPOTENCY_KEY.format(task=task, key=key)
 
 
+def dlq_index(cluster: bool | None = None) -> tuple[str, str]:
+    """The dead-letter queue's two hashes (entry -> element, task id -> entry), in the slot of its list
+    `dead_letter` on a cluster (`pipeline.dlq.store` changes the three in one MULTI)."""
+    if clustered(cluster):
+        return _scoped(DEAD_LETTER_QUEUE, "dlq:index"), _scoped(DEAD_LETTER_QUEUE, "dlq:tasks")
+    return DLQ_INDEX_KEY, DLQ_TASKS_KEY
+
+
 def every(queue: str, cluster: bool | None = None) -> list[str]:
     """One name of each kind of `queue`'s keys (with a sample delivery tag, task id, task and key where a kind is
     named by one): what a check of the layout walks."""
@@ -164,7 +198,7 @@ def every(queue: str, cluster: bool | None = None) -> list[str]:
     prefix = group_prefix(queue, cluster)
     for key in levels(queue, cluster):
         names += [group_state(queue, key, cluster), group_jobs(queue, key, "tenant-1", cluster)]
-        names += [f"{prefix}ring:{key}", f"{prefix}capped:{key}"]
+        names += [group_ring(queue, key, cluster), f"{prefix}capped:{key}"]
     names += [group_count(queue, cluster), f"{prefix}turn", f"{prefix}leases:tenant-1", paused(queue, cluster)]
     names += [*delayed(queue, cluster), cancel(queue, "id-1", cluster), recent(queue, cluster)]
     return [*names, idempotency(queue, "email.send", "key-1", cluster)]

@@ -1,5 +1,8 @@
 """Releasing parked delayed jobs (`pipeline.publish.schedule` parks them) onto their queues when due.
 
+On a Redis Cluster each work queue parks its jobs in delayed keys of its own slot (`pipeline.queues.keys.delayed`)
+and a release is one script call per queue.
+
 One Lua script (`pipeline/lua/delayed_release.lua`) moves every entry due within DELAYED_RELEASE_AHEAD seconds
 onto its queue (LPUSH, as kombu does) and deletes it, atomically: an entry is released exactly once even when
 many releasers run, and a crash cannot lose or duplicate one. Every worker main process and every beat runs a
@@ -29,7 +32,8 @@ import redis
 
 from pipeline.broker import broker_redis, replicas_wanted, run_script_waited
 from pipeline.config import get_settings
-from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
+from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY, WORK_QUEUES
+from pipeline.queues import keys as layout
 from pipeline.queues.wake import WAKE_KEY
 
 log = logging.getLogger(__name__)
@@ -38,14 +42,30 @@ log = logging.getLogger(__name__)
 def release_due(now: float | None = None, limit: int = 500) -> int:
     """Move up to `limit` jobs due within DELAYED_RELEASE_AHEAD onto their queues; return how many (a release
     fewer than REDIS_WAIT_REPLICAS replicas confirmed is logged, not undone: see the module docstring)."""
+    released = 0
     with broker_redis() as client:
         if now is None:  # Redis's clock: every releaser, on every host, judges a due time on the same one
             seconds, micros = client.time()
             now = float(seconds) + float(micros) / 1e6
         horizon = now + get_settings().release_ahead
-        keys = [DELAYED_KEY, DELAYED_MESSAGE_KEY, DELAYED_DEST_KEY]
         args = [horizon, limit, WAKE_KEY.format(queue="")]  # each release wakes its queue's idle workers
-        released, reached = run_script_waited(client, "delayed_release", keys, args)
+        for keys in _calls():
+            moved, reached = run_script_waited(client, "delayed_release", keys, args)
+            released += int(moved)
+            _check(int(moved), reached)
+    return released
+
+
+def _calls() -> list[list[str]]:
+    """The KEYS of each release call: on a single Redis one call over the shared keys; on a cluster one per work
+    queue, with its delayed keys and its marker list (its slot)."""
+    if not layout.clustered():
+        return [[DELAYED_KEY, DELAYED_MESSAGE_KEY, DELAYED_DEST_KEY]]
+    return [[*layout.delayed(queue), layout.wake(queue)] for queue in WORK_QUEUES]
+
+
+def _check(released: int, reached: int | None) -> None:
+    """Log a release fewer than REDIS_WAIT_REPLICAS replicas confirmed (see the module docstring)."""
     if released and reached is not None and reached < replicas_wanted():
         log.warning(
             "released %d delayed job(s); only %d of %d replica(s) confirmed it within %d ms (REDIS_WAIT_REPLICAS): "
@@ -55,7 +75,6 @@ def release_due(now: float | None = None, limit: int = 500) -> int:
             replicas_wanted(),
             get_settings().redis_wait_timeout_ms,
         )
-    return int(released)
 
 
 class Releaser:

@@ -7,6 +7,9 @@ starts (`pipeline.delivery.fetch`) and put back at the head of their queue. Runn
 the queue's wake-up marker, so idle workers fetch its jobs at once (`pipeline.delivery.waking`: an idle worker
 never waits on a paused queue's markers, and fetches at least every WAKE_POLL_S anyway).
 
+On a Redis Cluster a queue's pause is a flag of its own in its slot, `pipeline:{<queue>}:paused` (a string, set
+while paused: `pipeline.queues.keys.paused`), which the queue's fetch reads in the same slot.
+
 Only work queues (`WORK_QUEUES`) can be paused: the dead-letter queue has no consumer (its entries move only when an
 operator replays them) and Celery's own queues (control, replies) must keep flowing for workers to be operable.
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 from pipeline.broker import broker_redis, confirm_replicated, memory_refusals
 from pipeline.constants import DEAD_LETTER_QUEUE, PAUSED_KEY, WORK_QUEUES
-from pipeline.queues import wake
+from pipeline.queues import keys, wake
 
 
 class UnknownQueue(LookupError):
@@ -41,9 +44,20 @@ def pause(queue: str) -> bool:
     """Pause `queue` (a work queue, `check_pausable`); True if it was running until now."""
     check_pausable(queue)
     with broker_redis() as client, memory_refusals():
-        added = int(client.sadd(PAUSED_KEY, queue))
-        confirm_replicated(client)  # a pause lost in a failover would let its jobs start
+        if keys.clustered():
+            added = 0 if client.set(keys.paused(queue), "1", get=True) else 1
+        else:
+            added = int(client.sadd(PAUSED_KEY, queue))
+        confirm_replicated(client, keys.paused(queue))  # a pause lost in a failover would let its jobs start
     return added == 1
+
+
+def is_paused(queue: str) -> bool:
+    """Whether `queue` is paused now (a member of the set on a single Redis, its flag on a cluster)."""
+    with broker_redis() as client:
+        if keys.clustered():
+            return bool(client.exists(keys.paused(queue)))
+        return bool(client.sismember(PAUSED_KEY, queue))
 
 
 def resume(queue: str) -> bool:
@@ -51,8 +65,11 @@ def resume(queue: str) -> bool:
     check_pausable(queue)
     with broker_redis() as client:
         pipe = client.pipeline(transaction=True)
-        pipe.srem(PAUSED_KEY, queue)
+        if keys.clustered():  # the flag and the marker list share the queue's slot
+            pipe.delete(keys.paused(queue))
+        else:
+            pipe.srem(PAUSED_KEY, queue)
         wake.mark(pipe, queue)  # an idle worker of the queue wakes now, not at its next poll
         removed = int(pipe.execute()[0])
-        confirm_replicated(client)
+        confirm_replicated(client, keys.paused(queue))
     return removed == 1

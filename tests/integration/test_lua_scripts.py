@@ -66,9 +66,17 @@ def enqueue(
     queue `q`, message `m:<id>` and event `e:<id>` per job."""
     messages = messages or [f"m:{i}" for i in ids]
     events = [f"e:{i}" for i in ids] if channel else []
-    head = ["rec:", "record", 600, repr(now), keep, len(ids), channel, claim_ttl, group, GROUP_KEY_PREFIX]
+    head = ["rec:", "record", 600, repr(now), keep, len(ids), channel, claim_ttl, group]
     args = [*head, *ids, *messages, *events]
-    return script("enqueue")(keys=["idx", "q", claim_key, "wake:q"], args=args, client=client)
+    return script("enqueue")(keys=["idx", "q", claim_key, "wake:q", *_group_keys("q", group)], args=args, client=client)
+
+
+def _group_keys(key: str, group: str) -> list[str]:
+    """The KEYS `enqueue.lua` takes for a group's jobs of list `key` (none without a group)."""
+    if not group:
+        return []
+    prefix = GROUP_KEY_PREFIX
+    return [f"{prefix}jobs:{key}:{group}", f"{prefix}ring:{key}", f"{prefix}state:{key}", f"{prefix}count"]
 
 
 def test_enqueue_writes_records_index_messages_and_events(client: redis.Redis) -> None:
@@ -530,7 +538,7 @@ def _grouped(tag: str, group: str | None) -> str:
 
 def _enqueue_group(client: redis.Redis, group: str, tags: list[str]) -> None:
     script("enqueue")(
-        keys=["idx", "jobs", "jobs", "wake:jobs"],
+        keys=["idx", "jobs", "jobs", "wake:jobs", *_group_keys("jobs", group)],
         args=[
             "rec:",
             "r",
@@ -541,7 +549,6 @@ def _enqueue_group(client: redis.Redis, group: str, tags: list[str]) -> None:
             "",
             "",
             group,
-            GROUP_KEY_PREFIX,
             *tags,
             *(_grouped(t, group) for t in tags),
         ],
@@ -634,7 +641,7 @@ def test_cancel_parks_nothing_writes_the_tombstone_and_the_fetch_drops_the_cance
     cancel = script("cancel")
     for task_id, parked in (("parked", 1), ("waiting", 0)):
         tombstone = f"pipeline:cancel:{task_id}"
-        assert cancel(keys=[tombstone, *keys[1:], "pipeline:cancel"], args=[task_id, 120], client=client) == parked
+        assert cancel(keys=[tombstone, *keys[1:]], args=[task_id, 120, "pipeline:cancel"], client=client) == parked
         assert client.get(tombstone) == b"1" and 0 < client.ttl(tombstone) <= 120
     assert not client.exists("pipeline:delayed", "pipeline:delayed:message", "pipeline:delayed:dest")
     heard = [listener.get_message(timeout=1) for _ in range(3)]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import load_settings
-from pipeline.config.cluster import ClusterUrl, is_cluster, parse
+from pipeline.config.celery import celery_conf
+from pipeline.config.cluster import ClusterUrl, is_cluster, parse, seed_url
 from pipeline.errors import ConfigError
 
 
@@ -57,3 +58,18 @@ def test_other_urls_are_not_clusters_and_an_unknown_scheme_names_the_cluster_one
     assert load_settings(redis_url="redis+cluster://h1:7000,h2:7001/0").broker_url.startswith("redis+cluster://")
     with pytest.raises(ConfigError, match=r"redis\+cluster://"):
         load_settings(redis_url="cluster://h1:7000/0")
+
+
+@pytest.mark.parametrize(
+    ("url", "seed"),
+    [
+        ("redis+cluster://a:7000,b:7001/0", "redis://a:7000/0"),
+        ("rediss+cluster://:s3cr%40t@redis.internal:6380", "rediss://:s3cr%40t@redis.internal:6380/0"),
+        ("redis+cluster://app:pw@[::1]:7000,[fe80::1]/0", "redis://app:pw@[::1]:7000/0"),
+    ],
+)
+def test_celery_is_given_the_first_seed_as_a_plain_url_with_its_credentials(url: str, seed: str) -> None:
+    assert seed_url(url) == seed
+    settings = load_settings(redis_url=url)
+    conf = celery_conf(settings)
+    assert conf["broker_url"] == seed and conf["result_backend"] == seed
