@@ -24,7 +24,6 @@ from pipeline.browse.model import (
 )
 from pipeline.celery_app import get_app
 from pipeline.constants import (
-    DLQ_TASKS_KEY,
     HEADER_PUBLISHED_AT,
     JOB_RECORD_KEY,
     WORK_QUEUES,
@@ -104,7 +103,7 @@ def _recent(client: redis.Redis, queues: Iterable[str]) -> dict[str, list[tuple[
         if match and match.group(1).decode() in _RECENT:
             found[task_id] = _RECENT[match.group(1).decode()]
     failed = [task_id for task_id, state in found.items() if state is BrowseState.FAILED]
-    for task_id, entry in zip(failed, client.hmget(DLQ_TASKS_KEY, failed) if failed else [], strict=True):
+    for task_id, entry in zip(failed, client.hmget(layout.dlq_index()[1], failed) if failed else [], strict=True):
         if entry is not None:
             del found[task_id]  # listed under dead_lettered
     return {
