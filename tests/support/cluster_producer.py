@@ -1,0 +1,31 @@
+"""Celery's own publish on a Redis Cluster URL, run as a process of its own (its settings are the cluster's).
+
+`python -m tests.support.cluster_producer send <queue> <key> <n> <sleep_s>` sends `n` `test.ledger` jobs with
+`send_task` and prints their ids and when the first was sent (JSON); `... get <queue> <key>` runs one with `delay()`
+(its route: `queue`) and prints its `get()`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from tests.support.worker_app import app, ledger
+
+
+def main(argv: list[str]) -> None:
+    mode, queue, key = argv[:3]
+    if mode == "send":
+        n, sleep_s = int(argv[3]), float(argv[4])
+        payload = {"key": key, "sleep_s": sleep_s}
+        sent = time.time()
+        ids = [str(app.send_task("test.ledger", args=[payload], queue=queue).id) for _ in range(n)]
+        print(json.dumps({"ids": ids, "sent": sent}))
+    else:
+        assert queue == ledger.queue, f"test.ledger is routed to {ledger.queue}"
+        result = ledger.task.delay({"key": key})
+        print(json.dumps({"id": result.id, "result": result.get(timeout=60)}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
