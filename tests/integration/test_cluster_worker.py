@@ -61,9 +61,10 @@ def _produce(env: dict[str, str], *argv: str) -> Any:
     return json.loads(done_.stdout.strip().splitlines()[-1])
 
 
-def _send(env: dict[str, str], queue: str, key: str, n: int, sleep_s: float) -> dict[str, Any]:
-    """`n` `test.ledger` jobs sent with Celery's `send_task` on the cluster: their ids, and when the first was sent."""
-    return dict(_produce(env, "send", queue, key, str(n), str(sleep_s)))
+def _send(env: dict[str, str], queue: str, key: str, n: int, sleep_s: float, once: bool = False) -> dict[str, Any]:
+    """`n` `test.ledger` jobs sent with Celery's `send_task` on the cluster: their ids, and when the first was sent.
+    `once`: each sleeps on its first delivery only."""
+    return dict(_produce(env, "send", queue, key, str(n), str(sleep_s), *(["once"] if once else [])))
 
 
 def _blocked_on(cluster: Cluster, queue: str) -> bool:
@@ -131,16 +132,34 @@ def test_kill_9_mid_job_the_job_runs_once_more_on_a_peer(
     key = uuid.uuid4().hex
     env = _env(redis_cluster, ledger_redis)
     first = make_worker(f"cl-kill-a-{key[:6]}", env=env, queues=one, concurrency=1)
-    payload_ids = _send(env, one, key, 1, 30)["ids"]  # sleeps 30 s: still running when killed
+    (job,) = _send(env, one, key, 1, 60, once=True)["ids"]  # still running when killed; at once the second time
     wait_for(lambda: len(starts(ledger_redis, key)) >= 1, 30, 0.05, what="the job to start")
     first.kill_group(signal.SIGKILL)
     first.wait(10)
     killed_at = time.time()
-    peer = make_worker(f"cl-kill-b-{key[:6]}", env=env, queues=one, concurrency=1)
-    wait_for(lambda: len(starts(ledger_redis, key)) >= 2, 60, 0.1, what="the job again on the peer")
-    again = starts(ledger_redis, key)[1]
-    assert again["task_id"] == payload_ids[0] and again["t"] > killed_at
-    assert peer.proc is not None and peer.proc.poll() is None
+    make_worker(f"cl-kill-b-{key[:6]}", env=env, queues=one, concurrency=1)
+    wait_for(lambda: job in done(ledger_redis, key), 60, 0.1, what="the job to finish on the peer")
+    _past_two_leases(ledger_redis, key)
+    assert [s["task_id"] for s in starts(ledger_redis, key)] == [job, job], "run once more, not twice more"
+    assert starts(ledger_redis, key)[1]["t"] > killed_at
+    assert done(ledger_redis, key) == collections.Counter({job: 1})
+    assert _held(redis_cluster, one) == 0
+
+
+def test_a_late_result_of_a_worker_that_lost_the_lease_is_refused(
+    redis_cluster: Cluster, ledger_redis: RedisServer
+) -> None:
+    """The fence on a cluster: the lease is read in the job's queue's slot, where a peer's sweep and fetch moved it."""
+    queue, tag, task_id = "default", uuid.uuid4().hex, uuid.uuid4().hex
+    lease = keys.lease(queue, True)
+    client = redis_cluster.client()
+    client.hset(lease, tag, "peer:2:b")  # the peer's fetch took the job after the first worker's lease lapsed
+    env = _env(redis_cluster, ledger_redis)
+    try:
+        assert _produce(env, "store", queue, tag, "first:1:a", task_id) == {"stored": False}
+        assert _produce(env, "store", queue, tag, "peer:2:b", task_id) == {"stored": True}
+    finally:
+        client.hdel(lease, tag)
 
 
 def test_send_task_and_delay_get_end_to_end(
