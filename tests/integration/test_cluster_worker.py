@@ -172,3 +172,25 @@ def test_send_task_and_delay_get_end_to_end(
     got = _produce(env, "get", one, key)
     assert got["result"]["key"] == key and got["result"]["attempt"] == 1
     wait_for(lambda: _held(redis_cluster, one) == 0, 10, 0.1, what="the acknowledgement")
+
+
+def test_a_queue_with_one_job_is_not_starved_by_a_full_one(
+    redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any
+) -> None:
+    """Each round of the fetch starts one queue further: a job sent to one queue while another on a different master
+    holds a long backlog runs within a round or two, not after the backlog drains."""
+    full, other = _two_queues(redis_cluster)
+    key = uuid.uuid4().hex
+    env = _env(redis_cluster, ledger_redis)
+    make_worker(f"cl-fair-{key[:6]}", env=env, queues=f"{full},{other}", concurrency=1)
+    flood = _send(env, full, key, 60, 0.05)["ids"]
+    wait_for(lambda: len(starts(ledger_redis, key)) >= 3, 30, 0.05, what="the flood to be running")
+    sent = _send(env, other, key, 1, 0)
+    (lone,) = sent["ids"]
+    ahead = sum(1 for s in starts(ledger_redis, key) if s["t"] < sent["sent"])  # started before the lone job was sent
+    wait_for(lambda: lone in done(ledger_redis, key), 60, 0.1, what="the lone job")
+    order = [s["task_id"] for s in starts(ledger_redis, key)]
+    waited = order.index(lone) - ahead
+    print(f"the lone job started after {waited} more of the flood's ({len(flood) - ahead} were still queued)")
+    assert waited <= 10, waited  # the prefetch (4) held and a round, not the rest of the flood
+    wait_for(lambda: set(flood) <= set(done(ledger_redis, key)), 120, 0.2, what="the flood")
