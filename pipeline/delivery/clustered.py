@@ -19,8 +19,11 @@ its marker (BLMPOP names keys of one slot) while the channel is idle, and wakes 
 (`Leases.sweep_allowed`), the channel restores the deliveries of its queues whose lease expired (`restore.lua`, per
 queue, judged on Redis's clock in the script).
 
-Not here yet: Celery's fanout (control broadcasts, events) reaches only the process that sent it (kombu's virtual
-fanout); results are stored on RESULT_BACKEND_URL (a single Redis), fenced by the lease in the job's queue's slot
+Celery's fanout (control broadcasts, events) goes over pub/sub (kombu's channel names, `/0.<exchange>`): a PUBLISH on
+any node reaches the subscribers of every node. Control replies are lists (kombu's pidbox reply queue, popped without
+acknowledgement, wherever its name hashes).
+
+Not here yet: results are stored on RESULT_BACKEND_URL (a single Redis), fenced by the lease in the job's queue's slot
 (`pipeline.compat.results`); the event loop: the worker runs Celery's synchronous loop on this transport.
 """
 
@@ -43,11 +46,12 @@ from redis.exceptions import ClusterDownError, ClusterError
 from pipeline import cluster
 from pipeline.constants import PRIORITY_SEPARATOR, PRIORITY_STEPS
 from pipeline.delivery import fetch, waking
+from pipeline.delivery.cluster_fanout import Fanout
 from pipeline.delivery.lease import Leases, records
 from pipeline.dlq import elements as undecodable
 from pipeline.lua import script
 from pipeline.observability import metrics
-from pipeline.queues import keys, priority
+from pipeline.queues import keys, priority, wake
 from pipeline.queues.wake import WAKE_MAX
 
 log = logging.getLogger(__name__)
@@ -124,7 +128,7 @@ class ClusterQoS(kombu_virtual.QoS):
             return self.channel.restore(queue, tag, owner or "", leftmost)
 
 
-class ClusterChannel(kombu_virtual.Channel):
+class ClusterChannel(Fanout, kombu_virtual.Channel):
     QoS = ClusterQoS
     #: Fetch, lease and restore per queue (`pipeline.delivery.fetch.layout`).
     cluster = True
@@ -160,12 +164,24 @@ class ClusterChannel(kombu_virtual.Channel):
         (self.untracked.add if no_ack else self.untracked.discard)(queue)
         return super().basic_consume(queue, no_ack, *args, **kwargs)
 
+    def _untracked(self, queue: str) -> int:
+        """Pop one message of a queue consumed without acknowledgement (Celery's control replies): nothing to
+        record or hold, as kombu delivers them."""
+        for key in keys.levels(queue, True):
+            item = self.client.rpop(key)
+            if isinstance(item, bytes):
+                payload = undecodable.decode(self, item, queue)
+                if payload is not None:
+                    self.connection._deliver(payload, queue)
+                return 1
+        return 0
+
     # Producers.
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
         step = priority.level(self._get_message_priority(message, reverse=False))
-        pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]  # redis-py: untyped
+        pipe = self.client.pipeline(transaction=False)
         pipe.lpush(keys.level(queue, step, True), json.dumps(message))
-        if queue not in self.untracked:
+        if not wake.silent(queue):  # Celery's control replies get none
             pipe.lpush(keys.wake(queue, True), "1")
             pipe.ltrim(keys.wake(queue, True), 0, WAKE_MAX - 1)
         pipe.execute()
@@ -179,6 +195,8 @@ class ClusterChannel(kombu_virtual.Channel):
             found = []
         if found or self.typeof(exchange).type == "fanout":
             return list(found)
+        if exchange.startswith("reply.") and exchange.endswith(".pidbox"):
+            return [f"{routing_key}.{exchange}"]  # kombu's pidbox reply queue (`Mailbox.get_reply_queue`)
         return [str(routing_key or default or self.deadletter_queue)]
 
     def _new_queue(self, queue: str, **kwargs: Any) -> None:
@@ -188,7 +206,7 @@ class ClusterChannel(kombu_virtual.Channel):
         return bool(self.client.exists(*keys.levels(queue, True)))
 
     def _size(self, queue: str) -> int:
-        pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]  # redis-py: untyped
+        pipe = self.client.pipeline(transaction=False)
         for key in keys.levels(queue, True):
             pipe.llen(key)
         return int(sum(pipe.execute()))
@@ -222,14 +240,15 @@ class ClusterChannel(kombu_virtual.Channel):
     def _get_many(self, queues: list[str], timeout: float | None = None) -> None:
         """One round over `queues` (starting one further each round), fetching what the prefetch allows; when it
         took nothing, wait for a marker on one of them (or the fallback poll) and raise Empty."""
-        if self.leases is None or not queues:
+        if not queues:
             raise Empty()
         self._turn = (self._turn + 1) % len(queues)
-        taken = 0
+        taken = self._broadcasts()
         for queue in queues[self._turn :] + queues[: self._turn]:
-            if not self.qos.can_consume():
-                break
-            taken += self._fetch(queue, fetch.batch_size(self))
+            if queue in self.untracked:
+                taken += self._untracked(queue)
+            elif self.leases is not None and self.qos.can_consume():
+                taken += self._fetch(queue, fetch.batch_size(self))
         self._sweep_when_due(queues)
         if taken:
             return
@@ -309,12 +328,13 @@ class ClusterChannel(kombu_virtual.Channel):
             index = records(queue)[1]
             lapsed = self.client.zrangebyscore(index, "-inf", time.time() + 1, start=0, num=SWEEP_MAX)
             for tag in lapsed:
-                restored += self.restore(queue, bytes_to_str(tag), "", leftmost=False)  # type: ignore[arg-type]
+                restored += self.restore(queue, bytes_to_str(tag), "", leftmost=False)
         if restored:
             metrics.leases.labels(outcome="restored").inc(restored)
             log.warning("restored %d job(s) whose lease expired (their worker stopped renewing)", restored)
 
     def close(self) -> None:
+        self.unsubscribe()
         self._stop.set()
         self._idle.set()  # the waiters see the stop within BLOCK_S
         try:
@@ -330,6 +350,8 @@ class ClusterTransport(kombu_virtual.Transport):
     default_port = 6379
     #: Between two empty rounds of a channel that waits on no marker (control replies only).
     polling_interval = 0.05
+    #: Fanout over pub/sub (`pipeline.delivery.cluster_fanout`): Celery's control and events are on.
+    implements = kombu_virtual.Transport.implements.extend(exchange_type=frozenset(["direct", "topic", "fanout"]))
     connection_errors = (*kombu_virtual.Transport.connection_errors, *CONNECTION_ERRORS)
     channel_errors = (*kombu_virtual.Transport.channel_errors, redis.ResponseError)
     #: The worker's deliveries (`bound`); None for producers.

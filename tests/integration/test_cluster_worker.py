@@ -194,3 +194,16 @@ def test_a_queue_with_one_job_is_not_starved_by_a_full_one(
     print(f"the lone job started after {waited} more of the flood's ({len(flood) - ahead} were still queued)")
     assert waited <= 10, waited  # the prefetch (4) held and a round, not the rest of the flood
     wait_for(lambda: set(flood) <= set(done(ledger_redis, key)), 120, 0.2, what="the flood")
+
+
+def test_celery_control_reaches_a_worker_on_a_cluster_and_its_reply_comes_back(
+    redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any
+) -> None:
+    """Celery's fanout (a control broadcast) over pub/sub on one node reaches a worker subscribed on any node; its
+    reply comes back on kombu's pidbox reply queue, a list of the cluster."""
+    key = uuid.uuid4().hex
+    env = _env(redis_cluster, ledger_redis)
+    make_worker(f"cl-ping-{key[:6]}", env=env, queues="default", concurrency=1)
+    replies = _produce(env, "ping", "-", "5")
+    pongs = [reply for reply in replies for name in reply if name.startswith(f"cl-ping-{key[:6]}@")]
+    assert pongs and all(next(iter(p.values())) == {"ok": "pong"} for p in pongs), replies

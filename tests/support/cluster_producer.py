@@ -3,7 +3,8 @@
 `python -m tests.support.cluster_producer send <queue> <key> <n> <sleep_s>` sends `n` `test.ledger` jobs with
 `send_task` and prints their ids and when the first was sent (JSON); `... get <queue> <key>` runs one with `delay()`
 (its route: `queue`) and prints its `get()`; `... store <queue> <tag> <owner> <task id>` stores a SUCCESS as the
-worker's result backend does for delivery `tag` of `queue` held by `owner`, and prints whether it was stored."""
+worker's result backend does for delivery `tag` of `queue` held by `owner`, and prints whether it was stored;
+`... ping - <timeout>` broadcasts Celery's ping and prints the replies."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ def main(argv: list[str]) -> None:
         sent = time.time()
         ids = [str(app.send_task("test.ledger", args=[payload], queue=queue).id) for _ in range(n)]
         print(json.dumps({"ids": ids, "sent": sent}))
+    elif mode == "ping":  # Celery's control broadcast, its replies on a pidbox reply queue
+        print(json.dumps(app.control.ping(timeout=float(key))))
     elif mode == "store":  # key: a delivery tag; then the owner storing, the task id
         owner, task_id = argv[3:5]
         name = app.backend.get_key_for_task(task_id)
