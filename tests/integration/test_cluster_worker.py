@@ -90,6 +90,7 @@ def _past_two_leases(ledger: RedisServer, key: str) -> None:
     wait_for(past, 6 * SHORT_LEASE_S, 0.2, what="two leases past the last job")
 
 
+@pytest.mark.parity  # kombu's virtual transport, as the cluster transport extends it (`pipeline.delivery.ENTRIES`)
 def test_a_worker_drains_queues_on_two_masters_each_job_once(
     redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any
 ) -> None:
