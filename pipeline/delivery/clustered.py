@@ -237,6 +237,12 @@ class ClusterChannel(Fanout, kombu_virtual.Channel):
             raise Empty()
         return fetch.one(self, self.client, queue)
 
+    def drain_events(self, timeout: float | None = None, callback: Any = None) -> Any:
+        """kombu's, with the sweep first: a worker whose prefetch is full (kombu asks nothing of its channel then)
+        still restores its queues' lapsed leases."""
+        self._sweep_when_due(list(self._active_queues))
+        return super().drain_events(timeout, callback)
+
     def _get_many(self, queues: list[str], timeout: float | None = None) -> None:
         """One round over `queues` (starting one further each round), fetching what the prefetch allows; when it
         took nothing, wait for a marker on one of them (or the fallback poll) and raise Empty."""
@@ -249,7 +255,6 @@ class ClusterChannel(Fanout, kombu_virtual.Channel):
                 taken += self._untracked(queue)
             elif self.leases is not None and self.qos.can_consume():
                 taken += self._fetch(queue, fetch.batch_size(self))
-        self._sweep_when_due(queues)
         if taken:
             return
         self._wait(queues, timeout)
