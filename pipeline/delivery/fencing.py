@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -132,6 +133,20 @@ def _release_what_on_close_drops(leases: Leases, consumer: Any, pool: Any) -> No
     consumer.on_close = on_close
 
 
+def refuse_cluster_results(result_url: str) -> None:
+    """Exit (status 2, one line on stderr) when the result backend would be a Redis Cluster: Celery has no result
+    backend for one, so a worker on a cluster stores results on RESULT_BACKEND_URL (docs/redis-layout.md, Status)."""
+    if is_cluster(result_url):
+        print(
+            "pipeline: refusing to start the worker: the result backend would be the Redis Cluster of REDIS_URL, and"
+            " Celery has no result backend on a cluster. Set RESULT_BACKEND_URL to a single Redis or Sentinel URL"
+            " (docs/redis-layout.md, Status).",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(versions.EX_REFUSED)
+
+
 class DeliveryStep(bootsteps.StartStopStep):
     requires = ("celery.worker.components:Pool",)
 
@@ -139,6 +154,7 @@ class DeliveryStep(bootsteps.StartStopStep):
         super().__init__(parent, **kwargs)
         settings = get_settings()
         on_cluster = is_cluster(settings.broker_url)
+        refuse_cluster_results(settings.result_url)  # before anything connects
         node = getattr(parent, "hostname", None)
         self.leases = parent.leases = Leases(settings.lease_seconds, node, cluster=on_cluster)
         self.renewer: Renewer | None = None
