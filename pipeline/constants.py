@@ -134,6 +134,8 @@ HEADER_DELIVERY_COUNT: Final = "x-delivery-count"
 #: The lease owner a worker's fetch wrote for a delivery, set on the message it delivers: a result of that job is
 #: stored only while this owner still holds the job's lease (`store.lua`).
 HEADER_LEASE_OWNER: Final = "x-lease-owner"
+#: On a Redis Cluster, the queue whose slot keeps the lease of a delivery (set by the fetch, as the owner).
+HEADER_LEASE_QUEUE: Final = "x-lease-queue"
 #: Headers a worker's fetch sets on one delivery: they describe that delivery and never travel on a message
 #: published from it (a retry, a deferred job), where a worker that takes it unleased would read them as its own.
-DELIVERY_HEADERS: Final = (HEADER_DELIVERY_COUNT, HEADER_LEASE_OWNER, HEADER_RATE_GRANT)
+DELIVERY_HEADERS: Final = (HEADER_DELIVERY_COUNT, HEADER_LEASE_OWNER, HEADER_LEASE_QUEUE, HEADER_RATE_GRANT)

@@ -52,8 +52,9 @@ from kombu.utils.encoding import bytes_to_str, ensure_bytes
 from pipeline import compat
 from pipeline.broker import broker_redis
 from pipeline.config import get_settings
-from pipeline.constants import HEADER_LEASE_OWNER, LEASE_KEY
+from pipeline.constants import HEADER_LEASE_OWNER, HEADER_LEASE_QUEUE, LEASE_KEY
 from pipeline.lua import script
+from pipeline.queues import keys
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class OneTripStore:
         carrier = self.carrier if _on_broker() else None  # it stores on the broker's Redis
         if state == states.SUCCESS and carrier is not None and carrier((key, value, int(expires or 0), tag), request):
             return result
-        self.ensure(self._store_once, (key, value, int(expires or 0), tag, owner))
+        self.ensure(self._store_once, (key, value, int(expires or 0), tag, owner, _lease_key(request)))
         return result
 
     def success_to_store(self: Any, task: Any, result: Any) -> tuple[str, str, int, str, str] | None:
@@ -250,12 +251,14 @@ class OneTripStore:
             meta.update(extended)
         return meta
 
-    def _store_once(self: Any, key: bytes, value: Any, expires: int, tag: str = "", owner: str = "") -> None:
+    def _store_once(
+        self: Any, key: bytes, value: Any, expires: int, tag: str = "", owner: str = "", lease: str = LEASE_KEY
+    ) -> None:
         """`store.lua`: fenced by the job's lease (a worker that lost it stores nothing) and, with
         REDIS_WAIT_REPLICAS, followed by WAIT on the same connection. Leases live on the broker's Redis: a result
         backend elsewhere (another database or server) stores only once the lease was found held there (`_held`)."""
         if tag and not _on_broker():
-            if not _held(tag, owner):
+            if not _held(tag, owner, lease):
                 _fenced(key, tag)
                 return
             tag = owner = ""  # checked on the broker: the backend's Redis has no leases to check
@@ -301,11 +304,19 @@ def _on_broker() -> bool:
     return settings.result_url == settings.broker_url
 
 
-def _held(tag: str, owner: str) -> bool:
-    """Whether `owner` holds delivery `tag`'s lease, read on the broker's Redis. Checked before the store, not with
-    it (two servers): a lease lost between the two lets one state through, never over a SUCCESS (`store.lua`)."""
-    with broker_redis() as client:  # the app's broker pool: TLS and Sentinel as Celery's own
-        return bytes_to_str(client.hget(LEASE_KEY, tag) or b"") == owner
+def _held(tag: str, owner: str, lease: str = LEASE_KEY) -> bool:
+    """Whether `owner` holds delivery `tag`'s lease, read on the broker's Redis (in hash `lease`). Checked before the
+    store, not with it (two servers): a lease lost between the two lets one state through, never over a SUCCESS
+    (`store.lua`)."""
+    with broker_redis() as client:  # the app's broker pool: TLS and Sentinel as Celery's own; a cluster's client
+        return bytes_to_str(client.hget(lease, tag) or b"") == owner
+
+
+def _lease_key(request: Any) -> str:
+    """The hash holding the lease of the job `request` stores a state for: `pipeline:lease`, or on a Redis Cluster
+    its queue's (`pipeline:{<q>}:lease`), named by the header the worker's fetch set (`HEADER_LEASE_QUEUE`)."""
+    queue = getattr(request, HEADER_LEASE_QUEUE, None)
+    return keys.lease(str(queue), True) if queue else LEASE_KEY
 
 
 def _fenced(key: bytes, tag: str) -> None:

@@ -175,7 +175,22 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
         conf["broker_use_ssl"] = _ssl_options(settings)
     if settings.result_url.startswith("rediss://"):
         conf["redis_backend_use_ssl"] = _ssl_options(settings)
+    if is_cluster(settings.broker_url):
+        conf.update(cluster_broker(settings))
     return conf
+
+
+#: The transport on a Redis Cluster (`pipeline.delivery.clustered`): producers use it as it is, a worker a subclass
+#: bound to its leases.
+CLUSTER_TRANSPORT = "pipeline.delivery.clustered:ClusterTransport"
+
+
+def cluster_broker(settings: Settings) -> dict[str, Any]:
+    """What Celery is told on a Redis Cluster URL: the pipeline's cluster transport, and a broker URL kombu can parse
+    (kombu reads `redis+cluster://` as its own Redis transport and the seed list as one port). The transport's
+    channel reaches the cluster through `pipeline.cluster` (every seed, credentials, TLS), not through that URL."""
+    host, port = cluster.parse(settings.broker_url).seeds[0]
+    return {"broker_url": f"rediscluster://{host}:{port}/0", "broker_transport": CLUSTER_TRANSPORT}
 
 
 #: Jobs each pool process reserves ahead, per worker profile: short jobs keep the pool busy between round

@@ -6,7 +6,8 @@ acknowledgements written together (`acks`), and fencing (`fencing`: the worker b
 `request`: the job request that refuses a lost delivery). Its Redis scripts are files in `pipeline.lua`
 (`fetch.lua`, `settle.lua`, `renew.lua`, `release.lua`); `waking` is how an idle channel waits for work
 (`pipeline.queues.wake`), `watches` how it hears a message pushed without a wake-up marker, `broadcasts` how Celery's
-revoke broadcast is read off the worker's main thread.
+revoke broadcast is read off the worker's main thread. On a Redis Cluster the worker consumes through `clustered`
+instead (per-queue fetch, leases and restores; `cluster_fanout` for Celery's control and events).
 
 This package and `pipeline.compat` are the only places that reach into private parts of celery, kombu, billiard and
 redis-py (`tests/unit/test_seam.py` fails on any other). Each reach is an entry of `ENTRIES`: the upstream symbols,
@@ -23,6 +24,15 @@ _KOMBU = ("kombu", "redis")
 _WORKER = ("celery", "kombu", "billiard")
 
 ENTRIES: tuple[Entry, ...] = (
+    Entry(
+        "kombu.transport.virtual.Channel._get_many, _get, _put, _lookup, _queue_bind, _put_fanout, supports_fanout, "
+        "_get_message_priority, get_table, drain_events; QoS._delivered; Transport._deliver, implements (the "
+        "transport on a Redis Cluster)",
+        "pipeline.delivery.clustered, pipeline.delivery.cluster_fanout",
+        _KOMBU,
+        "tests/integration/test_cluster_worker.py::test_a_worker_drains_queues_on_two_masters_each_job_once",
+        critical=True,
+    ),
     Entry(
         "kombu.transport.redis.Channel._brpop_start, _brpop_read, _get, _q_for_pri, _queue_cycle, "
         "Transport._deliver (the fetch inside kombu's poll cycle)",

@@ -32,7 +32,7 @@ from pipeline.compat import versions
 from pipeline.config import get_settings
 from pipeline.config.celery import is_sentinel
 from pipeline.config.cluster import is_cluster
-from pipeline.delivery import acks, replicas, transport
+from pipeline.delivery import acks, clustered, replicas, transport
 from pipeline.delivery.lease import Leases, Renewer
 from pipeline.delivery.request import delivery_tag, drop_lost
 
@@ -133,14 +133,14 @@ def _release_what_on_close_drops(leases: Leases, consumer: Any, pool: Any) -> No
     consumer.on_close = on_close
 
 
-def refuse_cluster(broker_url: str) -> None:
-    """Exit (status 2, one line on stderr) when the broker is a Redis Cluster: the delivery layer has no transport for
-    one yet (per-master fetch, per-queue delivery records: docs/redis-layout.md), and kombu has none at all."""
-    if is_cluster(broker_url):
+def refuse_cluster_results(result_url: str) -> None:
+    """Exit (status 2, one line on stderr) when the result backend would be a Redis Cluster: Celery has no result
+    backend for one, so a worker on a cluster stores results on RESULT_BACKEND_URL (docs/redis-layout.md, Status)."""
+    if is_cluster(result_url):
         print(
-            "pipeline: refusing to start the worker: REDIS_URL names a Redis Cluster, and the worker's cluster"
-            " transport is not available yet (a temporary refusal: docs/redis-layout.md, Status). Run workers on a"
-            " single Redis or Sentinel URL meanwhile.",
+            "pipeline: refusing to start the worker: the result backend would be the Redis Cluster of REDIS_URL, and"
+            " Celery has no result backend on a cluster. Set RESULT_BACKEND_URL to a single Redis or Sentinel URL"
+            " (docs/redis-layout.md, Status).",
             file=sys.stderr,
             flush=True,
         )
@@ -153,11 +153,16 @@ class DeliveryStep(bootsteps.StartStopStep):
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         settings = get_settings()
-        refuse_cluster(settings.broker_url)  # before anything connects (kombu would read the URL as one host)
-        self.leases = parent.leases = Leases(settings.lease_seconds, getattr(parent, "hostname", None))
+        on_cluster = is_cluster(settings.broker_url)
+        refuse_cluster_results(settings.result_url)  # before anything connects
+        node = getattr(parent, "hostname", None)
+        self.leases = parent.leases = Leases(settings.lease_seconds, node, cluster=on_cluster)
         self.renewer: Renewer | None = None
         if getattr(parent, "consumes_through_leases", False):
             versions.require("worker", LIBRARIES, settings.allow_unverified_versions)
+            if on_cluster:  # per-queue fetch, leases and restores (`pipeline.delivery.clustered`)
+                parent.app.conf.broker_transport = clustered.bound(self.leases)
+                return
             parent.app.conf.broker_transport = transport.bound(self.leases, is_sentinel(settings.broker_url))
             from pipeline.delivery import failover  # the transport kept when kombu switches to the next URL
 

@@ -30,6 +30,7 @@ import json
 import logging
 import time
 import uuid
+from queue import Empty
 from typing import Any
 
 from kombu.utils.encoding import bytes_to_str
@@ -41,14 +42,17 @@ from pipeline.constants import (
     GROUP_KEY_PREFIX,
     HEADER_DELIVERY_COUNT,
     HEADER_LEASE_OWNER,
+    HEADER_LEASE_QUEUE,
     HEADER_RATE_GRANT,
     LEASE_KEY,
     PAUSED_KEY,
 )
 from pipeline.delivery import acks, cancelled
-from pipeline.delivery.lease import HISTORY_PREFIX
+from pipeline.delivery.lease import HISTORY_PREFIX, Records, records
 from pipeline.dlq import elements as undecodable
 from pipeline.flows.record import Carried
+from pipeline.lua import script
+from pipeline.queues import keys
 from pipeline.scheduling import ratelimit
 
 log = logging.getLogger(__name__)
@@ -97,6 +101,18 @@ def batch_size(channel: Any) -> int:
     return _most if room is None else max(1, min(int(room), _most))
 
 
+def layout(channel: Any, queues: list[str]) -> tuple[Records, list[str], str, str]:
+    """The keys one fetch of `queues` names: the delivery records, the consumed lists (kombu's order), the groups'
+    prefix and where pauses are kept. On a Redis Cluster (a channel with `cluster` set) one call fetches from one
+    queue, every key in its slot (`pipeline.queues.keys`)."""
+    if getattr(channel, "cluster", False):
+        (queue,) = queues
+        return records(queue), keys.levels(queue, True), keys.group_prefix(queue, True), keys.paused(queue, True)
+    lists = [channel._q_for_pri(queue, pri) for pri in channel.priority_steps for queue in queues]
+    single = (channel.unacked_key, channel.unacked_index_key, LEASE_KEY, DELIVERIES_KEY, HISTORY_PREFIX)
+    return single, lists, GROUP_KEY_PREFIX, PAUSED_KEY
+
+
 def args(
     channel: Any,
     queues: list[str],
@@ -107,35 +123,33 @@ def args(
 ) -> list[Any]:
     """numkeys, KEYS and ARGV of `fetch.lua` for `queues` (kombu's key order), taking at most `count` messages after
     storing `results`, acknowledging `acks` and recording `nodes` (fan-out items of flows, with their jobs' tags)."""
+    records_, lists, prefix, paused_key = layout(channel, queues)
     untracked = channel.untracked
-    steps = [(channel._q_for_pri(queue, pri), queue in untracked) for pri in channel.priority_steps for queue in queues]
-    keys = [key for key, _untracked in steps]
+    flags = [queue in untracked for _pri in channel.priority_steps for queue in queues]
+    names: list[Any] = list(lists)
     results = results or []
     nodes = nodes or []
-    keys += [key for key, _value, _expires, _tag in results]
-    keys += [node.key() for node, _tag in nodes]
-    keys.append(PAUSED_KEY)
+    names += [key for key, _value, _expires, _tag in results]
+    names += [node.key() for node, _tag in nodes]
+    names.append(paused_key)
     return [
-        4 + len(keys),
-        channel.unacked_key,
-        channel.unacked_index_key,
-        LEASE_KEY,
-        DELIVERIES_KEY,
-        *keys,
+        4 + len(names),
+        *records_[:4],
+        *names,
         repr(channel.leases.lease_seconds),
         channel.leases.owner(),
         channel.leases.node(),
         f"{uuid.uuid4().hex}:",
-        HISTORY_PREFIX,
+        records_[4],
         DELIVERY_LOG_MAX,
         DELIVERY_LOG_TTL_S,
-        "".join("1" if untracked else "0" for _key, untracked in steps),
+        "".join("1" if flag else "0" for flag in flags),
         count,
         len(results),
         get_settings().group_concurrency,
-        GROUP_KEY_PREFIX,
+        prefix,
         len(nodes),
-        rate_limits(),
+        "" if getattr(channel, "cluster", False) else rate_limits(),  # a limiter is a slot of its own there
         *(x for _key, value, expires, tag in results for x in (value, expires, tag)),
         *(x for node, _tag in nodes for x in node.args()),
         *(acks or ()),
@@ -221,13 +235,29 @@ def accept(
     if isinstance(headers, dict):
         headers[HEADER_DELIVERY_COUNT] = count
         headers[HEADER_LEASE_OWNER] = leases.owner()  # what a result store checks the lease against
+        if leases.cluster:
+            headers[HEADER_LEASE_QUEUE] = queue  # where that lease is kept on a cluster (its queue's slot)
         headers.pop(HEADER_RATE_GRANT, None)  # only this fetch's own: never one a message carries
         if grant is not None:
             rate_key, wait, slot = grant
             headers[HEADER_RATE_GRANT] = {"key": rate_key, "slot": slot, "due": time.time() + wait}
-    leases.hold(tag)
+    leases.hold(tag, queue)
     if isinstance(channel.qos, acks.DeferredAcks):
         channel.qos.fetched(tag)
+    return payload
+
+
+def one(channel: Any, client: Any, queue: str) -> Any:
+    """The synchronous path (`basic_get`, `drain_events` without a hub): one message of `queue`, fetched and held by
+    the same script; Empty when there is none to deliver."""
+    numkeys, *rest = args(channel, [queue], 1)
+    reply = script(FETCH)(keys=rest[:numkeys], args=rest[numkeys:], client=client)
+    if len(reply) <= FIRST:
+        raise Empty()
+    ((key, tag, count, item, kind, grant),) = elements(reply)
+    payload = accept(channel, key, tag, count, item, kind, queue, grant)
+    if payload is None:
+        raise Empty()
     return payload
 
 
@@ -235,8 +265,11 @@ def deliver(channel: Any, reply: list[Any]) -> None:
     """Hold every fetched message, then hand each to kombu in order (see the module doc)."""
     ready: list[tuple[str, str, Any]] = []
     for key, tag, count, item, kind, grant in elements(reply):
-        dest = key.rsplit(channel.sep, 1)[0]
-        channel._queue_cycle.rotate(dest)
+        if getattr(channel, "cluster", False):
+            dest = keys.queue_of(key, True)  # the channel rotates its queues itself (`pipeline.delivery.clustered`)
+        else:
+            dest = key.rsplit(channel.sep, 1)[0]
+            channel._queue_cycle.rotate(dest)
         payload = accept(channel, key, tag, count, item, kind, dest, grant)
         if payload is not None:
             ready.append((tag, dest, payload))
@@ -265,6 +298,8 @@ def _paused_now(channel: Any, queue: str) -> bool:
     """Whether `queue` is paused now (`pipeline.scheduling.pause`): a job fetched before the pause does not start."""
     try:
         with channel.conn_or_acquire() as client:
+            if getattr(channel, "cluster", False):
+                return bool(client.exists(keys.paused(queue, True)))
             return bool(client.sismember(PAUSED_KEY, queue))
     except channel.connection_errors:
         return False  # not known: it goes on, as it would have without the check
@@ -276,8 +311,9 @@ def _uncount(channel: Any, tags: list[str]) -> None:
     try:
         with channel.conn_or_acquire() as client:
             pipe = client.pipeline(transaction=False)
-            for tag in tags:
-                pipe.hincrby(DELIVERIES_KEY, tag, -1)
+            for records_, group in channel.leases.by_records(tags):
+                for tag in group:
+                    pipe.hincrby(records_[3], tag, -1)
             pipe.execute()
     except channel.connection_errors:
         pass  # still counted: the limit comes one delivery sooner for them

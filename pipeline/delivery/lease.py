@@ -8,12 +8,13 @@ Redis, and the renewal clock. The worker's delivery bootstep (`pipeline.delivery
 binds the worker's transport to it (`pipeline.delivery.transport.bound`) and starts and stops its renewal thread,
 so two workers in one process never share it.
 
-A daemon thread of the worker's main process (`Renewer`), with its own Redis client (so a busy event loop, a
-blocked pool child or the solo/threads pools never stop it), renews every held delivery each LEASE_SECONDS/3 with
-one Lua call (`renew.lua`: the index score becomes Redis's clock (TIME) + LEASE_SECONDS where `pipeline:lease`
-still names this worker), returning the tags it no longer owns. kombu's sweep (`restore_visible`) restores a tag
-whose index score (its lease's expiry) has passed by Redis's clock: the holder died or was cut off. No host's clock
-enters a lease, so a worker whose clock is off neither loses its jobs nor takes a peer's.
+A daemon thread of the worker's main process (`Renewer`: `pipeline.delivery.renewer`), with its own Redis client (so
+a busy event loop, a blocked pool child or the solo/threads pools never stop it), renews every held delivery each
+LEASE_SECONDS/3 with one Lua call (`renew.lua`: the index score becomes Redis's clock (TIME) + LEASE_SECONDS where
+`pipeline:lease` still names this worker; on a Redis Cluster one call per queue, in its slot), returning the tags it
+no longer owns. kombu's sweep (`restore_visible`) restores a tag whose index score (its lease's expiry) has passed by
+Redis's clock: the holder died or was cut off. No host's clock enters a lease, so a worker whose clock is off neither
+loses its jobs nor takes a peer's.
 
 Fencing: a tag whose lease is gone was (or will be) delivered to a peer. The worker must neither run nor
 acknowledge it: the delivery step drops a reserved request without running it and terminates a running one;
@@ -47,15 +48,17 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from pipeline.compat.results import Stored
 from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, LEASE_KEY, UNACKED_INDEX_KEY, UNACKED_KEY
 from pipeline.delivery import replicas
+from pipeline.delivery.renewer import Renewer as Renewer  # the renewal thread, in a module of its own
 from pipeline.lua import script
 from pipeline.observability import metrics
+from pipeline.queues import keys
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,17 @@ log = logging.getLogger(__name__)
 RENEW_BATCH = 500
 #: The delivery history's key prefix (`pipeline:deliveries:<tag>`).
 HISTORY_PREFIX = DELIVERY_LOG_KEY.format(tag="")
+
+#: One set of delivery records: kombu's unacked, its index, the lease owners, the delivery counts, and the delivery
+#: history's key prefix. One set for every queue on a single Redis; one per queue, in its slot, on a cluster.
+Records = tuple[str, str, str, str, str]
+SINGLE: Records = (UNACKED_KEY, UNACKED_INDEX_KEY, LEASE_KEY, DELIVERIES_KEY, HISTORY_PREFIX)
+
+
+def records(queue: str) -> Records:
+    """The delivery records of `queue` on a Redis Cluster (`pipeline.queues.keys`: all in the queue's slot)."""
+    index, lease, count = keys.unacked_index(queue, True), keys.lease(queue, True), keys.deliveries(queue, True)
+    return keys.unacked(queue, True), index, lease, count, keys.delivery_log(queue, "", True)
 
 
 def _text(value: Any) -> str:
@@ -73,9 +87,12 @@ class Leases:
     """One worker's deliveries and their leases (see the module doc). Thread-safe: the event loop, pool threads and
     the renewal thread share it."""
 
-    def __init__(self, lease_seconds: float = 30.0, node: str | None = None) -> None:
+    def __init__(self, lease_seconds: float = 30.0, node: str | None = None, cluster: bool = False) -> None:
         self.lease_seconds = float(lease_seconds)
         self._node = node
+        #: On a Redis Cluster each queue keeps its delivery records in its own slot: the queue of each tag (`hold`).
+        self.cluster = cluster
+        self._queues: dict[str, str] = {}
         self._lock = threading.Lock()
         self._owner: str | None = None
         #: Delivery tags this worker holds (fetched, not yet acknowledged, requeued or lost).
@@ -112,8 +129,10 @@ class Leases:
         """The worker's node name as Celery reports it (`name@host`), or the host name when it has none."""
         return self._node or socket.gethostname()
 
-    def hold(self, tag: str) -> None:
+    def hold(self, tag: str, queue: str | None = None) -> None:
         with self._lock:
+            if queue is not None:
+                self._queues[tag] = queue
             self._held.add(tag)
             self._lost.discard(tag)
             self._lapsing.pop(tag, None)
@@ -137,6 +156,20 @@ class Leases:
             self._confirmed.pop(tag, None)
             self._pending_acks.discard(tag)
             self._settling.discard(tag)
+            if tag not in self._dropped:
+                self._queues.pop(tag, None)
+
+    def by_records(self, tags: Iterable[str]) -> list[tuple[Records, list[str]]]:
+        """`tags` grouped by the delivery records they are kept in: one group on a single Redis (also when empty),
+        one per queue on a cluster (a tag of no known queue is left out: it was never fetched here)."""
+        if not self.cluster:
+            return [(SINGLE, list(tags))]
+        with self._lock:
+            groups: dict[str, list[str]] = {}
+            for tag in tags:
+                if tag in self._queues:
+                    groups.setdefault(self._queues[tag], []).append(tag)
+        return [(records(queue), group) for queue, group in groups.items()]
 
     def settling(self, tags: Iterable[str]) -> None:
         """`tags` leave by a call sent now (a fetch carrying their acks, `leaving`) or deferred to one (`acks`): until
@@ -276,15 +309,18 @@ class Leases:
         return tag not in self.settle(client, [tag])
 
     def settle(self, client: Any, tags: list[str], results: list[Stored] | None = None) -> set[str]:
-        """Store `results`, then `ack` every tag, in one call (`settle.lua`); returns the fenced tags (each
-        logged)."""
+        """Store `results`, then `ack` every tag, in one call (`settle.lua`; one per queue on a cluster, where no
+        results are carried: they are stored on their own); returns the fenced tags (each logged)."""
         results = results or []
-        keys: list[Any] = [UNACKED_KEY, UNACKED_INDEX_KEY, LEASE_KEY, DELIVERIES_KEY, *(r[0] for r in results)]
-        values = [x for _key, value, expires, tag in results for x in (value, expires, tag)]
-        args = [self.owner(), HISTORY_PREFIX, len(results), *values, *tags]
+        fenced: list[Any] = []
         with self.leaving(tags):
-            reply = replicas.run(client, "settle", keys, args, "an acknowledgement")
-        return self.settled(tags, reply)
+            for records_, group in self.by_records(tags):
+                keys_: list[Any] = [*records_[:4], *(r[0] for r in results)]
+                values = [x for _key, value, expires, tag in results for x in (value, expires, tag)]
+                args = [self.owner(), records_[4], len(results), *values, *group]
+                fenced += replicas.run(client, "settle", keys_, args, "an acknowledgement")
+                results = []
+        return self.settled(tags, fenced)
 
     def settled(self, tags: list[str], fenced_reply: list[Any]) -> set[str]:
         """After a call that acknowledged `tags`: forget them, log the ones it fenced (`fenced_reply`); those."""
@@ -316,24 +352,26 @@ class Leases:
             log.info("applied %d acknowledgement(s) made while the broker was unreachable", len(acks))
         with self._lock:
             dropped = list(self._dropped)
-        if dropped:
-            script("release")(keys=[UNACKED_INDEX_KEY, LEASE_KEY], args=[self.owner(), *dropped], client=client)
-            with self._lock:
-                self._dropped.difference_update(dropped)
-        tags = sorted(self.held())
+        for records_, group in self.by_records(dropped) if dropped else []:
+            script("release")(keys=[records_[1], records_[2]], args=[self.owner(), *group], client=client)
+        with self._lock:
+            self._dropped.difference_update(dropped)
+            for tag in dropped:
+                self._queues.pop(tag, None)
         lease = repr(self.lease_seconds)  # the script adds it to Redis's clock: the index holds each expiry
         lost: set[str] = set()
         renew = script("renew")
-        for start in range(0, len(tags), RENEW_BATCH):
-            batch = tags[start : start + RENEW_BATCH]
-            sent = time.monotonic()  # Redis's clock read in the script is later: the lease lasts at least this long
-            reply = renew(keys=[UNACKED_INDEX_KEY, LEASE_KEY], args=[self.owner(), lease, *batch], client=client)
-            found = {_text(x) for x in reply}
-            lost.update(found)
-            with self._lock:
-                for tag in batch:
-                    if tag in self._held and tag not in found:
-                        self._confirmed[tag] = sent
+        for records_, tags in self.by_records(sorted(self.held())):
+            for start in range(0, len(tags), RENEW_BATCH):
+                batch = tags[start : start + RENEW_BATCH]
+                sent = time.monotonic()  # Redis's clock read in the script is later: the lease lasts at least this
+                reply = renew(keys=[records_[1], records_[2]], args=[self.owner(), lease, *batch], client=client)
+                found = {_text(x) for x in reply}
+                lost.update(found)
+                with self._lock:
+                    for tag in batch:
+                        if tag in self._held and tag not in found:
+                            self._confirmed[tag] = sent
         with self._lock:
             # A tag that left this worker since the snapshot (acknowledged or requeued by a call that ran in Redis
             # before the renewal) has no lease left, yet is not lost: it is settling, or settled and no longer held.
@@ -360,41 +398,3 @@ class Leases:
 
     def ever_renewed(self) -> bool:
         return self._renewed_at is not None
-
-
-class Renewer:
-    """The daemon thread renewing one worker's leases every LEASE_SECONDS/3 (and at once after a failure), until
-    `stop`."""
-
-    def __init__(self, leases: Leases, client_factory: Callable[[], Any]) -> None:
-        self.leases = leases
-        self._client_factory = client_factory
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pipeline-lease-renewer", daemon=True)
-
-    def start(self) -> Renewer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self.leases.wake()
-
-    def _run(self) -> None:
-        leases = self.leases
-        period = leases.lease_seconds / 3
-        client: Any = None
-        while not self._stopped.is_set():
-            delay = period
-            try:
-                client = client or self._client_factory()
-                leases.renew_once(client)
-                leases.renewed(True)
-                delay = min(period, 1.0) if leases.has_pending() else period
-            except Exception as exc:  # noqa: BLE001  # a connection error, Redis loading its AOF: try again soon
-                if leases.ever_renewed():
-                    log.warning("lease renewal failed (%r); retrying every second", exc)
-                leases.renewed(False)
-                client = None
-                delay = 1.0
-            leases.wait(delay)

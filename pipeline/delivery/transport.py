@@ -58,7 +58,7 @@ from pipeline.delivery import acks, fetch, full, replicas, waking, watches
 from pipeline.delivery.lease import Leases
 from pipeline.dlq import elements as undecodable
 from pipeline.flows.record import Carried
-from pipeline.lua import script, sha
+from pipeline.lua import sha
 from pipeline.lua import source as lua_source
 from pipeline.observability import metrics
 from pipeline.queues import wake
@@ -359,16 +359,10 @@ class _Leased(waking.Waking, marking.Marked, full.FullRedis):
     # The synchronous path (`basic_get`, `drain_events` without a hub): the same script, one queue.
     def _get(self: Any, queue: str, timeout: float | None = None) -> Any:
         with self.conn_or_acquire() as client:
-            numkeys, *rest = fetch.args(self, [queue], 1)
-            reply = script(fetch.FETCH)(keys=rest[:numkeys], args=rest[numkeys:], client=client)
-            self._maybe_update_queues_expire(client, queue)
-        if len(reply) <= fetch.FIRST:
-            raise Empty()
-        ((key, tag, count, item, kind, grant),) = fetch.elements(reply)
-        payload = fetch.accept(self, key, tag, count, item, kind, queue, grant)
-        if payload is None:
-            raise Empty()
-        return payload
+            try:
+                return fetch.one(self, client, queue)
+            finally:
+                self._maybe_update_queues_expire(client, queue)
 
 
 class Channel(_Leased, kombu_redis.Channel):

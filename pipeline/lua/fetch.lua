@@ -34,7 +34,8 @@
 -- KEYS[1] unacked, KEYS[2] unacked_index, KEYS[3] pipeline:lease, KEYS[4] pipeline:deliveries, KEYS[5..] the queue
 -- keys in kombu's order (priority steps, then queues), then the task key of each result to store (n of them), then
 -- the hash of the flow of each node to record (r of them: `pipeline:flow:{<id>}`), then last the set of paused queue
--- names (`pipeline:paused`).
+-- names (`pipeline:paused`), or on a cluster the queue's paused flag (`pipeline:{<q>}:paused`, a string: one call
+-- fetches from one queue there).
 -- ARGV[1] the lease (seconds), ARGV[2] the owner, ARGV[3] the worker's node name, ARGV[4] a fresh tag prefix for
 -- elements that are not message envelopes, ARGV[5] the delivery history's key prefix, ARGV[6] its length,
 -- ARGV[7] its TTL (seconds), ARGV[8] one character per queue key, '1' where the key is consumed without
@@ -76,15 +77,18 @@ local function fetch(KEYS, ARGV)
 
   -- Paused queues (`pipeline.scheduling.pause`): no key of a queue named in the set is popped, its priority sub-keys
   -- (`<queue>\x06\x16<n>`) included, so its jobs stay queued. The consumed queues found paused go back in the reply,
-  -- so the worker does not wait on a key it may not take from. Reads only; one SCARD when nothing is paused.
+  -- so the worker does not wait on a key it may not take from. Reads only; one EXISTS when nothing is paused. A
+  -- queue's flag (a string, on a cluster) pauses every key of the call.
   local skip, paused = {}, {}
   local pause_key = KEYS[#KEYS]
-  if redis.call('SCARD', pause_key) > 0 then
+  if redis.call('EXISTS', pause_key) == 1 then
     local seen = {}
+    local flag = redis.call('TYPE', pause_key)['ok'] == 'string'
     for i = 5, first_result_key do
       local queue = string.match(KEYS[i], '^(.*)\6\22%d+$') or KEYS[i]
+      if flag then queue = string.match(queue, '^{(.*)}$') or queue end
       if seen[queue] == nil then
-        seen[queue] = redis.call('SISMEMBER', pause_key, queue) == 1
+        seen[queue] = flag or redis.call('SISMEMBER', pause_key, queue) == 1
         if seen[queue] then paused[#paused + 1] = queue end
       end
       skip[i] = seen[queue]
@@ -100,6 +104,7 @@ local function fetch(KEYS, ARGV)
   local stamp = string.format('%.3f', now)
   local cap = tonumber(ARGV[11])
   local P = ARGV[12]
+  local tombstones = string.gsub(P, 'group:$', 'cancel:')  -- pipeline:cancel:, or pipeline:{<q>}:cancel:
   local limits = ARGV[14] ~= '' and cjson.decode(ARGV[14]) or nil
   local now_ms = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 

@@ -655,7 +655,9 @@ def test_cancel_parks_nothing_writes_the_tombstone_and_the_fetch_drops_the_cance
     assert client.hkeys("unacked") == [b"tag-k"] and client.hkeys("pipeline:lease") == [b"tag-k"]
     assert client.zrange("unacked_index", 0, -1) == [b"tag-k"] and client.hkeys("pipeline:deliveries") == [b"tag-k"]
     assert not client.exists("hist:tag-w") and client.exists("hist:tag-k") and client.llen("jobs") == 0
-    assert f"'{CANCEL_KEY.format(id='')}' .." in source("fetch").decode()  # the script spells the prefix out
+    # The script names tombstones from the groups' prefix (`pipeline:{<q>}:cancel:` on a cluster): the same prefix.
+    assert GROUP_KEY_PREFIX.replace("group:", "cancel:") == CANCEL_KEY.format(id="")
+    assert "string.gsub(P, 'group:$', 'cancel:')" in source("fetch").decode()
 
 
 def test_a_stored_revoked_is_kept_as_a_success_is(client: redis.Redis) -> None:

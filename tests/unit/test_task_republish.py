@@ -14,6 +14,7 @@ from pipeline.constants import (
     HEADER_DELIVERY_COUNT,
     HEADER_IDEMPOTENCY_KEY,
     HEADER_LEASE_OWNER,
+    HEADER_LEASE_QUEUE,
     HEADER_RATE_GRANT,
 )
 from pipeline.task import PipelineTask
@@ -26,6 +27,7 @@ DELIVERED = {
     HEADER_IDEMPOTENCY_KEY: "order-7",
     HEADER_DELIVERY_COUNT: 3,
     HEADER_LEASE_OWNER: "host:123:abcd",
+    HEADER_LEASE_QUEUE: "default",
     HEADER_RATE_GRANT: {"key": "pipeline:ratelimit:test.limited", "slot": 12.0, "due": 12.0},
 }
 

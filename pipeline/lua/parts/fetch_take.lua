@@ -64,10 +64,10 @@ local function take(key, item, untracked, g)
   out[#out + 1] = poison
   for _ = 1, 3 do out[#out + 1] = '' end
   -- Cancelled (`pipeline cancel`: cancel.lua wrote the tombstone pipeline:cancel:<headers.id>, the prefix of
-  -- CANCEL_KEY): acknowledged here, its records just written removed as settle.lua removes them (`forget`), and
+  -- CANCEL_KEY; pipeline:{<q>}:cancel:<id> on a cluster, named from P, the queue's group prefix): acknowledged here, its records just written removed as settle.lua removes them (`forget`), and
   -- returned as kind 3 for the worker to drop unrun (its group's slot is free again: its lease record is gone).
   if poison == 0 and type(msg.headers) == 'table' and type(msg.headers.id) == 'string'
-      and redis.call('EXISTS', 'pipeline:cancel:' .. msg.headers.id) == 1 then
+      and redis.call('EXISTS', tombstones .. msg.headers.id) == 1 then
     forget(KEYS, tag, history)
     out[#out - 3] = 3
   elseif poison == 0 and type(msg.headers) == 'table' then

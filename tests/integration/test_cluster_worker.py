@@ -1,0 +1,210 @@
+"""A worker on a Redis Cluster URL (`pipeline.delivery.clustered`): it drains queues that live on different masters,
+each job once; an idle one wakes at once on a job of any of them; a killed one's job comes back after its lease and
+runs once more; Celery's own `send_task` and `delay().get()` work end to end.
+
+A real 3+3 cluster (`redis_cluster`), `celery worker` subprocesses, Celery's publish from a process of its own
+(`tests.support.cluster_producer`). Jobs record their starts and completions in a ledger Redis (`TEST_LEDGER_URL`),
+which is also the result backend (RESULT_BACKEND_URL: Celery has no result backend on a cluster).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+import pytest
+from redis.cluster import key_slot
+
+from pipeline.constants import WORK_QUEUES
+from pipeline.queues import keys
+from tests.faults.ledger import SHORT_LEASE, SHORT_LEASE_S, done, starts
+from tests.support.cluster import Cluster
+from tests.support.procs import ROOT, RedisServer, wait_for
+
+pytestmark = pytest.mark.faults
+
+
+def _two_queues(cluster: Cluster) -> tuple[str, str]:
+    """Two work queues whose slots are served by different masters."""
+    master = {queue: cluster.master_of(key_slot(queue.encode())).port for queue in WORK_QUEUES}
+    return next((a, b) for a in WORK_QUEUES for b in WORK_QUEUES if master[a] != master[b])
+
+
+def _env(cluster: Cluster, ledger: RedisServer, **extra: str) -> dict[str, str]:
+    return {
+        "REDIS_URL": cluster.url(),
+        "RESULT_BACKEND_URL": ledger.url,
+        "TEST_LEDGER_URL": ledger.url,
+        **SHORT_LEASE,
+        **extra,
+    }
+
+
+def _produce(env: dict[str, str], *argv: str) -> Any:
+    done_ = subprocess.run(
+        [sys.executable, "-m", "tests.support.cluster_producer", *argv],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done_.returncode == 0, done_.stderr[-3000:]
+    return json.loads(done_.stdout.strip().splitlines()[-1])
+
+
+def _send(env: dict[str, str], queue: str, key: str, n: int, sleep_s: float, once: bool = False) -> dict[str, Any]:
+    """`n` `test.ledger` jobs sent with Celery's `send_task` on the cluster: their ids, and when the first was sent.
+    `once`: each sleeps on its first delivery only."""
+    return dict(_produce(env, "send", queue, key, str(n), str(sleep_s), *(["once"] if once else [])))
+
+
+def _blocked_on(cluster: Cluster, queue: str) -> bool:
+    """Whether a client is blocked on the master serving `queue` (the worker's wait on the queue's marker)."""
+    master = cluster.master_of(key_slot(queue.encode()))
+    return int(master.client().info("clients")["blocked_clients"]) >= 1
+
+
+def _held(cluster: Cluster, queue: str) -> int:
+    client = cluster.client()
+    return int(client.hlen(keys.unacked(queue, True))) + int(client.hlen(keys.lease(queue, True)))
+
+
+def _past_two_leases(ledger: RedisServer, key: str) -> None:
+    """Wait until 2 x LEASE_SECONDS after the last completion's record, on the ledger's clock."""
+    client = ledger.client()
+    last = max(json.loads(x)["t"] for x in client.lrange(f"test:ledger:{key}", 0, -1))
+
+    def past() -> bool:
+        seconds, micros = client.time()
+        return bool(seconds + micros / 1e6 >= last + 2 * SHORT_LEASE_S)
+
+    wait_for(past, 6 * SHORT_LEASE_S, 0.2, what="two leases past the last job")
+
+
+@pytest.mark.parity  # kombu's virtual transport, as the cluster transport extends it (`pipeline.delivery.ENTRIES`)
+def test_a_worker_drains_queues_on_two_masters_each_job_once(
+    redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any
+) -> None:
+    one, other = _two_queues(redis_cluster)
+    key, n = uuid.uuid4().hex, 20
+    env = _env(redis_cluster, ledger_redis)
+    jobs = [*_send(env, one, key, n, 0.02)["ids"], *_send(env, other, key, n, 0.02)["ids"]]
+    make_worker(f"cl-drain-{key[:6]}", env=env, queues=f"{one},{other}", concurrency=2)
+    wait_for(lambda: set(jobs) <= set(done(ledger_redis, key)), 120, 0.2, what="every job to finish")
+    _past_two_leases(ledger_redis, key)
+    assert done(ledger_redis, key) == collections.Counter(dict.fromkeys(jobs, 1))
+    ran = collections.Counter(s["task_id"] for s in starts(ledger_redis, key))
+    assert ran == collections.Counter(dict.fromkeys(jobs, 1)), "each job started once"
+    assert _held(redis_cluster, one) == 0 and _held(redis_cluster, other) == 0, "nothing left in any unacked"
+
+
+def test_an_idle_worker_wakes_at_once_on_a_job_of_either_master(
+    redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any
+) -> None:
+    one, other = _two_queues(redis_cluster)
+    key = uuid.uuid4().hex
+    env = _env(redis_cluster, ledger_redis, TEST_WAKE_POLL_S="30")  # the fallback poll far above the bound
+    make_worker(f"cl-wake-{key[:6]}", env=env, queues=f"{one},{other}", concurrency=1)
+    for n, queue in enumerate((one, other, one)):
+        wait_for(lambda q=queue: _blocked_on(redis_cluster, q), 20, 0.05, what=f"the worker idle on {queue}'s marker")
+        sent = _send(env, queue, key, 1, 0)
+        (job,) = sent["ids"]
+        wait_for(lambda n=n: len(starts(ledger_redis, key)) > n, 20, 0.05, what=f"the job on {queue} to start")
+        started = starts(ledger_redis, key)[n]
+        assert started["task_id"] == job
+        latency = started["t"] - sent["sent"]
+        print(f"{queue}: started {latency:.3f} s after the send (fallback poll 30 s)")
+        assert latency < 3.0, latency
+
+
+def test_kill_9_mid_job_the_job_runs_once_more_on_a_peer(
+    redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any
+) -> None:
+    one, _other = _two_queues(redis_cluster)
+    key = uuid.uuid4().hex
+    env = _env(redis_cluster, ledger_redis)
+    first = make_worker(f"cl-kill-a-{key[:6]}", env=env, queues=one, concurrency=1)
+    (job,) = _send(env, one, key, 1, 60, once=True)["ids"]  # still running when killed; at once the second time
+    wait_for(lambda: len(starts(ledger_redis, key)) >= 1, 30, 0.05, what="the job to start")
+    first.kill_group(signal.SIGKILL)
+    first.wait(10)
+    killed_at = time.time()
+    make_worker(f"cl-kill-b-{key[:6]}", env=env, queues=one, concurrency=1)
+    wait_for(lambda: job in done(ledger_redis, key), 60, 0.1, what="the job to finish on the peer")
+    _past_two_leases(ledger_redis, key)
+    assert [s["task_id"] for s in starts(ledger_redis, key)] == [job, job], "run once more, not twice more"
+    assert starts(ledger_redis, key)[1]["t"] > killed_at
+    assert done(ledger_redis, key) == collections.Counter({job: 1})
+    assert _held(redis_cluster, one) == 0
+
+
+def test_a_late_result_of_a_worker_that_lost_the_lease_is_refused(
+    redis_cluster: Cluster, ledger_redis: RedisServer
+) -> None:
+    """The fence on a cluster: the lease is read in the job's queue's slot, where a peer's sweep and fetch moved it."""
+    queue, tag, task_id = "default", uuid.uuid4().hex, uuid.uuid4().hex
+    lease = keys.lease(queue, True)
+    client = redis_cluster.client()
+    client.hset(lease, tag, "peer:2:b")  # the peer's fetch took the job after the first worker's lease lapsed
+    env = _env(redis_cluster, ledger_redis)
+    try:
+        assert _produce(env, "store", queue, tag, "first:1:a", task_id) == {"stored": False}
+        assert _produce(env, "store", queue, tag, "peer:2:b", task_id) == {"stored": True}
+    finally:
+        client.hdel(lease, tag)
+
+
+def test_send_task_and_delay_get_end_to_end(
+    redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any
+) -> None:
+    one = "default"  # test.ledger's route
+    key = uuid.uuid4().hex
+    env = _env(redis_cluster, ledger_redis)
+    make_worker(f"cl-get-{key[:6]}", env=env, queues=one, concurrency=1)
+    got = _produce(env, "get", one, key)
+    assert got["result"]["key"] == key and got["result"]["attempt"] == 1
+    wait_for(lambda: _held(redis_cluster, one) == 0, 10, 0.1, what="the acknowledgement")
+
+
+def test_a_queue_with_one_job_is_not_starved_by_a_full_one(
+    redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any
+) -> None:
+    """Each round of the fetch starts one queue further: a job sent to one queue while another on a different master
+    holds a long backlog runs within a round or two, not after the backlog drains."""
+    full, other = _two_queues(redis_cluster)
+    key = uuid.uuid4().hex
+    env = _env(redis_cluster, ledger_redis)
+    make_worker(f"cl-fair-{key[:6]}", env=env, queues=f"{full},{other}", concurrency=1)
+    flood = _send(env, full, key, 60, 0.05)["ids"]
+    wait_for(lambda: len(starts(ledger_redis, key)) >= 3, 30, 0.05, what="the flood to be running")
+    sent = _send(env, other, key, 1, 0)
+    (lone,) = sent["ids"]
+    ahead = sum(1 for s in starts(ledger_redis, key) if s["t"] < sent["sent"])  # started before the lone job was sent
+    wait_for(lambda: lone in done(ledger_redis, key), 60, 0.1, what="the lone job")
+    order = [s["task_id"] for s in starts(ledger_redis, key)]
+    waited = order.index(lone) - ahead
+    print(f"the lone job started after {waited} more of the flood's ({len(flood) - ahead} were still queued)")
+    assert waited <= 10, waited  # the prefetch (4) held and a round, not the rest of the flood
+    wait_for(lambda: set(flood) <= set(done(ledger_redis, key)), 120, 0.2, what="the flood")
+
+
+def test_celery_control_reaches_a_worker_on_a_cluster_and_its_reply_comes_back(
+    redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any
+) -> None:
+    """Celery's fanout (a control broadcast) over pub/sub on one node reaches a worker subscribed on any node; its
+    reply comes back on kombu's pidbox reply queue, a list of the cluster."""
+    key = uuid.uuid4().hex
+    env = _env(redis_cluster, ledger_redis)
+    make_worker(f"cl-ping-{key[:6]}", env=env, queues="default", concurrency=1)
+    replies = _produce(env, "ping", "-", "5")
+    pongs = [reply for reply in replies for name in reply if name.startswith(f"cl-ping-{key[:6]}@")]
+    assert pongs and all(next(iter(p.values())) == {"ok": "pong"} for p in pongs), replies
