@@ -48,6 +48,10 @@ class Fanout:
             self._fanout_state()[0][queue] = exchange
 
     def _put_fanout(self, exchange: str, message: Any, routing_key: str, **kwargs: Any) -> None:
+        batch = kwargs.pop("_publish_batch", None)
+        if batch is not None:  # a recorded publish (`pipeline.compat.batch`): its command, not sent
+            batch.add("publish", FANOUT_PREFIX + exchange, json.dumps(message))
+            return
         self.client.publish(FANOUT_PREFIX + exchange, json.dumps(message))
 
     def _broadcasts(self) -> int:

@@ -179,6 +179,10 @@ class ClusterChannel(Fanout, kombu_virtual.Channel):
     # Producers.
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
         step = priority.level(self._get_message_priority(message, reverse=False))
+        batch = kwargs.pop("_publish_batch", None)
+        if batch is not None:  # a recorded publish (`pipeline.compat.batch`): its command, not sent
+            batch.add("lpush", keys.level(queue, step, True), json.dumps(message))
+            return
         pipe = self.client.pipeline(transaction=False)
         pipe.lpush(keys.level(queue, step, True), json.dumps(message))
         if not wake.silent(queue):  # Celery's control replies get none
