@@ -3,12 +3,15 @@
 A `test.ledger` job records each start in `test:ledger:<key>` and each completion in `test:done:<key>` of the ledger
 (`TEST_LEDGER_URL`), which the test never stops, so the record is whole across kills and outages. A `test.await` job
 (the asyncio pool's) records `start`, `finish` and `cancelled` events in `test:run:<key>`, with the ledger's clock.
+`runs_once_on_two_workers` is the lease renewal tests' scenario: one job, two workers, one run.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
@@ -85,3 +88,22 @@ def each_finished_once(ledger: RedisServer, key: str, jobs: list[str], timeout: 
     assert run_count(ledger, key, "finish") == collections.Counter(dict.fromkeys(jobs, 1))
     stopped = run_count(ledger, key, "cancelled")
     assert run_count(ledger, key, "start") == collections.Counter({job: 1 + stopped[job] for job in jobs})
+
+
+def runs_once_on_two_workers(
+    own_redis: RedisServer,
+    ledger_redis: RedisServer,
+    make_worker: Any,
+    send: Callable[[str], str],
+    pool: str = "prefork",
+) -> None:
+    """Two workers with a short lease; the job `send(key)` publishes runs once, and only once, on one of them."""
+    key = uuid.uuid4().hex
+    env = env_for(own_redis, ledger_redis, **SHORT_LEASE)
+    for name in "ab":
+        make_worker(f"once-{name}-{key[:6]}", env=env, concurrency=1, pool=pool)
+    job = send(key)
+    wait_for(lambda: done(ledger_redis, key), 60, 0.2, what="the job to finish")
+    wait_for(lambda: settled(own_redis), 10, 0.1, what="its acknowledgement, with no copy left to run")
+    assert done(ledger_redis, key) == collections.Counter({job: 1})
+    assert len(starts(ledger_redis, key)) == 1, starts(ledger_redis, key)

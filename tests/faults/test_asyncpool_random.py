@@ -1,6 +1,6 @@
 """SIGTERM at random instants under load to asyncio-pool workers in turn: the signal then usually lands inside the
 asyncio loop's iteration or a job's trace (`pipeline.runtime.asyncsignals`). Counted at the ledger two leases past the
-last finish (`tests.faults.ledger`); workers as in `tests.faults.test_asyncpool_shutdown`."""
+last finish (`tests.faults.ledger`); workers as in `tests.faults.asyncpool_workers`."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from tests.faults.asyncpool_workers import aio_env, send
 from tests.faults.ledger import each_ran_once
-from tests.faults.test_asyncpool_shutdown import aio_env, send
 from tests.support.procs import RedisServer
 
 pytestmark = pytest.mark.faults

@@ -20,8 +20,8 @@ import pytest
 from celery import Celery
 
 from tests.faults import ledger
+from tests.faults.asyncpool_workers import aio_env, send
 from tests.faults.ledger import each_finished_once, each_ran_once, past_the_lease, run_count
-from tests.faults.test_asyncpool_shutdown import aio_env, send
 from tests.support.procs import RedisServer, wait_for
 
 pytestmark = pytest.mark.faults

@@ -18,7 +18,7 @@ from tests.support.worker_app import attempts, ledger, ledger_client
 
 pytestmark = pytest.mark.faults
 QUEUE = "faults"
-#: Short time limits (a killed worker's jobs and the lease: tests/faults/test_leases.py).
+#: Short time limits (a killed worker's jobs and the lease: tests/faults/test_lease_kills.py).
 FAST_REDELIVERY = {
     "TASK_SOFT_TIME_LIMIT": "5",
     "TASK_TIME_LIMIT": "6",
