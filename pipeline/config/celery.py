@@ -105,11 +105,6 @@ def sentinel_kwargs(settings: Settings) -> dict[str, Any]:
     return options
 
 
-def _celery_url(url: str) -> str:
-    """`url`, or for a Redis Cluster's its first seed's plain URL (`pipeline.config.cluster.seed_url`)."""
-    return cluster.seed_url(url) if cluster.is_cluster(url) else url
-
-
 def celery_conf(settings: Settings) -> dict[str, Any]:
     """Celery's configuration for these settings. The only place lowercase Celery keys appear.
 
@@ -117,7 +112,7 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
     """
     transport = _transport_options(settings)
     conf: dict[str, Any] = {
-        "broker_url": _celery_url(settings.broker_url),
+        "broker_url": settings.broker_url,
         "result_backend": result_backend_name(settings),
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
@@ -189,8 +184,8 @@ def cluster_broker(settings: Settings) -> dict[str, Any]:
     """What Celery is told on a Redis Cluster URL: the pipeline's cluster transport, and a broker URL kombu can parse
     (kombu reads `redis+cluster://` as its own Redis transport and the seed list as one port). The transport's
     channel reaches the cluster through `pipeline.cluster` (every seed, credentials, TLS), not through that URL."""
-    host, port = cluster.parse(settings.broker_url).seeds[0]
-    return {"broker_url": f"rediscluster://{host}:{port}/0", "broker_transport": CLUSTER_TRANSPORT}
+    seed = urlsplit(cluster.seed_url(settings.broker_url)).netloc.rpartition("@")[2]  # host:port, IPv6 in brackets
+    return {"broker_url": f"rediscluster://{seed}/0", "broker_transport": CLUSTER_TRANSPORT}
 
 
 #: Jobs each pool process reserves ahead, per worker profile: short jobs keep the pool busy between round

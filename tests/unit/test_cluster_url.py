@@ -4,6 +4,7 @@ one a cluster client cannot use, naming the variable."""
 from __future__ import annotations
 
 import pytest
+from kombu import Connection
 
 from pipeline.config import load_settings
 from pipeline.config.celery import celery_conf
@@ -61,15 +62,22 @@ def test_other_urls_are_not_clusters_and_an_unknown_scheme_names_the_cluster_one
 
 
 @pytest.mark.parametrize(
-    ("url", "seed"),
+    ("url", "seed", "broker"),
     [
-        ("redis+cluster://a:7000,b:7001/0", "redis://a:7000/0"),
-        ("rediss+cluster://:s3cr%40t@redis.internal:6380", "rediss://:s3cr%40t@redis.internal:6380/0"),
-        ("redis+cluster://app:pw@[::1]:7000,[fe80::1]/0", "redis://app:pw@[::1]:7000/0"),
+        ("redis+cluster://a:7000,b:7001/0", "redis://a:7000/0", "rediscluster://a:7000/0"),
+        (
+            "rediss+cluster://:s3cr%40t@redis.internal:6380",
+            "rediss://:s3cr%40t@redis.internal:6380/0",
+            "rediscluster://redis.internal:6380/0",
+        ),
+        ("redis+cluster://app:pw@[::1]:7000,[fe80::1]/0", "redis://app:pw@[::1]:7000/0", "rediscluster://[::1]:7000/0"),
     ],
 )
-def test_celery_is_given_the_first_seed_as_a_plain_url_with_its_credentials(url: str, seed: str) -> None:
+def test_celery_is_given_the_cluster_transport_on_a_url_kombu_parses(url: str, seed: str, broker: str) -> None:
     assert seed_url(url) == seed
     settings = load_settings(redis_url=url)
     conf = celery_conf(settings)
-    assert conf["broker_url"] == seed and conf["result_backend"] == seed
+    assert conf["broker_url"] == broker and conf["broker_transport"] == "pipeline.delivery.clustered:ClusterTransport"
+    assert conf["result_backend"] == "rediscluster"  # the cluster result backend (`pipeline.compat.clusterresults`)
+    connection = Connection(conf["broker_url"], transport=conf["broker_transport"])  # kombu parses it: no "cast" error
+    assert connection.port == int(broker.rsplit(":", 1)[1].split("/")[0])
