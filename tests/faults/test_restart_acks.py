@@ -1,0 +1,108 @@
+"""A Redis restart on a prefork worker with a job handed to a pool process that has not taken it yet.
+
+Celery's prefork pool writes a job into a process's pipe, and the process tells the main process it took it (its
+ACK) only when it reads it. A lost connection in between makes Celery's consumer flush the pool
+(`Consumer.on_close` → `AsynPool.flush`), which forgets every job not taken yet: the process still reads the job
+from its pipe and runs it, and the main process ignores its outcome, so the job would never be acknowledged, while
+its lease, held for the job still to end, was renewed for good (issue 39, finding 7: a delivery left in `unacked`
+after every job had run once). The test makes that window as wide as it likes: the pool's only process is stopped
+(SIGSTOP) before the job is sent, so the job waits in its pipe, unread, while Redis restarts.
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import os
+import signal
+import struct
+import termios
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from tests.support.procs import RedisServer, wait_for
+
+pytestmark = pytest.mark.faults
+
+LEASE_S = 6
+
+
+def _children(pid: int) -> list[int]:
+    return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _unread_bytes(pid: int) -> int:
+    """Bytes waiting, unread, in the pipes process `pid` holds (FIONREAD on each, reopened through /proc)."""
+    total = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            if not os.readlink(fd).startswith("pipe:"):
+                continue
+            handle = os.open(fd, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            total += struct.unpack("i", fcntl.ioctl(handle, termios.FIONREAD, b"\0\0\0\0"))[0]
+        finally:
+            os.close(handle)
+    return total
+
+
+@contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """Process `pid` stopped (SIGSTOP) inside the block, continued after it whatever happens."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def _done(ledger: RedisServer, key: str) -> list[str]:
+    return [x.decode() for x in ledger.client().lrange(f"test:done:{key}", 0, -1)]
+
+
+@pytest.mark.parity  # Celery's flush forgets such a job, and `pipeline.delivery.handed` puts it back
+def test_a_job_in_a_pool_process_pipe_at_a_redis_restart_is_acknowledged_once_it_ran(
+    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any
+) -> None:
+    key = uuid.uuid4().hex
+    env = {"REDIS_URL": own_redis.url, "TEST_LEDGER_URL": ledger_redis.url, "LEASE_SECONDS": str(LEASE_S)}
+    worker = make_worker(f"pipe-restart-{key[:6]}", env=env, concurrency=1)
+    [child] = _children(worker.pid)
+    producer = Celery("pipe-restart-producer", broker=own_redis.url, set_as_current=False)
+    producer.conf.update(task_serializer="json")
+    broker = own_redis.client()
+    with stopped(child):
+        before = _unread_bytes(child)
+        job = str(producer.send_task("test.ledger", args=[{"key": key}], queue="default").id)
+        producer.close()
+        wait_for(lambda: broker.hlen("unacked") == 1, 30, 0.05, what="the job's delivery")
+        wait_for(lambda: _unread_bytes(child) > before, 30, 0.05, what="the job written to the stopped process")
+        connected = worker.log().count("Connected to")
+        own_redis.stop()
+        own_redis.start()
+        wait_for(lambda: worker.log().count("Connected to") > connected, 60, 0.2, what="the worker to reconnect")
+    wait_for(lambda: job in _done(ledger_redis, key), 30, 0.1, what="the job to run")
+    finished = time.monotonic()
+
+    def settled() -> bool:
+        return own_redis.client().hlen("unacked") == 0 and own_redis.client().llen("default") == 0
+
+    try:
+        wait_for(settled, 4 * LEASE_S, 0.2, what="the job's acknowledgement")
+    except TimeoutError:
+        unacked = own_redis.client().hgetall("unacked")
+        raise AssertionError(f"never acknowledged: {unacked}\n{worker.log()[-4000:]}") from None
+    # A lease that lapsed or was given up has been swept, and its job run again, two leases after the finish.
+    time.sleep(max(0.0, finished + 2 * LEASE_S - time.monotonic()))  # not a wait for an outcome: a re-run's time
+    assert settled()
+    runs = collections.Counter(_done(ledger_redis, key))
+    assert runs == {job: 1}, f"runs: {runs}\n{worker.log()[-4000:]}"
