@@ -26,7 +26,11 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from kombu import Connection, Exchange, Queue
 
+from pipeline.constants import LEASE_KEY
+from pipeline.delivery import transport
+from pipeline.delivery.lease import Leases
 from tests.support.procs import RedisServer, wait_for
 
 pytestmark = pytest.mark.faults
@@ -106,3 +110,26 @@ def test_a_job_in_a_pool_process_pipe_at_a_redis_restart_is_acknowledged_once_it
     assert settled()
     runs = collections.Counter(_done(ledger_redis, key))
     assert runs == {job: 1}, f"runs: {runs}\n{worker.log()[-4000:]}"
+
+
+def test_a_requeue_that_cannot_reach_redis_gives_the_lease_up(own_redis: RedisServer, leases: Leases) -> None:
+    """A job given back (`reject(requeue=True)`: Celery's for a pool process lost with `task_reject_on_worker_lost`)
+    while Redis is away: its lease is given up once Redis answers, so a sweep puts it back on its queue (it was held
+    and renewed for good, neither run nor acknowledged again)."""
+    name = f"requeue-outage-{uuid.uuid4().hex[:8]}"
+    queue = Queue(name, Exchange(name, "direct"), name)
+    with Connection(own_redis.url, transport=transport.bound(leases)) as conn:
+        channel = conn.channel()
+        conn.Producer(channel).publish({"job": 1}, exchange=queue.exchange, routing_key=name, declare=[queue])
+        message = queue(channel).get(no_ack=False)
+        assert message is not None
+        tag = message.delivery_tag
+        own_redis.stop()
+        message.requeue()
+        own_redis.start()
+    client = own_redis.client()
+    leases.renew_once(client)  # what the renewal thread does once Redis answers
+
+    assert leases.held() == set()
+    assert client.hget(LEASE_KEY, tag) is None, "still leased to this worker"
+    assert client.zscore("unacked_index", tag) == 0, "not given up for the sweep"
