@@ -70,8 +70,7 @@ def _text(value: Any) -> str:
 
 
 class Leases:
-    """One worker's deliveries and their leases (see the module doc). Thread-safe: the event loop, pool threads and
-    the renewal thread share it."""
+    """One worker's deliveries and their leases (see the module doc), shared by the loop, pool and renewal threads."""
 
     def __init__(self, lease_seconds: float = 30.0, node: str | None = None) -> None:
         self.lease_seconds = float(lease_seconds)
@@ -146,8 +145,7 @@ class Leases:
 
     @contextmanager
     def leaving(self, tags: list[str]) -> Iterator[None]:
-        """`settling` around a synchronous call (`settle`, the holder's requeue); if it fails, `tags` are held as
-        before."""
+        """`settling` around a synchronous call (`settle`, the holder's requeue); if it fails, `tags` are held again."""
         self.settling(tags)
         try:
             yield
@@ -234,16 +232,14 @@ class Leases:
         log.warning("could not acknowledge a job now (%r); acknowledging it (if still ours) on reconnect", exc)
 
     def remember_results(self, results: Iterable[Stored], exc: BaseException) -> None:
-        """Results whose write had an unknown outcome: stored by the renewal thread (a SUCCESS is never
-        overwritten)."""
+        """Results whose write's outcome is unknown: stored by the renewal thread (a SUCCESS is never overwritten)."""
         with self._lock:
             self._pending_results.extend(results)
         self._wake.set()
         log.warning("could not store job results now (%r); storing them on reconnect", exc)
 
     def remember(self, tags: list[str], exc: BaseException, results: list[Stored] | None = None) -> None:
-        """Acknowledgements (and the results to store before them) whose outcome is unknown: applied (fenced) by the
-        renewal thread."""
+        """Acknowledgements (and results to store first) of unknown outcome: applied, fenced, by the renewal thread."""
         if results:
             self.remember_results(results, exc)
         for tag in tags:
@@ -276,23 +272,28 @@ class Leases:
         return tag not in self.settle(client, [tag])
 
     def settle(self, client: Any, tags: list[str], results: list[Stored] | None = None) -> set[str]:
-        """Store `results`, then `ack` every tag, in one call (`settle.lua`); returns the fenced tags (each
-        logged)."""
+        """Store `results`, then `ack` every tag, in one call (`settle.lua`); returns the fenced tags (logged)."""
         results = results or []
         keys: list[Any] = [UNACKED_KEY, UNACKED_INDEX_KEY, LEASE_KEY, DELIVERIES_KEY, *(r[0] for r in results)]
         values = [x for _key, value, expires, tag in results for x in (value, expires, tag)]
         args = [self.owner(), HISTORY_PREFIX, len(results), *values, *tags]
+        sent = time.monotonic()
         with self.leaving(tags):
             reply = replicas.run(client, "settle", keys, args, "an acknowledgement")
-        return self.settled(tags, reply)
+        return self.settled(tags, reply, sent)
 
-    def settled(self, tags: list[str], fenced_reply: list[Any]) -> set[str]:
-        """After a call that acknowledged `tags`: forget them, log the ones it fenced (`fenced_reply`); those."""
-        fenced = {_text(x) for x in fenced_reply}
+    def settled(self, tags: list[str], fenced_reply: list[Any], sent: float | None = None) -> set[str]:
+        """After a call that acknowledged `tags` (sent at monotonic `sent`): forget them; log, return those it fenced.
+        A remembered one, surely ours when sent (confirmed under a lease before), was applied by the call it retries."""
+        fenced, lease = {_text(x) for x in fenced_reply}, self.lease_seconds
+        with self._lock:
+            ours = {t for t in fenced & self._pending_acks if sent and sent - self._confirmed.get(t, -lease) < lease}
         for tag in tags:
             self.release(tag)
-        for tag in sorted(fenced):
+        for tag in sorted(fenced - ours):
             log.warning("delivery %s: lease lost to another worker; acknowledgement ignored (fenced)", tag)
+        for tag in sorted(ours):
+            log.info("delivery %s: acknowledged already, by an earlier call whose reply was lost", tag)
         return fenced
 
     def has_pending(self) -> bool:
@@ -363,8 +364,7 @@ class Leases:
 
 
 class Renewer:
-    """The daemon thread renewing one worker's leases every LEASE_SECONDS/3 (and at once after a failure), until
-    `stop`."""
+    """The daemon thread renewing one worker's leases every LEASE_SECONDS/3 (at once after a failure) until `stop`."""
 
     def __init__(self, leases: Leases, client_factory: Callable[[], Any]) -> None:
         self.leases = leases

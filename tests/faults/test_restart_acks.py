@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import fcntl
+import logging
 import os
 import signal
 import struct
@@ -26,7 +27,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from kombu import Connection, Exchange, Queue
+from kombu import Connection, Consumer, Exchange, Queue
 
 from pipeline.constants import LEASE_KEY
 from pipeline.delivery import transport
@@ -133,3 +134,39 @@ def test_a_requeue_that_cannot_reach_redis_gives_the_lease_up(own_redis: RedisSe
     assert leases.held() == set()
     assert client.hget(LEASE_KEY, tag) is None, "still leased to this worker"
     assert client.zscore("unacked_index", tag) == 0, "not given up for the sweep"
+
+
+def test_an_acknowledgement_applied_by_a_fetch_whose_reply_was_lost_is_not_reported_fenced(
+    own_redis: RedisServer, leases: Leases, loop: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fetch carries a finished job's acknowledgement and Redis runs it, but its reply is lost with the connection:
+    the acknowledgement is remembered and applied again by the renewal thread, which finds nothing left to remove. That
+    is logged as applied already, not as a lease lost to another worker (no peer ever had it)."""
+    from pipeline.delivery import fetch
+    from pipeline.lua import source
+
+    name = f"lost-reply-{uuid.uuid4().hex[:8]}"
+    queue = Queue(name, Exchange(name, "direct"), name)
+    client = own_redis.client()
+    client.script_load(source(fetch.FETCH))
+    got: list[Any] = []
+    with Connection(own_redis.url, transport=transport.bound(leases)) as conn:
+        conn.Producer(conn.channel()).publish({"job": 1}, exchange=queue.exchange, routing_key=name, declare=[queue])
+        channel = conn.channel()
+        channel.basic_qos(0, 3, False)
+        Consumer(channel, [queue], callbacks=[lambda body, message: got.append(message)]).consume()
+        wait_for(lambda: conn.drain_events(timeout=1) or got, 10, 0, what="the job's delivery")
+        [finished] = got
+        finished.ack()  # deferred for the next fetch to carry
+        channel._brpop_start()  # that fetch: Redis runs it, acknowledging the job
+        wait_for(lambda: client.hlen("unacked") == 0, 10, 0.01, what="the fetch to acknowledge the job")
+        channel.client.connection.disconnect()  # its reply is lost with the connection
+        with pytest.raises(channel.connection_errors):
+            channel._brpop_read()
+        assert leases.pending_acks() == 1
+        with caplog.at_level(logging.INFO, logger="pipeline.delivery.lease"):
+            leases.renew_once(client)  # what the renewal thread does next
+    assert leases.pending_acks() == 0 and leases.held() == set()
+    lines = [r.getMessage() for r in caplog.records if r.name == "pipeline.delivery.lease"]
+    assert not [line for line in lines if "fenced" in line], lines
+    assert [line for line in lines if "acknowledged already" in line], lines
