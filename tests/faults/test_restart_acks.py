@@ -27,11 +27,12 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from kombu import Connection, Consumer, Exchange, Queue
+from kombu import Connection, Exchange, Queue
 
 from pipeline.constants import LEASE_KEY
 from pipeline.delivery import transport
 from pipeline.delivery.lease import Leases
+from tests.support.consuming import one_delivered
 from tests.support.procs import RedisServer, wait_for
 
 pytestmark = pytest.mark.faults
@@ -142,21 +143,8 @@ def test_an_acknowledgement_applied_by_a_fetch_whose_reply_was_lost_is_not_repor
     """A fetch carries a finished job's acknowledgement and Redis runs it, but its reply is lost with the connection:
     the acknowledgement is remembered and applied again by the renewal thread, which finds nothing left to remove. That
     is logged as applied already, not as a lease lost to another worker (no peer ever had it)."""
-    from pipeline.delivery import fetch
-    from pipeline.lua import source
-
-    name = f"lost-reply-{uuid.uuid4().hex[:8]}"
-    queue = Queue(name, Exchange(name, "direct"), name)
     client = own_redis.client()
-    client.script_load(source(fetch.FETCH))
-    got: list[Any] = []
-    with Connection(own_redis.url, transport=transport.bound(leases)) as conn:
-        conn.Producer(conn.channel()).publish({"job": 1}, exchange=queue.exchange, routing_key=name, declare=[queue])
-        channel = conn.channel()
-        channel.basic_qos(0, 3, False)
-        Consumer(channel, [queue], callbacks=[lambda body, message: got.append(message)]).consume()
-        wait_for(lambda: conn.drain_events(timeout=1) or got, 10, 0, what="the job's delivery")
-        [finished] = got
+    with one_delivered(own_redis, leases, "lost-reply") as (_conn, channel, finished):
         finished.ack()  # deferred for the next fetch to carry
         channel._brpop_start()  # that fetch: Redis runs it, acknowledging the job
         wait_for(lambda: client.hlen("unacked") == 0, 10, 0.01, what="the fetch to acknowledge the job")
