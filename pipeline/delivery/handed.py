@@ -32,9 +32,10 @@ def flushed(pool: Any) -> bool:
 
 
 def in_pipes(pool: Any) -> list[Any]:
-    """The jobs written (or being written) to a pool process that has not taken them yet."""
+    """The jobs written (or being written) to a pool process that has not taken them yet (none with Celery's synack:
+    its flush cancels them, and the process does not run them)."""
     table = _table(pool)
-    if table is None:
+    if table is None or getattr(pool._pool, "synack", False):
         return []
     return [
         job for job in list(table.values()) if not getattr(job, "_accepted", True) and getattr(job, "_write_to", None)
