@@ -136,6 +136,8 @@ def _release_what_on_close_drops(leases: Leases, consumer: Any, pool: Any) -> No
             close()
         finally:
             handed.keep(pool, jobs)
+        if jobs:
+            log.info("kept %d job(s) written to pool processes through the lost connection", len(jobs))
         leases.drop(leases.held() - kept)
 
     consumer.on_close = on_close
