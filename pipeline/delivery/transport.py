@@ -99,9 +99,7 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
                 self.restore_tag(delivery_tag, leftmost=True, owner=self.leases.owner())
                 self.leases.release(delivery_tag)
             except self._channel().connection_errors:
-                # Nothing else would put it back (renewed for good, its job over): its lease is given up on
-                # reconnect, and a sweep puts it back on its queue.
-                self.leases.drop([delivery_tag])
+                self.leases.drop([delivery_tag])  # else renewed for good: given up on reconnect, for a sweep
         else:
             self._fenced_ack(delivery_tag)
         kombu_virtual.QoS.ack(self, delivery_tag)
