@@ -111,6 +111,14 @@ ENTRIES: tuple[Entry, ...] = (
         critical=True,
     ),
     Entry(
+        "billiard.pool.Pool._cache, ApplyResult._accepted, _job; celery.concurrency.asynpool's job._write_to (the "
+        "jobs in a process's pipe that Celery's flush after a lost connection forgets, put back after it)",
+        "pipeline.delivery.handed, pipeline.delivery.fencing",
+        _WORKER,
+        "tests/faults/test_restart_acks.py::test_a_job_in_a_pool_process_pipe_at_a_redis_restart_is_acknowledged_once_it_ran",
+        critical=True,
+    ),
+    Entry(
         "kombu.transport.redis.Channel.keyprefix_fanout, _get_publish_topic; kombu.pidbox.Mailbox._publish, "
         "Node.handle_message (Celery's revoke broadcast: its topic, envelope and destination, read beside the worker's "
         "control consumer)",

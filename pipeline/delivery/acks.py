@@ -36,7 +36,8 @@ of their results was stored), as a worker killed just before a synchronous ackno
 leased (held and renewed) until then. Acknowledgements made off the loop thread (no hub, or a pool thread) stay
 synchronous. One that cannot reach Redis is remembered (`Leases.remember_ack`) and applied, fenced, by the
 renewal thread; so is one a fetch carried when its reply was lost (it may have been applied: a second fenced
-acknowledgement of a removed delivery removes nothing, and is logged as fenced).
+acknowledgement of a removed delivery removes nothing, and is logged as applied already while its lease was surely
+still this worker's, as fenced otherwise).
 
 A deferred acknowledgement is `Leases.settling` from the moment it is deferred, whatever becomes of its channel: a
 prefork job fetched before a Redis restart may end after the reconnect, its acknowledgement deferred on the QoS of

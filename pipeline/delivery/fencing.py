@@ -32,7 +32,7 @@ from pipeline.compat import versions
 from pipeline.config import get_settings
 from pipeline.config.celery import is_sentinel
 from pipeline.config.cluster import is_cluster
-from pipeline.delivery import acks, clustered, replicas, transport
+from pipeline.delivery import acks, clustered, handed, replicas, transport
 from pipeline.delivery.lease import Leases, Renewer
 from pipeline.delivery.request import delivery_tag, drop_lost
 
@@ -106,28 +106,38 @@ def _unqueue(request: Any, pool: Any) -> None:
     result._set_terminated(signal.SIGKILL)  # its error callback is Request.on_failure: nothing stored
 
 
-def _kept_on_close(pool: Any) -> set[str]:
-    """Tags of the requests that survive Celery's `Consumer.on_close`: running, or written to a pool process, ended
-    there too (its acknowledgement is on its way: a connection that drops again as the consumer reconnects must not
-    give the lease of a job that ran up, or a sweep runs it a second time)."""
-    outbound = getattr(getattr(pool, "_pool", None), "outbound_buffer", None) or ()
+def _kept_on_close(pool: Any, jobs: list[Any]) -> set[str]:
+    """Tags of the requests that survive Celery's `Consumer.on_close`: running, or handed to the pool and run there
+    (a prefork pool runs those written to a process's pipe, `jobs`: `pipeline.delivery.handed`, which are kept
+    through the pool's flush). Their acknowledgements come when they end: a connection that drops again as the
+    consumer reconnects must not give up the lease of a job that runs, or a sweep runs it a second time."""
     kept = {delivery_tag(request) for request in state.active_requests}
+    flushed = handed.flushed(pool)
+    written = {id(job) for job in jobs}
     for request in state.reserved_requests:
         result = request._apply_result() if request._apply_result is not None else None
-        if result is not None and result not in outbound:
+        if result is not None and (not flushed or id(result) in written):
             kept.add(delivery_tag(request))
     return {tag for tag in kept if tag is not None}
 
 
 def _release_what_on_close_drops(leases: Leases, consumer: Any, pool: Any) -> None:
     """After a lost connection Celery's `Consumer.on_close` (`celery/worker/consumer/consumer.py`) forgets the
-    requests it reserved or scheduled and flushes the pool's outbound buffer: "the broker may redeliver these
-    tasks". With leases it would not (this worker renews them), so their leases are given up instead."""
+    requests it reserved or scheduled and flushes the pool, which forgets the jobs its processes have not taken yet:
+    "the broker may redeliver these tasks". With leases it would not (this worker renews them): the jobs already in a
+    process's pipe are put back in the pool's table (they run: `pipeline.delivery.handed`), and the leases of the
+    others are given up."""
     close = consumer.on_close
 
     def on_close() -> None:
-        kept = _kept_on_close(pool)
-        close()
+        jobs = handed.in_pipes(pool)
+        kept = _kept_on_close(pool, jobs)
+        try:
+            close()
+        finally:
+            handed.keep(pool, jobs)
+        if jobs:
+            log.info("kept %d job(s) written to pool processes through the lost connection", len(jobs))
         leases.drop(leases.held() - kept)
 
     consumer.on_close = on_close

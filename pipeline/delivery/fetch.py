@@ -48,11 +48,12 @@ from pipeline.constants import (
     PAUSED_KEY,
 )
 from pipeline.delivery import acks, cancelled
-from pipeline.delivery.lease import HISTORY_PREFIX, Records, records
+from pipeline.delivery.lease import HISTORY_PREFIX, records
 from pipeline.dlq import elements as undecodable
 from pipeline.flows.record import Carried
 from pipeline.lua import script
 from pipeline.queues import keys
+from pipeline.queues.keys import Records
 from pipeline.scheduling import ratelimit
 
 log = logging.getLogger(__name__)

@@ -59,6 +59,7 @@ from pipeline.delivery.renewer import Renewer as Renewer  # the renewal thread, 
 from pipeline.lua import script
 from pipeline.observability import metrics
 from pipeline.queues import keys
+from pipeline.queues.keys import Records
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +68,13 @@ RENEW_BATCH = 500
 #: The delivery history's key prefix (`pipeline:deliveries:<tag>`).
 HISTORY_PREFIX = DELIVERY_LOG_KEY.format(tag="")
 
-#: One set of delivery records: kombu's unacked, its index, the lease owners, the delivery counts, and the delivery
-#: history's key prefix. One set for every queue on a single Redis; one per queue, in its slot, on a cluster.
-Records = tuple[str, str, str, str, str]
+#: The delivery records of every queue on a single Redis (`pipeline.queues.keys.records`: per queue on a cluster).
 SINGLE: Records = (UNACKED_KEY, UNACKED_INDEX_KEY, LEASE_KEY, DELIVERIES_KEY, HISTORY_PREFIX)
 
 
 def records(queue: str) -> Records:
-    """The delivery records of `queue` on a Redis Cluster (`pipeline.queues.keys`: all in the queue's slot)."""
-    index, lease, count = keys.unacked_index(queue, True), keys.lease(queue, True), keys.deliveries(queue, True)
-    return keys.unacked(queue, True), index, lease, count, keys.delivery_log(queue, "", True)
+    """The delivery records of `queue` on a Redis Cluster (all in the queue's slot)."""
+    return keys.records(queue, True)
 
 
 def _text(value: Any) -> str:
@@ -84,8 +82,7 @@ def _text(value: Any) -> str:
 
 
 class Leases:
-    """One worker's deliveries and their leases (see the module doc). Thread-safe: the event loop, pool threads and
-    the renewal thread share it."""
+    """One worker's deliveries and their leases (see the module doc), shared by the loop, pool and renewal threads."""
 
     def __init__(self, lease_seconds: float = 30.0, node: str | None = None, cluster: bool = False) -> None:
         self.lease_seconds = float(lease_seconds)
@@ -179,8 +176,7 @@ class Leases:
 
     @contextmanager
     def leaving(self, tags: list[str]) -> Iterator[None]:
-        """`settling` around a synchronous call (`settle`, the holder's requeue); if it fails, `tags` are held as
-        before."""
+        """`settling` around a synchronous call (`settle`, the holder's requeue); if it fails, `tags` are held again."""
         self.settling(tags)
         try:
             yield
@@ -267,16 +263,14 @@ class Leases:
         log.warning("could not acknowledge a job now (%r); acknowledging it (if still ours) on reconnect", exc)
 
     def remember_results(self, results: Iterable[Stored], exc: BaseException) -> None:
-        """Results whose write had an unknown outcome: stored by the renewal thread (a SUCCESS is never
-        overwritten)."""
+        """Results whose write's outcome is unknown: stored by the renewal thread (a SUCCESS is never overwritten)."""
         with self._lock:
             self._pending_results.extend(results)
         self._wake.set()
         log.warning("could not store job results now (%r); storing them on reconnect", exc)
 
     def remember(self, tags: list[str], exc: BaseException, results: list[Stored] | None = None) -> None:
-        """Acknowledgements (and the results to store before them) whose outcome is unknown: applied (fenced) by the
-        renewal thread."""
+        """Acknowledgements (and results to store first) of unknown outcome: applied, fenced, by the renewal thread."""
         if results:
             self.remember_results(results, exc)
         for tag in tags:
@@ -313,6 +307,7 @@ class Leases:
         results are carried: they are stored on their own); returns the fenced tags (each logged)."""
         results = results or []
         fenced: list[Any] = []
+        sent = time.monotonic()
         with self.leaving(tags):
             for records_, group in self.by_records(tags):
                 keys_: list[Any] = [*records_[:4], *(r[0] for r in results)]
@@ -320,15 +315,20 @@ class Leases:
                 args = [self.owner(), records_[4], len(results), *values, *group]
                 fenced += replicas.run(client, "settle", keys_, args, "an acknowledgement")
                 results = []
-        return self.settled(tags, fenced)
+        return self.settled(tags, fenced, sent)
 
-    def settled(self, tags: list[str], fenced_reply: list[Any]) -> set[str]:
-        """After a call that acknowledged `tags`: forget them, log the ones it fenced (`fenced_reply`); those."""
-        fenced = {_text(x) for x in fenced_reply}
+    def settled(self, tags: list[str], fenced_reply: list[Any], sent: float | None = None) -> set[str]:
+        """After a call that acknowledged `tags` (sent at monotonic `sent`): forget them; log, return those it fenced.
+        A remembered one, surely ours when sent (confirmed under a lease before), was applied by the call it retries."""
+        fenced, lease = {_text(x) for x in fenced_reply}, self.lease_seconds
+        with self._lock:
+            ours = {t for t in fenced & self._pending_acks if sent and sent - self._confirmed.get(t, -lease) < lease}
         for tag in tags:
             self.release(tag)
-        for tag in sorted(fenced):
+        for tag in sorted(fenced - ours):
             log.warning("delivery %s: lease lost to another worker; acknowledgement ignored (fenced)", tag)
+        for tag in sorted(ours):
+            log.info("delivery %s: acknowledged already, by an earlier call whose reply was lost", tag)
         return fenced
 
     def has_pending(self) -> bool:

@@ -99,7 +99,7 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
                 self.restore_tag(delivery_tag, leftmost=True, owner=self.leases.owner())
                 self.leases.release(delivery_tag)
             except self._channel().connection_errors:
-                pass  # still leased: renewed, and acknowledged or restored later
+                self.leases.drop([delivery_tag])  # else renewed for good: given up on reconnect, for a sweep
         else:
             self._fenced_ack(delivery_tag)
         kombu_virtual.QoS.ack(self, delivery_tag)

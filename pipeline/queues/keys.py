@@ -126,6 +126,23 @@ def delivery_log(queue: str, delivery_tag: str, cluster: bool | None = None) -> 
     return DELIVERY_LOG_KEY.format(tag=delivery_tag)
 
 
+#: One set of delivery records: kombu's unacked, its index, the lease owners, the delivery counts and the delivery
+#: history's key prefix.
+Records = tuple[str, str, str, str, str]
+
+
+def records(queue: str, cluster: bool | None = None) -> Records:
+    """The delivery records `queue`'s deliveries are kept in: one set shared by every queue on a single Redis, the
+    queue's own (all in its slot) on a cluster."""
+    return (
+        unacked(queue, cluster),
+        unacked_index(queue, cluster),
+        lease(queue, cluster),
+        deliveries(queue, cluster),
+        delivery_log(queue, "", cluster),
+    )
+
+
 def group_prefix(queue: str, cluster: bool | None = None) -> str:
     """The prefix P of the fair groups' keys of `queue`'s lists (the layout is at the top of `fetch.lua`)."""
     return _scoped(queue, "group:") if clustered(cluster) else GROUP_KEY_PREFIX

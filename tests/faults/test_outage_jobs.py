@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from kombu import Connection, Consumer, Exchange, Queue
+from kombu import Connection, Exchange, Queue
 
 from pipeline.constants import DEAD_LETTER_QUEUE, LEASE_KEY
 from pipeline.delivery import transport
@@ -138,21 +138,10 @@ def test_an_acknowledgement_waiting_for_a_fetch_redis_never_answered_is_applied_
     finished job's acknowledgement is applied once Redis is back; its delivery is not given back for a sweep to run
     again (it was: the fetch's unread reply stopped the channel's close, which never wrote or kept that
     acknowledgement)."""
-    from pipeline.delivery import fetch
-    from pipeline.lua import source
+    from tests.support.consuming import one_delivered
 
-    name = f"outage-inflight-{uuid.uuid4().hex[:8]}"
-    queue = Queue(name, Exchange(name, "direct"), name)
     client = own_redis.client()
-    client.script_load(source(fetch.FETCH))
-    got: list[Any] = []
-    with Connection(own_redis.url, transport=transport.bound(leases)) as conn:
-        conn.Producer(conn.channel()).publish({"job": 1}, exchange=queue.exchange, routing_key=name, declare=[queue])
-        channel = conn.channel()
-        channel.basic_qos(0, 3, False)
-        Consumer(channel, [queue], callbacks=[lambda body, message: got.append(message)]).consume()
-        wait_for(lambda: conn.drain_events(timeout=1) or got, 10, 0, what="the job's delivery")
-        [finished] = got
+    with one_delivered(own_redis, leases, "outage-inflight") as (conn, channel, finished):
         client.execute_command("CLIENT", "PAUSE", 60_000, "ALL")  # the next fetch is sent, and never answered
         channel._brpop_start()
         finished.ack()  # the job ends: its acknowledgement waits for the fetch after the one in flight
@@ -167,4 +156,4 @@ def test_an_acknowledgement_waiting_for_a_fetch_redis_never_answered_is_applied_
 
     assert leases.pending_acks() == 0 and leases.held() == set()
     assert client.hlen("unacked") == 0 and client.zcard("unacked_index") == 0, "the finished job was given back"
-    assert client.llen(name) == 0
+    assert client.llen(finished.delivery_info["routing_key"]) == 0
