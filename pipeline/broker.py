@@ -19,7 +19,6 @@ from typing import Any, cast
 
 import redis
 import redis.asyncio
-from kombu.utils.encoding import bytes_to_str
 
 from pipeline import cluster
 from pipeline.celery_app import get_app
@@ -30,7 +29,6 @@ from pipeline.constants import (
     DEAD_LETTER_QUEUE,
     HEADER_PUBLISHED_AT,
     KEY_PREFIX,
-    PAUSED_KEY,
     PRIORITY_STEPS,
     UNACKED_KEY,
     WORK_QUEUES,
@@ -38,6 +36,7 @@ from pipeline.constants import (
 from pipeline.errors import BrokerFull, NotReplicated
 from pipeline.lua import script, sha, source
 from pipeline.queues import keys as layout
+from pipeline.queues import state as queue_state
 
 #: `scheme://user:` of a URL with a password, and the password (up to the `@`); never across whitespace.
 _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/@:]*:)[^\s/@]+@")
@@ -359,7 +358,7 @@ def queue_stats(queues: tuple[str, ...] = (*WORK_QUEUES, DEAD_LETTER_QUEUE)) -> 
     now = time.time()
     with broker_redis() as client:
         levels = waiting_levels(client, queues)
-        paused = {bytes_to_str(member) for member in client.smembers(PAUSED_KEY)}
+        paused = queue_state.paused(client, queues)
         stats = []
         for queue in queues:
             depth = sum(levels[queue].values())
@@ -374,17 +373,10 @@ def unacked_count() -> int:
     with broker_redis() as client:
         if not layout.clustered():
             return int(client.hlen(UNACKED_KEY))
-        return sum(int(client.hlen(layout.unacked(queue))) for queue in WORK_QUEUES)
+        return sum(queue_state.in_flight(client, WORK_QUEUES).values())
 
 
 def in_flight_by_queue() -> dict[str, int]:
-    """Delivered-but-unacknowledged jobs per queue (kombu keeps `[message, exchange, routing_key]` per tag)."""
-    counts: dict[str, int] = {}
+    """Delivered-but-unacknowledged jobs per work queue (`pipeline.queues.state.in_flight`)."""
     with broker_redis() as client:
-        for raw in client.hvals(UNACKED_KEY):
-            try:
-                queue = str(json.loads(raw)[2])
-            except (ValueError, IndexError, TypeError):
-                continue
-            counts[queue] = counts.get(queue, 0) + 1
-    return counts
+        return queue_state.in_flight(client, WORK_QUEUES)

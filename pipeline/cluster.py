@@ -12,6 +12,7 @@ carries the queue's hash tag (`pipeline.queues.keys`, docs/redis-layout.md).
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,3 +98,13 @@ def masters_info(client: RedisCluster, section: str) -> dict[str, dict[str, Any]
     """`INFO <section>` of every master, by `host:port`."""
     replies: dict[str, dict[str, Any]] = client.info(section, target_nodes=RedisCluster.PRIMARIES)
     return replies
+
+
+def get_many(client: Any, names: Sequence[str]) -> list[Any]:
+    """GET of each of `names`, in order: one MGET on a single Redis; on a cluster one MGET per slot, sent to each
+    slot's master (redis-py's `mget_nonatomic`: names in several slots would be refused as CROSSSLOT in one MGET)."""
+    if not names:
+        return []
+    if isinstance(client, RedisCluster):
+        return list(client.mget_nonatomic(list(names)))
+    return list(client.mget(list(names)))

@@ -23,6 +23,7 @@ from typing import Any
 
 from redis.client import Pipeline
 
+from pipeline import cluster
 from pipeline.broker import broker_redis
 from pipeline.config import get_settings
 from pipeline.constants import JOB_RECORD_KEY
@@ -76,11 +77,11 @@ def accepted_record(task_id: str) -> dict[str, Any] | None:
 
 
 def accepted_records(task_ids: list[str]) -> list[dict[str, Any] | None]:
-    """`accepted_record` of each of `task_ids`, in order, in one MGET."""
+    """`accepted_record` of each of `task_ids`, in order, in one MGET (one per slot on a cluster)."""
     if not task_ids:
         return []
     with broker_redis() as client:
-        raws = client.mget([JOB_RECORD_KEY.format(id=task_id) for task_id in task_ids])
+        raws = cluster.get_many(client, [JOB_RECORD_KEY.format(id=task_id) for task_id in task_ids])
     return [_parse_record(raw) for raw in raws]
 
 

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import redis
 
+from pipeline import cluster
 from pipeline.broker import broker_redis, queue_keys, waiting_levels
 from pipeline.browse.model import (
     MAX_LIMIT,
@@ -23,19 +24,15 @@ from pipeline.browse.model import (
 )
 from pipeline.celery_app import get_app
 from pipeline.constants import (
-    DELAYED_DEST_KEY,
-    DELAYED_KEY,
-    DELAYED_MESSAGE_KEY,
     DLQ_TASKS_KEY,
     HEADER_PUBLISHED_AT,
     JOB_RECORD_KEY,
-    PRIORITY_SEPARATOR,
-    UNACKED_KEY,
     WORK_QUEUES,
 )
 from pipeline.dlq import admin as dlq_admin
 from pipeline.fairness import groups
 from pipeline.queues import keys as layout
+from pipeline.queues import state as queue_state
 
 #: Celery's result-backend entries start with the state (`_get_result_meta` puts it first).
 _STATUS = re.compile(rb'"status":\s*"([A-Z_]+)"')
@@ -87,23 +84,6 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _queue_of(key: bytes | str) -> str:
-    return _text(key).split(PRIORITY_SEPARATOR, 1)[0]
-
-
-def _unacked(client: redis.Redis) -> list[tuple[str, dict[str, Any]]]:
-    """(queue, envelope) of every delivered-but-unacknowledged job; kombu keeps [message, exchange, routing key]."""
-    found = []
-    for value in client.hvals(UNACKED_KEY):
-        try:
-            message, _, routing_key = json.loads(value)
-        except (ValueError, TypeError):
-            continue
-        if isinstance(message, dict):
-            found.append((str(routing_key), message))
-    return found
-
-
 def _recent(client: redis.Redis, queues: Iterable[str]) -> dict[str, list[tuple[str, float, BrowseState]]]:
     """Per queue: (id, accepted at, state) of its recent jobs in a recent state, newest first."""
     queues = list(queues)
@@ -111,8 +91,8 @@ def _recent(client: redis.Redis, queues: Iterable[str]) -> dict[str, list[tuple[
     for queue in queues:
         pipe.zrevrange(layout.recent(queue), 0, -1, withscores=True)
     indexes: list[list[tuple[Any, Any]]] = pipe.execute()
-    backend: Any = get_app().backend  # RESULT_BACKEND_URL may name another Redis than the broker
-    pipe = backend.client.pipeline(transaction=False)
+    backend: Any = get_app().backend
+    pipe = backend.client.pipeline(transaction=False)  # RESULT_BACKEND_URL may name another Redis than the broker
     indexes = [[(_text(member), float(score)) for member, score in entries] for entries in indexes]
     ids = [member for entries in indexes for member, _ in entries]
     for task_id in ids:
@@ -148,13 +128,12 @@ def _snapshot(client: redis.Redis) -> _Snapshot:
         queue: {str(step): n for step, n in by_step.items()}
         for queue, by_step in waiting_levels(client, WORK_QUEUES).items()
     }
-    dests = client.hvals(DELAYED_DEST_KEY)
     for queue in WORK_QUEUES:
         table[queue][BrowseState.WAITING] = sum(levels[queue].values())
-    for dest in dests:
-        if (queue := _queue_of(dest)) in table:
+    for queue in queue_state.parked_queues(client, WORK_QUEUES):
+        if queue in table:
             table[queue][BrowseState.SCHEDULED] += 1
-    for queue, _ in _unacked(client):
+    for queue, _ in queue_state.delivered(client, WORK_QUEUES):
         if queue in table:
             table[queue][BrowseState.RUNNING] += 1
     recent = _recent(client, WORK_QUEUES)
@@ -195,7 +174,7 @@ def _waiting(client: redis.Redis, queue: str, position: Any, limit: int) -> tupl
 
 def _running(client: redis.Redis, queue: str, position: Any, limit: int) -> tuple[list[JobRow], str | None]:
     offset = cursor_offset(position or 0)
-    rows = [_message_row(message, queue, BrowseState.RUNNING) for q, message in _unacked(client) if q == queue]
+    rows = [_message_row(message, queue, BrowseState.RUNNING) for _, message in queue_state.delivered(client, [queue])]
     rows.sort(key=lambda r: (r.enqueued_at or "", r.id))
     for row in rows:  # the attempt under way counts, as in `job_status`
         row.attempts = (row.attempts or 0) + 1
@@ -205,26 +184,27 @@ def _running(client: redis.Redis, queue: str, position: Any, limit: int) -> tupl
 
 def _scheduled(client: redis.Redis, queue: str, position: Any, limit: int) -> tuple[list[JobRow], str | None]:
     after = cursor_after(position)
+    index, message_hash, dest_hash = layout.delayed(queue)
     start = 0
     chosen: list[tuple[str, float]] = []
     more = False
     low: float | str = after[0] if after else "-inf"
     while len(chosen) <= limit:
-        batch: list[Any] = client.zrangebyscore(DELAYED_KEY, low, "+inf", start=start, num=_SCAN_CHUNK, withscores=True)
+        batch: list[Any] = client.zrangebyscore(index, low, "+inf", start=start, num=_SCAN_CHUNK, withscores=True)
         if not batch:
             break
         start += len(batch)
         members = [(_text(m), float(score)) for m, score in batch]
         members = [(m, s) for m, s in members if after is None or (s, m) > after]
-        dests = client.hmget(DELAYED_DEST_KEY, [m for m, _ in members]) if members else []
+        dests = client.hmget(dest_hash, [m for m, _ in members]) if members else []
         for (member, score), dest in zip(members, dests, strict=True):
-            if dest is not None and _queue_of(dest) == queue:
+            if dest is not None and layout.queue_of(_text(dest)) == queue:
                 chosen.append((member, score))
         if len(batch) < _SCAN_CHUNK:
             break
     if len(chosen) > limit:
         chosen, more = chosen[:limit], True
-    messages = client.hmget(DELAYED_MESSAGE_KEY, [m for m, _ in chosen]) if chosen else []
+    messages = client.hmget(message_hash, [m for m, _ in chosen]) if chosen else []
     rows = []
     for (member, score), raw in zip(chosen, messages, strict=True):
         row = _message_row(_envelope(raw), queue, BrowseState.SCHEDULED, member)
@@ -243,8 +223,8 @@ def _recent_rows(
         jobs = [(task_id, score) for task_id, score in jobs if (score, task_id) < after]
     page, more = jobs[:limit], len(jobs) > limit
     backend: Any = get_app().backend
-    metas = backend.client.mget([backend.get_key_for_task(task_id) for task_id, _ in page]) if page else []
-    records = client.mget([JOB_RECORD_KEY.format(id=task_id) for task_id, _ in page]) if page else []
+    metas = backend.mget([backend.get_key_for_task(task_id) for task_id, _ in page]) if page else []
+    records = cluster.get_many(client, [JOB_RECORD_KEY.format(id=task_id) for task_id, _ in page])
     rows = []
     for (task_id, score), raw_meta, raw_record in zip(page, metas, records, strict=True):
         meta, record = _json(raw_meta), _json(raw_record)
@@ -283,7 +263,7 @@ def _dead_lettered(
     if after is not None:
         entries = [e for e in entries if (e.failed_at.timestamp(), e.id) < after]
     page, more = entries[:limit], len(entries) > limit
-    records = client.mget([JOB_RECORD_KEY.format(id=e.task_id or "-") for e in page]) if page else []
+    records = cluster.get_many(client, [JOB_RECORD_KEY.format(id=e.task_id or "-") for e in page])
     rows = [
         JobRow(
             id=e.task_id or e.id,

@@ -76,6 +76,13 @@ ENTRIES: tuple[Entry, ...] = (
         test=f"{_INTEGRATION}/test_compat_parity.py::test_a_state_is_stored_as_celerys_backend_stores_it",
     ),
     Entry(
+        upstream="celery.backends.redis.RedisBackend.client (every command of the backend goes through it), .set/._set",
+        where="pipeline.compat.clusterresults",
+        libraries=("celery", "redis"),
+        test=f"{_INTEGRATION}/test_cluster_reads.py::test_results_stored_and_read_through_the_cluster_backend",
+        critical=True,
+    ),
+    Entry(
         upstream="celery.backends.base.Backend._get_result_meta",
         where="pipeline.compat.results",
         libraries=("celery",),

@@ -43,12 +43,17 @@ verified on (`pipeline.compat.BEAT_LIBRARIES`, `pipeline.compat.versions.require
 ALLOW_UNVERIFIED_VERSIONS=true.
 kombu is among them for what beat writes besides: the delayed jobs it releases go onto kombu's queues as kombu
 lays them out.
+
+On a Redis Cluster URL beat refuses to start (status 2, one line on stderr), when its scheduler is built: it sends
+through kombu's Redis transport, which has no cluster path, and redbeat's client here is a plain one
+(docs/cluster.md). Without the refusal it dies on a traceback printing its banner.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from functools import cached_property
 from typing import Any
@@ -63,6 +68,7 @@ from pipeline.broker import MemoryStats, add_wait, check_replicas, is_oom, repli
 from pipeline.compat import BEAT_LIBRARIES, marking, versions
 from pipeline.config import get_settings
 from pipeline.config.celery import is_sentinel
+from pipeline.config.cluster import is_cluster
 from pipeline.errors import NotReplicated
 
 log = logging.getLogger("celery.beat")
@@ -75,6 +81,18 @@ LEASE_MARGIN_S = 1.0
 _REDIS_DOWN = (redis.RedisError, OSError)
 
 
+def refuse_cluster(broker_url: str) -> None:
+    """Exit (status 2, one line on stderr) when the broker is a Redis Cluster: beat has no cluster path yet."""
+    if is_cluster(broker_url):
+        print(
+            "pipeline: refusing to start beat: REDIS_URL names a Redis Cluster, and beat has no cluster path yet (it"
+            " sends through kombu, which has none; docs/cluster.md). Run beat on a single Redis or Sentinel URL.",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(versions.EX_REFUSED)
+
+
 class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no type hints
     """`redbeat.RedBeatScheduler` that logs and retries Redis errors and re-takes its lock after an outage."""
 
@@ -84,6 +102,7 @@ class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no typ
     _at_maxmemory = False
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
+        refuse_cluster(get_settings().broker_url)
         versions.require("beat", BEAT_LIBRARIES, get_settings().allow_unverified_versions)
         super().__init__(app, *args, **kwargs)
 

@@ -41,9 +41,17 @@ BACKENDS = {
     "redis": "pipeline.compat.results:RedisBackend",
     "rediss": "pipeline.compat.results:RedisBackend",
     "sentinel": "pipeline.compat.results:SentinelBackend",
+    # A Redis Cluster (`result_backend_name`): the name carries no URL, whose several seeds Celery cannot parse.
+    "rediscluster": "pipeline.compat.clusterresults:ClusterBackend",
 }
 
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
+
+
+def result_backend_name(settings: Settings) -> str:
+    """Celery's `result_backend`: the results' URL, or on a Redis Cluster the cluster backend's name (its client
+    takes the seeds from the settings: `pipeline.compat.clusterresults`)."""
+    return "rediscluster" if is_cluster(settings.result_url) else settings.result_url
 
 
 def _ssl_options(settings: Settings) -> dict[str, Any]:
@@ -105,7 +113,7 @@ def celery_conf(settings: Settings) -> dict[str, Any]:
     transport = _transport_options(settings)
     conf: dict[str, Any] = {
         "broker_url": settings.broker_url,
-        "result_backend": settings.result_url,
+        "result_backend": result_backend_name(settings),
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
         "visibility_timeout": settings.lease_seconds,

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tasks.probe import probe
+from tests.support.cluster import Cluster
 from tests.support.procs import ROOT, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -118,3 +119,16 @@ def test_flower_development_flag_allows_an_open_ui(work_dir: Path) -> None:
         assert _get(port, "/")[0] == 200
     finally:
         _stop(proc)
+
+
+def test_flower_on_a_cluster_url_refuses_to_start_saying_why(redis_cluster: Cluster, work_dir: Path) -> None:
+    port = free_port()
+    log = work_dir / "flower-cluster.log"
+    proc = _flower(port, {"REDIS_URL": redis_cluster.url(), "FLOWER_BASIC_AUTH": CREDENTIALS}, log)
+    try:
+        code = proc.wait(30)
+    finally:
+        _stop(proc)
+    assert code == 2, log.read_text()
+    assert "Flower has no Redis Cluster path yet" in log.read_text()
+    assert "Traceback" not in log.read_text()

@@ -29,6 +29,7 @@ from packaging.specifiers import SpecifierSet
 
 from pipeline import compat
 from pipeline.compat import context, events, resultrepr, serialization, versions
+from pipeline.compat.clusterresults import ClusterBackend
 from pipeline.compat.events import task_events_on
 from pipeline.compat.message import raw_envelope
 from pipeline.compat.results import RedisBackend, SentinelBackend
@@ -252,7 +253,12 @@ def test_libraries_follow_the_entries() -> None:
 def test_the_app_s_result_backends_are_this_package_s() -> None:
     """The configuration names them by string (`pipeline.config.celery.BACKENDS`), so it imports no module of here."""
     backends = {scheme: symbol_by_name(path) for scheme, path in BACKENDS.items()}
-    assert backends == {"redis": RedisBackend, "rediss": RedisBackend, "sentinel": SentinelBackend}
+    assert backends == {
+        "redis": RedisBackend,
+        "rediss": RedisBackend,
+        "sentinel": SentinelBackend,
+        "rediscluster": ClusterBackend,
+    }
 
 
 @pytest.mark.parity
