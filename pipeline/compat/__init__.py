@@ -118,6 +118,14 @@ ENTRIES: tuple[Entry, ...] = (
         critical=True,
     ),
     Entry(
+        upstream="redbeat.schedulers.get_redis (the client it keeps on the app: REDBEAT_REDIS_KEY, RetryingConnection"
+        " when retry_period is set)",
+        where="pipeline.compat.redbeat",
+        libraries=("celery-redbeat",),
+        test=f"{_UNIT}/test_redbeat_client.py::test_get_redis_returns_the_installed_client_wrapped_as_its_own",
+        critical=True,
+    ),
+    Entry(
         upstream="kombu.transport.redis.Channel._put (its LPUSH and PEXPIREs: _q_for_pri, _get_message_priority,"
         " _expires; the _publish_batch keyword), Channel._do_restore_message's pushes (pipe.lpush, pipe.rpush)",
         where="pipeline.compat.marking",

@@ -29,6 +29,7 @@ import redis
 
 from pipeline.broker import broker_redis, replicas_wanted, run_script_waited
 from pipeline.config import get_settings
+from pipeline.config.cluster import is_cluster
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
 from pipeline.queues.wake import WAKE_KEY
 
@@ -91,8 +92,12 @@ _releaser: Releaser | None = None
 
 
 def start_releaser() -> None:
-    """Start this process's releaser once (worker main process, beat)."""
+    """Start this process's releaser once (worker main process, beat). None on a Redis Cluster: nothing parks delayed
+    jobs there yet, and the release script's keys span slots (docs/cluster.md)."""
     global _releaser
+    if is_cluster(get_settings().broker_url):
+        log.info("no delayed-job releaser on a Redis Cluster (delayed jobs are not parked there yet)")
+        return
     if _releaser is None:
         _releaser = Releaser().start()
 
