@@ -15,10 +15,10 @@ message goes to stderr and the exit is `SystemExit(2)`: a `SystemExit` carrying 
 exit with status 1, and nothing between tornado's callback and the interpreter (Flower's command,
 click, celery's `main`) catches it.
 
-On a Redis Cluster URL the same callback stops Flower with exit status 2 and a message saying why: Flower reads
-the broker through kombu (its events) and through a client it picks by the URL's scheme (its broker view,
-`flower.utils.broker.Broker`), and neither has a cluster path yet (docs/cluster.md). Without the refusal it dies on
-a traceback while printing its banner (kombu cannot parse a URL with several seeds).
+On a Redis Cluster URL Flower starts, after one WARNING (`ON_CLUSTER`) saying what it cannot show there yet: its
+broker view picks a client by the broker URL's scheme (`flower.utils.broker.Broker`), which has none for the cluster
+transport (the page and /api/queues/length answer 404), and its worker and task views come from Celery's events and
+control replies, which the cluster transport does not carry between processes yet (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ REFUSAL = (
     "pipeline: Flower refuses to start without authentication: set FLOWER_BASIC_AUTH=user:password "
     "(or pass --basic_auth/--auth). For a local development stack only, set FLOWER_UNAUTHENTICATED=true."
 )
-NO_CLUSTER = (
-    "pipeline: Flower has no Redis Cluster path yet (its task events and broker view go through kombu and a plain "
-    "Redis client): on a cluster use `pipeline queues`, the API (/queues, /jobs) or the exporter (docs/cluster.md)."
+ON_CLUSTER = (
+    "Flower on a Redis Cluster: its broker view (queue lengths) is not supported and it receives no task events or"
+    " worker replies there yet; use `pipeline queues`, the API (/queues, /jobs) or the exporter (docs/cluster.md)"
 )
 EXIT_REFUSED = 2
 _installed: list[Any] = []
@@ -49,10 +49,10 @@ def _refuse(message: str) -> None:
 
 
 def check_auth(options: Any) -> None:
-    """Apply FLOWER_BASIC_AUTH to Flower's options, or refuse to run without authentication (or on a cluster)."""
+    """Apply FLOWER_BASIC_AUTH to Flower's options, or refuse to run without authentication."""
     settings = get_settings()
     if is_cluster(settings.broker_url):
-        _refuse(NO_CLUSTER)
+        log.warning(ON_CLUSTER)
     # An empty FLOWER_BASIC_AUTH reaches Flower as [""]: that is no credential at all.
     options.basic_auth = [c.strip() for c in options.basic_auth or () if c.strip()]
     if not (options.basic_auth or options.auth) and settings.flower_basic_auth is not None:
