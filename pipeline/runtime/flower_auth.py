@@ -15,10 +15,10 @@ message goes to stderr and the exit is `SystemExit(2)`: a `SystemExit` carrying 
 exit with status 1, and nothing between tornado's callback and the interpreter (Flower's command,
 click, celery's `main`) catches it.
 
-On a Redis Cluster URL Flower starts, after one WARNING (`ON_CLUSTER`) saying what it cannot show there yet: its
-broker view picks a client by the broker URL's scheme (`flower.utils.broker.Broker`), which has none for the cluster
-transport (the page and /api/queues/length answer 404), and its worker and task views come from Celery's events and
-control replies, which the cluster transport does not carry between processes yet (docs/cluster.md).
+On a Redis Cluster URL Flower starts, after one WARNING saying what it cannot show there yet: its worker and task
+views come from Celery's events and control replies, which the cluster transport does not carry between processes
+yet (docs/cluster.md). Its broker view (queue lengths) reads the cluster through `pipeline.compat.flowerbroker`
+(on a verified flower; else it answers 404, and the WARNING says that too).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import logging
 import sys
 from typing import Any
 
+from pipeline.compat import flowerbroker
 from pipeline.config import get_settings
 from pipeline.config.cluster import is_cluster
 
@@ -38,6 +39,10 @@ REFUSAL = (
 ON_CLUSTER = (
     "Flower on a Redis Cluster: its broker view (queue lengths) is not supported and it receives no task events or"
     " worker replies there yet; use `pipeline queues`, the API (/queues, /jobs) or the exporter (docs/cluster.md)"
+)
+ON_CLUSTER_EVENTS = (
+    "Flower on a Redis Cluster: it receives no task events or worker replies there yet (its broker view shows the"
+    " queue lengths); use `pipeline queues`, the API (/queues, /jobs) or the exporter (docs/cluster.md)"
 )
 EXIT_REFUSED = 2
 _installed: list[Any] = []
@@ -52,7 +57,7 @@ def check_auth(options: Any) -> None:
     """Apply FLOWER_BASIC_AUTH to Flower's options, or refuse to run without authentication."""
     settings = get_settings()
     if is_cluster(settings.broker_url):
-        log.warning(ON_CLUSTER)
+        log.warning(ON_CLUSTER if not flowerbroker.install() else ON_CLUSTER_EVENTS)
     # An empty FLOWER_BASIC_AUTH reaches Flower as [""]: that is no credential at all.
     options.basic_auth = [c.strip() for c in options.basic_auth or () if c.strip()]
     if not (options.basic_auth or options.auth) and settings.flower_basic_auth is not None:

@@ -25,7 +25,7 @@ from pipeline.constants import BEAT_CLUSTER_KEY_PREFIX, HEADER_PUBLISHED_AT, WOR
 from pipeline.queues import keys
 from tests.support.beat import Beat
 from tests.support.cluster import Cluster
-from tests.support.procs import ROOT, wait_for
+from tests.support.procs import ROOT, RedisServer, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -136,3 +136,24 @@ def test_beat_on_a_cluster_with_wait_replicas_refuses_to_start_saying_why(redis_
     assert "Traceback" not in done.stderr
     written = [k for node in redis_cluster.seeds for k in node.client().scan_iter(match="pipeline:*beat*")]
     assert not written, "beat wrote nothing"
+
+
+def test_a_job_beat_sends_on_a_cluster_runs_on_a_cluster_worker_once_per_due_time(
+    beats: list[Beat], redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any, work_dir: Path
+) -> None:
+    key = uuid.uuid4().hex
+    entry = f"tick-{key[:8]}"
+    env = {**_env(redis_cluster, key), "RESULT_BACKEND_URL": ledger_redis.url, "TEST_LEDGER_URL": ledger_redis.url}
+    make_worker(f"cl-beat-{key[:6]}", env=env, queues=QUEUE, concurrency=1)
+    beat = Beat(f"cl-w-{key[:6]}", work_dir / "logs", env).start()
+    beats.append(beat)
+
+    def ran() -> list[float]:
+        return sorted(float(x) for x in ledger_redis.client().lrange(f"test:tick:{key}", 0, -1))
+
+    wait_for(lambda: len(ran()) >= 3, 3 * EVERY + 60, 0.1, what="three beat jobs run by the cluster worker")
+    beat.stop()
+    wait_for(lambda: len(ran()) == beat.sent(entry), 30, 0.1, what="every job beat sent to have run")
+    assert len(ran()) == beat.sent(entry) >= 3
+    assert min(b - a for a, b in itertools.pairwise(ran())) > EVERY / 2, f"a due time ran twice: {ran()}"
+    assert not _sent(redis_cluster, key), "the worker drained the queue's cluster list"
