@@ -181,9 +181,17 @@ class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no typ
 
     def _room(self) -> None:
         """After a call that went through: said once Redis is below maxmemory again (a tick may write nothing)."""
-        if self._at_maxmemory and not MemoryStats.from_info(get_redis(self.app).info("memory")).full:
+        if self._at_maxmemory and not MemoryStats.from_info(self._memory_info()).full:
             self._at_maxmemory = False
             log.warning("beat: Redis has room again (below maxmemory)")
+
+    def _memory_info(self) -> Any:
+        """`INFO memory` of the Redis holding beat's keys (on a cluster, the master serving their slot)."""
+        client = get_redis(self.app)
+        if not is_cluster(get_settings().broker_url):
+            return client.info("memory")
+        node = client.get_node_from_key(self.app.redbeat_conf.schedule_key)
+        return client.info("memory", target_nodes=node)
 
     def _send_due(self, min: Any) -> Any:
         """redbeat's `tick` after the lock renewal (unchanged)."""
