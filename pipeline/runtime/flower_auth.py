@@ -2,10 +2,10 @@
 
 Flower (flower/command.py) builds its options with tornado.options: FLOWER_* environment variables,
 then `flowerconfig.py`, then its command line, then `parse_command_line()` runs tornado's parse
-callbacks, before the web application exists. We register one such callback when the app is loaded
+callbacks, before the web application exists. We register two such callbacks when the app is loaded
 inside a `celery` command process that has Flower's options defined (`celery` imports every
 sub-command, Flower's included, before it loads the app); other processes never parse tornado
-options, so the callback is inert there.
+options, so the callbacks are inert there.
 
 The callback fills `basic_auth` from FLOWER_BASIC_AUTH (`user:password[,user2:password2]`, from the
 environment, `.env` or the secrets directory) unless Flower was given `--basic_auth` or `--auth`
@@ -15,10 +15,10 @@ message goes to stderr and the exit is `SystemExit(2)`: a `SystemExit` carrying 
 exit with status 1, and nothing between tornado's callback and the interpreter (Flower's command,
 click, celery's `main`) catches it.
 
-On a Redis Cluster URL Flower starts, after one WARNING saying what it cannot show there yet: its worker and task
-views come from Celery's events and control replies, which the cluster transport does not carry between processes
-yet (docs/cluster.md). Its broker view (queue lengths) reads the cluster through `pipeline.compat.flowerbroker`
-(on a verified flower; else it answers 404, and the WARNING says that too).
+On a Redis Cluster URL the second callback (`on_cluster`) gives Flower its broker view on the cluster
+(`pipeline.compat.flowerbroker`, queue lengths; on a flower this was not verified on the view answers 404) and logs
+one WARNING saying what Flower cannot show there yet: its worker and task views come from Celery's events and control
+replies, which the cluster transport does not carry between processes yet (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -56,8 +56,6 @@ def _refuse(message: str) -> None:
 def check_auth(options: Any) -> None:
     """Apply FLOWER_BASIC_AUTH to Flower's options, or refuse to run without authentication."""
     settings = get_settings()
-    if is_cluster(settings.broker_url):
-        log.warning(ON_CLUSTER if not flowerbroker.install() else ON_CLUSTER_EVENTS)
     # An empty FLOWER_BASIC_AUTH reaches Flower as [""]: that is no credential at all.
     options.basic_auth = [c.strip() for c in options.basic_auth or () if c.strip()]
     if not (options.basic_auth or options.auth) and settings.flower_basic_auth is not None:
@@ -73,6 +71,13 @@ def check_auth(options: Any) -> None:
     _refuse(REFUSAL)
 
 
+def on_cluster() -> None:
+    """On a Redis Cluster URL: Flower's broker view on the cluster (`pipeline.compat.flowerbroker`), and one WARNING
+    saying what Flower cannot show there."""
+    if is_cluster(get_settings().broker_url):
+        log.warning(ON_CLUSTER_EVENTS if flowerbroker.install() else ON_CLUSTER)
+
+
 def install() -> None:
     """Register the check with Flower's option parsing, when this process runs a `celery` command with Flower."""
     if _installed or "flower.options" not in sys.modules:
@@ -82,4 +87,5 @@ def install() -> None:
     if "basic_auth" not in options:
         return
     options.add_parse_callback(lambda: check_auth(options))
+    options.add_parse_callback(on_cluster)
     _installed.append(options)
