@@ -46,14 +46,15 @@ def beats(redis_cluster: Cluster) -> Iterator[list[Beat]]:
 
 def _clear(cluster: Cluster) -> None:
     client = cluster.client()
-    client.delete(*keys.levels(QUEUE, True), keys.wake(QUEUE, True))
+    for queue in WORK_QUEUES:
+        client.delete(*keys.levels(queue, True), keys.wake(queue, True))
     for node in cluster.seeds:
         for key in node.client().scan_iter(match=f"{BEAT_CLUSTER_KEY_PREFIX}*"):
             client.delete(key)
 
 
-def _env(cluster: Cluster, key: str) -> dict[str, str]:
-    entry = {"task": "test.tick", "every": EVERY, "payload": {"key": key}, "queue": QUEUE}
+def _env(cluster: Cluster, key: str, queue: str = QUEUE) -> dict[str, str]:
+    entry = {"task": "test.tick", "every": EVERY, "payload": {"key": key}, "queue": queue}
     return {
         "REDIS_URL": cluster.url(),
         "BEAT_LOCK_TIMEOUT": str(LOCK_TIMEOUT),
@@ -63,11 +64,11 @@ def _env(cluster: Cluster, key: str) -> dict[str, str]:
     }
 
 
-def _sent(cluster: Cluster, key: str) -> list[dict[str, Any]]:
-    """The envelopes of `test.tick` jobs for `key` in the queue's cluster lists."""
+def _sent(cluster: Cluster, key: str, queue: str = QUEUE) -> list[dict[str, Any]]:
+    """The envelopes of `test.tick` jobs for `key` in `queue`'s cluster lists."""
     client = cluster.client()
     found = []
-    for level in keys.levels(QUEUE, True):
+    for level in keys.levels(queue, True):
         for raw in client.lrange(level, 0, -1):
             envelope = json.loads(raw)
             if envelope["headers"].get("task") == "test.tick" and key in str(envelope["headers"].get("argsrepr")):
@@ -157,3 +158,32 @@ def test_a_job_beat_sends_on_a_cluster_runs_on_a_cluster_worker_once_per_due_tim
     assert len(ran()) == beat.sent(entry) >= 3
     assert min(b - a for a, b in itertools.pairwise(ran())) > EVERY / 2, f"a due time ran twice: {ran()}"
     assert not _sent(redis_cluster, key), "the worker drained the queue's cluster list"
+
+
+def test_beat_follows_a_failover_of_the_master_serving_its_keys(
+    beats: list[Beat], redis_cluster: Cluster, work_dir: Path
+) -> None:
+    """The master serving beat's slot is killed and its replica promoted: beat goes on sending, each due time once.
+    The jobs go to a queue on another master, so what is counted there is not what the failover may lose."""
+    key = uuid.uuid4().hex
+    master = redis_cluster.master_of(key_slot(b"{beat}"))
+    queue = next(q for q in WORK_QUEUES if redis_cluster.master_of(key_slot(q.encode())).port != master.port)
+    beat = Beat(f"cl-fo-{key[:6]}", work_dir / "logs", _env(redis_cluster, key, queue)).start()
+    beats.append(beat)
+    wait_for(lambda: len(_sent(redis_cluster, key, queue)) >= 2, 60, 0.1, what="two sends before the failover")
+
+    promoted = redis_cluster.fail_over(master)
+    try:
+        failed_over = len(_sent(redis_cluster, key, queue))
+        wait_for(
+            lambda: len(_sent(redis_cluster, key, queue)) >= failed_over + 3,
+            LOCK_TIMEOUT + 3 * EVERY + 30,
+            0.1,
+            what="three sends after the failover",
+        )
+    finally:
+        redis_cluster.restart(master)
+    assert redis_cluster.master_of(key_slot(b"{beat}")).port == promoted.port
+    sent = _sent(redis_cluster, key, queue)
+    assert len(sent) == beat.sent(f"tick-{key[:8]}"), "each send lands once in the queue's list"
+    assert min(_gaps(sent)) > EVERY / 2, f"a due time was sent twice: gaps {_gaps(sent)}"
