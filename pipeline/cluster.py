@@ -51,10 +51,11 @@ def _seeds() -> tuple[tuple[str, int], ...]:
     return cluster.parse(get_settings().broker_url).seeds
 
 
-def client(timeout: float) -> RedisCluster:
-    """A cluster client of its own on the broker's cluster, with `timeout` for connect and answer."""
+def client(timeout: float, decode_responses: bool = False) -> RedisCluster:
+    """A cluster client of its own on the broker's cluster, with `timeout` for connect and answer (replies as str
+    with `decode_responses`, as celery-redbeat reads them)."""
     seeds = [ClusterNode(host, port) for host, port in _seeds()]  # type: ignore[no-untyped-call]  # redis-py: untyped
-    return RedisCluster(startup_nodes=seeds, **options(timeout))
+    return RedisCluster(startup_nodes=seeds, decode_responses=decode_responses, **options(timeout))
 
 
 def async_client(timeout: float, max_connections: int) -> redis.asyncio.cluster.RedisCluster:

@@ -73,6 +73,8 @@ PAUSED_KEY: Final = KEY_PREFIX + "paused"
 
 #: celery-redbeat's keys: entries `pipeline:beat:<name>`, `pipeline:beat::schedule`, the lock `pipeline:beat::lock`.
 BEAT_KEY_PREFIX: Final = KEY_PREFIX + "beat:"
+#: On a Redis Cluster: redbeat's keys under one hash tag (it writes an entry and the schedule in one pipeline).
+BEAT_CLUSTER_KEY_PREFIX: Final = KEY_PREFIX + "{beat}:"
 #: Message header stamped at publish time (epoch seconds, float) for queue-wait measurement.
 HEADER_PUBLISHED_AT: Final = "pipeline_published_at"
 #: Message header carrying the caller's idempotency key, if any.

@@ -1,11 +1,12 @@
 """Every Celery-side reach into a library's internals, in one package, each with the test that proves it still holds.
 
-The pipeline replaces or reads a few internals of Celery, kombu, celery-redbeat and redis-py, for speed (the worker's
-per-job path) or for what no public API gives (kombu's envelope of a publish, recorded unsent). Each one lives in a
-module of this package, and `ENTRIES` names, for each, the upstream symbol, the libraries it depends on and its
-parity test: a test that compares it against upstream's own behaviour computed at test time, so that it fails when
-an upgrade changes upstream. The worker's Redis delivery layer keeps its own table (`pipeline.delivery.ENTRIES`).
-Everywhere else the pipeline uses public APIs only (`tests/unit/test_seam.py` checks it).
+The pipeline replaces or reads a few internals of Celery, kombu, celery-redbeat, redis-py and Flower, for speed (the
+worker's per-job path) or for what no public API gives (kombu's envelope of a publish, recorded unsent; Flower's
+broker client on a cluster). Each one lives in a module of this package, and `ENTRIES` names, for each, the upstream
+symbol, the libraries it depends on and its parity test: a test that compares it against upstream's own behaviour
+computed at test time, so that it fails when an upgrade changes upstream. The worker's Redis delivery layer keeps its
+own table (`pipeline.delivery.ENTRIES`). Everywhere else the pipeline uses public APIs only
+(`tests/unit/test_seam.py` checks it).
 
 `versions` holds the ranges every entry was verified on (the project's own requirements) and the guard built on them:
 
@@ -116,6 +117,20 @@ ENTRIES: tuple[Entry, ...] = (
         libraries=("celery-redbeat", "redis"),
         test=f"{_INTEGRATION}/test_beat_replicas.py::test_a_run_and_a_renewal_are_written_as_redbeat_writes_them",
         critical=True,
+    ),
+    Entry(
+        upstream="redbeat.schedulers.get_redis (the client it keeps on the app: REDBEAT_REDIS_KEY, RetryingConnection"
+        " when retry_period is set)",
+        where="pipeline.compat.redbeat",
+        libraries=("celery-redbeat",),
+        test=f"{_UNIT}/test_redbeat_client.py::test_get_redis_returns_the_installed_client_wrapped_as_its_own",
+        critical=True,
+    ),
+    Entry(
+        upstream="flower.views.BaseHandler.get_broker, flower.utils.broker.RedisBase.queues (its answer)",
+        where="pipeline.compat.flowerbroker",
+        libraries=("flower",),
+        test=f"{_INTEGRATION}/test_flower.py::test_flower_on_a_cluster_url_shows_queue_lengths_as_on_a_single_redis",
     ),
     Entry(
         upstream="kombu.transport.redis.Channel._put (its LPUSH and PEXPIREs: _q_for_pri, _get_message_priority,"

@@ -44,9 +44,15 @@ ALLOW_UNVERIFIED_VERSIONS=true.
 kombu is among them for what beat writes besides: the delayed jobs it releases go onto kombu's queues as kombu
 lays them out.
 
-On a Redis Cluster URL beat refuses to start (status 2, one line on stderr), when its scheduler is built: it sends
-through kombu's Redis transport, which has no cluster path, and redbeat's client here is a plain one
-(docs/cluster.md). Without the refusal it dies on a traceback printing its banner.
+On a Redis Cluster URL (`redis+cluster://`) redbeat's client is a `RedisCluster` on every seed of the URL, with its
+credentials and TLS (`pipeline.cluster.client`), wrapped in redbeat's `RetryingConnection` as its `get_redis` wraps
+its own, and set where `get_redis` looks for it (the app's `redbeat_redis` attribute, `REDBEAT_REDIS_KEY`) before
+redbeat's scheduler is built: redbeat's own cluster branches take one seed (`cluster: True`, `from_url`) or hand
+redis-py plain dicts as startup nodes, which redis-py 8 refuses. Its keys share one hash tag (`pipeline:{beat}:`,
+`pipeline.config.celery.beat_conf`), so its MULTI pipelines and the lock's scripts touch one slot. Jobs go out
+through the cluster transport (`pipeline.delivery.clustered`: the queue's list and wake-up marker). With
+REDIS_WAIT_REPLICAS >= 1 beat refuses to start on a cluster (status 2, one line on stderr): a WAIT in a cluster
+pipeline goes to whichever node redis-py picks, not to the connection that wrote the lock or the run.
 """
 
 from __future__ import annotations
@@ -61,13 +67,14 @@ from typing import Any
 import redis
 from redbeat import RedBeatScheduler
 from redbeat.decoder import RedBeatJSONEncoder
-from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, get_redis
+from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, REDBEAT_REDIS_KEY, RetryingConnection, get_redis
 from redis.exceptions import LockError, LockNotOwnedError
 
+from pipeline import cluster
 from pipeline.broker import MemoryStats, add_wait, check_replicas, is_oom, replicas_wanted
 from pipeline.compat import BEAT_LIBRARIES, marking, versions
 from pipeline.config import get_settings
-from pipeline.config.celery import is_sentinel
+from pipeline.config.celery import BEAT_SOCKET_TIMEOUT_S, is_sentinel
 from pipeline.config.cluster import is_cluster
 from pipeline.errors import NotReplicated
 
@@ -81,16 +88,29 @@ LEASE_MARGIN_S = 1.0
 _REDIS_DOWN = (redis.RedisError, OSError)
 
 
-def refuse_cluster(broker_url: str) -> None:
-    """Exit (status 2, one line on stderr) when the broker is a Redis Cluster: beat has no cluster path yet."""
-    if is_cluster(broker_url):
+def refuse_cluster_wait(broker_url: str) -> None:
+    """Exit (status 2, one line on stderr) on a Redis Cluster with REDIS_WAIT_REPLICAS >= 1: beat's WAIT would not
+    run on the connection that wrote the lock and the run."""
+    if is_cluster(broker_url) and replicas_wanted() > 0:
         print(
-            "pipeline: refusing to start beat: REDIS_URL names a Redis Cluster, and beat has no cluster path yet (it"
-            " sends through kombu, which has none; docs/cluster.md). Run beat on a single Redis or Sentinel URL.",
+            "pipeline: refusing to start beat: on a Redis Cluster beat cannot confirm its writes with"
+            " REDIS_WAIT_REPLICAS (docs/cluster.md). Run it with REDIS_WAIT_REPLICAS=0.",
             file=sys.stderr,
             flush=True,
         )
         raise SystemExit(versions.EX_REFUSED)
+
+
+def use_cluster(app: Any) -> None:
+    """redbeat's client on the broker's Redis Cluster: every seed, credentials, TLS; replies as str, and redbeat's
+    retries when its `retry_period` is set (as `get_redis` makes and wraps its own)."""
+    install_client(app, cluster.client(BEAT_SOCKET_TIMEOUT_S, decode_responses=True))
+
+
+def install_client(app: Any, client: Any) -> None:
+    """Make `client` the one redbeat's `get_redis(app)` returns, wrapped as it wraps a client it makes itself."""
+    retry_period = dict(app.conf.redbeat_redis_options or {}).get("retry_period")
+    setattr(app, REDBEAT_REDIS_KEY, client if retry_period is None else RetryingConnection(retry_period, client))
 
 
 class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no type hints
@@ -102,13 +122,19 @@ class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no typ
     _at_maxmemory = False
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
-        refuse_cluster(get_settings().broker_url)
+        broker_url = get_settings().broker_url
+        refuse_cluster_wait(broker_url)
         versions.require("beat", BEAT_LIBRARIES, get_settings().allow_unverified_versions)
+        if is_cluster(broker_url):
+            use_cluster(app)
         super().__init__(app, *args, **kwargs)
 
     @cached_property
     def connection(self) -> Any:
-        """Celery's, on the transport that pushes each job's wake-up marker with it (`pipeline.compat.marking`)."""
+        """Celery's, on the transport that pushes each job's wake-up marker with it (`pipeline.compat.marking`; on
+        a cluster the configured cluster transport, which does)."""
+        if is_cluster(get_settings().broker_url):
+            return self.app.connection_for_write()
         url = str(self.app.conf.broker_write_url or self.app.conf.broker_url)
         return self.app.connection_for_write(transport=marking.transport(is_sentinel(url)))
 
@@ -155,9 +181,17 @@ class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no typ
 
     def _room(self) -> None:
         """After a call that went through: said once Redis is below maxmemory again (a tick may write nothing)."""
-        if self._at_maxmemory and not MemoryStats.from_info(get_redis(self.app).info("memory")).full:
+        if self._at_maxmemory and not MemoryStats.from_info(self._memory_info()).full:
             self._at_maxmemory = False
             log.warning("beat: Redis has room again (below maxmemory)")
+
+    def _memory_info(self) -> Any:
+        """`INFO memory` of the Redis holding beat's keys (on a cluster, the master serving their slot)."""
+        client = get_redis(self.app)
+        if not is_cluster(get_settings().broker_url):
+            return client.info("memory")
+        node = client.get_node_from_key(self.app.redbeat_conf.schedule_key)
+        return client.info("memory", target_nodes=node)
 
     def _send_due(self, min: Any) -> Any:
         """redbeat's `tick` after the lock renewal (unchanged)."""
@@ -256,15 +290,20 @@ class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no typ
         return False
 
     def _extend_lock(self) -> None:
-        """redbeat's renewal (`lock.extend(lock_timeout)`: its extend-to script) and WAIT on one connection."""
-        pipe = get_redis(self.app).pipeline(transaction=False)
+        """redbeat's renewal (`lock.extend(lock_timeout)`: its extend-to script), with REDIS_WAIT_REPLICAS followed
+        by WAIT on one connection (a pipeline); without, the script alone (a cluster pipeline runs no script)."""
         lock = self.lock
-        lock.lua_extend(keys=[lock.name], args=[lock.local.token, int(self.lock_timeout * 1000), "0"], client=pipe)
-        waited = add_wait(pipe)
-        replies = pipe.execute()
+        args = [lock.local.token, int(self.lock_timeout * 1000), "0"]
+        if replicas_wanted() <= 0:
+            replies = [lock.lua_extend(keys=[lock.name], args=args, client=get_redis(self.app))]
+        else:
+            pipe = get_redis(self.app).pipeline(transaction=False)
+            lock.lua_extend(keys=[lock.name], args=args, client=pipe)
+            add_wait(pipe)
+            replies = pipe.execute()
         if not replies[0]:
             raise LockNotOwnedError("Cannot extend a lock that's no longer owned", lock_name=lock.name)
-        if waited:
+        if len(replies) > 1:
             check_replicas(replies[1])
 
     def _new_lock(self) -> Any:

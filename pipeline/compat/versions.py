@@ -1,5 +1,5 @@
-"""The version guard: the installed celery, kombu, billiard, celery-redbeat and redis-py against the ranges the seam
-was verified on.
+"""The version guard: the installed celery, kombu, billiard, celery-redbeat, redis-py and flower against the ranges
+the seam was verified on.
 
 Every reach into a library's internals (`pipeline.compat.ENTRIES`, `pipeline.delivery.ENTRIES`) was written and
 tested against the libraries in `GUARDED`, on the versions `verified()` names. Those ranges have one source, the
@@ -41,7 +41,7 @@ from packaging.version import InvalidVersion, Version
 log = logging.getLogger(__name__)
 
 #: The distributions the seam reaches into; pyproject.toml bounds each one on both sides (tests/unit/test_compat.py).
-GUARDED = ("celery", "kombu", "billiard", "celery-redbeat", "redis")
+GUARDED = ("celery", "kombu", "billiard", "celery-redbeat", "redis", "flower")
 #: This project's distribution name, whose requirements hold the verified ranges.
 PROJECT = "pipeline"
 #: What a guarded library the project's requirements do not name is verified on: nothing (never a valid specifier).

@@ -16,7 +16,7 @@ from pipeline.config import cluster
 from pipeline.config.beat import maintenance_entries
 from pipeline.config.cluster import is_cluster
 from pipeline.config.settings import Settings
-from pipeline.constants import BEAT_KEY_PREFIX, LONG_JOB_QUEUES, ROUTES, WORK_QUEUES
+from pipeline.constants import BEAT_CLUSTER_KEY_PREFIX, BEAT_KEY_PREFIX, LONG_JOB_QUEUES, ROUTES, WORK_QUEUES
 
 
 def is_sentinel(broker_url: str) -> bool:
@@ -238,7 +238,10 @@ def beat_conf(settings: Settings) -> dict[str, Any]:
     """Celery and redbeat settings for beat (merged into `celery_conf`)."""
     url = settings.broker_url
     options: dict[str, Any] = {"retry_period": settings.beat_lock_timeout, "socket_timeout": BEAT_SOCKET_TIMEOUT_S}
-    if settings.redis_sentinel_master:  # redbeat's own sentinel form
+    if is_cluster(url):  # shown in beat's banner only: its client is `pipeline.compat.redbeat.use_cluster`'s
+        host, port = cluster.parse(url).seeds[0]
+        url = f"redis-cluster://{host}:{port}/0"
+    elif settings.redis_sentinel_master:  # redbeat's own sentinel form
         parts = [urlsplit(part) for part in settings.broker_url.split(";")]
         url = "redis-sentinel://"
         options.update(
@@ -254,6 +257,7 @@ def beat_conf(settings: Settings) -> dict[str, Any]:
         "beat_max_loop_interval": settings.beat_max_loop_interval,
         "redbeat_redis_url": url,
         "redbeat_redis_options": options,
-        "redbeat_key_prefix": BEAT_KEY_PREFIX,
+        # On a cluster every key under one tag; redbeat's client there is `pipeline.compat.redbeat.use_cluster`'s.
+        "redbeat_key_prefix": BEAT_CLUSTER_KEY_PREFIX if is_cluster(settings.broker_url) else BEAT_KEY_PREFIX,
         "redbeat_lock_timeout": settings.beat_lock_timeout,
     }

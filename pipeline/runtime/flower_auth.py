@@ -2,10 +2,10 @@
 
 Flower (flower/command.py) builds its options with tornado.options: FLOWER_* environment variables,
 then `flowerconfig.py`, then its command line, then `parse_command_line()` runs tornado's parse
-callbacks, before the web application exists. We register one such callback when the app is loaded
+callbacks, before the web application exists. We register two such callbacks when the app is loaded
 inside a `celery` command process that has Flower's options defined (`celery` imports every
 sub-command, Flower's included, before it loads the app); other processes never parse tornado
-options, so the callback is inert there.
+options, so the callbacks are inert there.
 
 The callback fills `basic_auth` from FLOWER_BASIC_AUTH (`user:password[,user2:password2]`, from the
 environment, `.env` or the secrets directory) unless Flower was given `--basic_auth` or `--auth`
@@ -15,10 +15,10 @@ message goes to stderr and the exit is `SystemExit(2)`: a `SystemExit` carrying 
 exit with status 1, and nothing between tornado's callback and the interpreter (Flower's command,
 click, celery's `main`) catches it.
 
-On a Redis Cluster URL the same callback stops Flower with exit status 2 and a message saying why: Flower reads
-the broker through kombu (its events) and through a client it picks by the URL's scheme (its broker view,
-`flower.utils.broker.Broker`), and neither has a cluster path yet (docs/cluster.md). Without the refusal it dies on
-a traceback while printing its banner (kombu cannot parse a URL with several seeds).
+On a Redis Cluster URL the second callback (`on_cluster`) gives Flower its broker view on the cluster
+(`pipeline.compat.flowerbroker`, queue lengths; on a flower this was not verified on the view answers 404) and logs
+one WARNING saying what Flower cannot show there yet: its worker and task views come from Celery's events and control
+replies, which the cluster transport does not carry between processes yet (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import logging
 import sys
 from typing import Any
 
+from pipeline.compat import flowerbroker
 from pipeline.config import get_settings
 from pipeline.config.cluster import is_cluster
 
@@ -35,9 +36,13 @@ REFUSAL = (
     "pipeline: Flower refuses to start without authentication: set FLOWER_BASIC_AUTH=user:password "
     "(or pass --basic_auth/--auth). For a local development stack only, set FLOWER_UNAUTHENTICATED=true."
 )
-NO_CLUSTER = (
-    "pipeline: Flower has no Redis Cluster path yet (its task events and broker view go through kombu and a plain "
-    "Redis client): on a cluster use `pipeline queues`, the API (/queues, /jobs) or the exporter (docs/cluster.md)."
+ON_CLUSTER = (
+    "Flower on a Redis Cluster: its broker view (queue lengths) is not supported and it receives no task events or"
+    " worker replies there yet; use `pipeline queues`, the API (/queues, /jobs) or the exporter (docs/cluster.md)"
+)
+ON_CLUSTER_EVENTS = (
+    "Flower on a Redis Cluster: it receives no task events or worker replies there yet (its broker view shows the"
+    " queue lengths); use `pipeline queues`, the API (/queues, /jobs) or the exporter (docs/cluster.md)"
 )
 EXIT_REFUSED = 2
 _installed: list[Any] = []
@@ -49,10 +54,8 @@ def _refuse(message: str) -> None:
 
 
 def check_auth(options: Any) -> None:
-    """Apply FLOWER_BASIC_AUTH to Flower's options, or refuse to run without authentication (or on a cluster)."""
+    """Apply FLOWER_BASIC_AUTH to Flower's options, or refuse to run without authentication."""
     settings = get_settings()
-    if is_cluster(settings.broker_url):
-        _refuse(NO_CLUSTER)
     # An empty FLOWER_BASIC_AUTH reaches Flower as [""]: that is no credential at all.
     options.basic_auth = [c.strip() for c in options.basic_auth or () if c.strip()]
     if not (options.basic_auth or options.auth) and settings.flower_basic_auth is not None:
@@ -68,6 +71,13 @@ def check_auth(options: Any) -> None:
     _refuse(REFUSAL)
 
 
+def on_cluster() -> None:
+    """On a Redis Cluster URL: Flower's broker view on the cluster (`pipeline.compat.flowerbroker`), and one WARNING
+    saying what Flower cannot show there."""
+    if is_cluster(get_settings().broker_url):
+        log.warning(ON_CLUSTER_EVENTS if flowerbroker.install() else ON_CLUSTER)
+
+
 def install() -> None:
     """Register the check with Flower's option parsing, when this process runs a `celery` command with Flower."""
     if _installed or "flower.options" not in sys.modules:
@@ -77,4 +87,5 @@ def install() -> None:
     if "basic_auth" not in options:
         return
     options.add_parse_callback(lambda: check_auth(options))
+    options.add_parse_callback(on_cluster)
     _installed.append(options)

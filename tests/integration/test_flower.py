@@ -1,7 +1,9 @@
-"""`celery -A pipeline flower`: refuses to run open, enforces FLOWER_BASIC_AUTH, shows tasks that ran."""
+"""`celery -A pipeline flower`: refuses to run open, enforces FLOWER_BASIC_AUTH, shows tasks that ran; on a cluster URL,
+its queue lengths."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import subprocess
@@ -14,10 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from flower.utils.broker import Redis as FlowerRedis
 
+from pipeline.constants import WORK_QUEUES
+from pipeline.queues import keys
 from tasks.probe import probe
 from tests.support.cluster import Cluster
-from tests.support.procs import ROOT, free_port, wait_for
+from tests.support.procs import ROOT, RedisServer, free_port, wait_for
 
 pytestmark = pytest.mark.integration
 CREDENTIALS = "ops:s3cret-flower-pw"
@@ -121,14 +126,35 @@ def test_flower_development_flag_allows_an_open_ui(work_dir: Path) -> None:
         _stop(proc)
 
 
-def test_flower_on_a_cluster_url_refuses_to_start_saying_why(redis_cluster: Cluster, work_dir: Path) -> None:
+@pytest.mark.parity
+def test_flower_on_a_cluster_url_shows_queue_lengths_as_on_a_single_redis(
+    redis_cluster: Cluster, ledger_redis: RedisServer, work_dir: Path
+) -> None:
+    """Its broker view on a cluster (`pipeline.compat.flowerbroker`) answers as Flower's own Redis client answers
+    for the same jobs on a single Redis; its UI and API answer behind its auth."""
+    queue, levels = WORK_QUEUES[-1], {0: 2, 1: 1, 3: 3}  # jobs per priority level (index into the level list)
+    single, clustered = ledger_redis.client(), redis_cluster.client()
+    clustered.delete(*keys.levels(queue, True))
+    for index, count in levels.items():
+        single.lpush(keys.levels(queue, False)[index], *[f"job-{n}" for n in range(count)])
+        clustered.lpush(keys.levels(queue, True)[index], *[f"job-{n}" for n in range(count)])
+    theirs = asyncio.run(FlowerRedis(ledger_redis.url).queues([queue]))
+
     port = free_port()
     log = work_dir / "flower-cluster.log"
     proc = _flower(port, {"REDIS_URL": redis_cluster.url(), "FLOWER_BASIC_AUTH": CREDENTIALS}, log)
     try:
-        code = proc.wait(30)
+        wait_for(lambda: _get(port, "/healthcheck")[0] == 200, 60, 0.2, what="flower to listen on a cluster URL")
+        assert _get(port, "/api/queues/length")[0] == 401
+        status, body = _get(port, "/api/queues/length", CREDENTIALS)
+        assert status == 200, body[:500]
+        ours = [q for q in json.loads(body)["active_queues"] if q["name"] == queue]
+        assert ours == theirs == [{"name": queue, "messages": sum(levels.values())}]
+        for path in ("/api/workers", "/api/tasks", "/broker"):
+            assert _get(port, path, CREDENTIALS)[0] == 200, path
     finally:
         _stop(proc)
-    assert code == 2, log.read_text()
-    assert "Flower has no Redis Cluster path yet" in log.read_text()
-    assert "Traceback" not in log.read_text()
+        clustered.delete(*keys.levels(queue, True))
+    text = log.read_text()
+    assert "Flower on a Redis Cluster: it receives no task events or worker replies there yet" in text
+    assert "Traceback" not in text

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import time
 
-import redis
 from pydantic import BaseModel
 
-from pipeline.config import get_settings
 from pipeline.task import JobContext, typed_task
+from tests.support.ledger_tasks import ledger_client  # the broker's Redis, or TEST_LEDGER_URL (a cluster's tests)
 
-
-def ledger_client() -> redis.Redis:
-    return redis.Redis.from_url(get_settings().broker_url)
+__all__ = ["ledger_client", "tick", "ticks"]
 
 
 class TickJob(BaseModel):

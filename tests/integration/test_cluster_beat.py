@@ -1,0 +1,189 @@
+"""Beat on a Redis Cluster URL: redbeat's schedule and lock live under one hash tag on the cluster, a due entry's job
+lands in its queue's cluster list with the queue's wake-up marker, and of two beats only the lock holder sends, each
+due time once.
+
+A real 3+3 cluster (`redis_cluster`) and `celery beat` subprocesses on its URL; the outcome is read from the
+cluster's keys (no worker: what beat sent stays in the queue's list).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.crc import key_slot
+
+from pipeline.constants import BEAT_CLUSTER_KEY_PREFIX, HEADER_PUBLISHED_AT, WORK_QUEUES
+from pipeline.queues import keys
+from tests.support.beat import Beat
+from tests.support.cluster import Cluster
+from tests.support.procs import ROOT, RedisServer, wait_for
+
+pytestmark = pytest.mark.integration
+
+EVERY = 2.0
+LOCK_TIMEOUT = 3
+QUEUE = WORK_QUEUES[-1]
+
+
+@pytest.fixture
+def beats(redis_cluster: Cluster) -> Iterator[list[Beat]]:
+    started: list[Beat] = []
+    _clear(redis_cluster)
+    yield started
+    for beat in started:
+        beat.stop()
+    _clear(redis_cluster)
+
+
+def _clear(cluster: Cluster) -> None:
+    client = cluster.client()
+    for queue in WORK_QUEUES:
+        client.delete(*keys.levels(queue, True), keys.wake(queue, True))
+    for node in cluster.seeds:
+        for key in node.client().scan_iter(match=f"{BEAT_CLUSTER_KEY_PREFIX}*"):
+            client.delete(key)
+
+
+def _env(cluster: Cluster, key: str, queue: str = QUEUE) -> dict[str, str]:
+    entry = {"task": "test.tick", "every": EVERY, "payload": {"key": key}, "queue": queue}
+    return {
+        "REDIS_URL": cluster.url(),
+        "BEAT_LOCK_TIMEOUT": str(LOCK_TIMEOUT),
+        "BEAT_MAX_LOOP_INTERVAL": "1",
+        "BEAT_SCHEDULE": json.dumps({f"tick-{key[:8]}": entry}),
+        "REDIS_WAIT_REPLICAS": "0",
+    }
+
+
+def _sent(cluster: Cluster, key: str, queue: str = QUEUE) -> list[dict[str, Any]]:
+    """The envelopes of `test.tick` jobs for `key` in `queue`'s cluster lists."""
+    client = cluster.client()
+    found = []
+    for level in keys.levels(queue, True):
+        for raw in client.lrange(level, 0, -1):
+            envelope = json.loads(raw)
+            if envelope["headers"].get("task") == "test.tick" and key in str(envelope["headers"].get("argsrepr")):
+                found.append(envelope)
+    return found
+
+
+def test_a_beat_on_a_cluster_sends_a_due_entry_into_its_queues_cluster_list(
+    beats: list[Beat], redis_cluster: Cluster, work_dir: Path
+) -> None:
+    key = uuid.uuid4().hex
+    beat = Beat(f"cl-{key[:6]}", work_dir / "logs", _env(redis_cluster, key)).start()
+    beats.append(beat)
+    wait_for(lambda: "beat: Acquired lock" in beat.log(), 60, 0.1, what="beat to take the lock on the cluster")
+    wait_for(lambda: len(_sent(redis_cluster, key)) >= 2, 30, 0.1, what="two due jobs in the queue's cluster list")
+
+    assert "Traceback" not in beat.log()
+    assert redis_cluster.client().llen(keys.wake(QUEUE, True)) >= 1, "no wake-up marker with the job"
+    beat_keys = [k for node in redis_cluster.seeds for k in node.client().scan_iter(match="pipeline:*beat*")]
+    assert beat_keys and all(k.startswith(BEAT_CLUSTER_KEY_PREFIX.encode()) for k in beat_keys), beat_keys
+    assert {key_slot(k) for k in beat_keys} == {key_slot(b"{beat}")}, "redbeat's keys span slots"
+    lock = f"{BEAT_CLUSTER_KEY_PREFIX}:lock"
+    assert redis_cluster.client().exists(lock), f"no lock at {lock}: {beat_keys}"
+
+
+def test_two_beats_on_a_cluster_one_holds_the_lock_each_due_time_sent_once(
+    beats: list[Beat], redis_cluster: Cluster, work_dir: Path
+) -> None:
+    key = uuid.uuid4().hex
+    env = _env(redis_cluster, key)
+    entry = f"tick-{key[:8]}"
+    leader = Beat(f"cl-a-{key[:6]}", work_dir / "logs", env).start()
+    beats.append(leader)
+    wait_for(lambda: "beat: Acquired lock" in leader.log(), 60, 0.1, what="the first beat to take the lock")
+    standby = Beat(f"cl-b-{key[:6]}", work_dir / "logs", env).start()
+    beats.append(standby)
+    wait_for(lambda: "beat v" in standby.log() or "Starting" in standby.log(), 60, 0.1, what="the standby started")
+    wait_for(lambda: len(_sent(redis_cluster, key)) >= 5, 5 * EVERY + 20, 0.1, what="five sends")
+
+    sent = _sent(redis_cluster, key)
+    assert standby.sent(entry) == 0 and "beat: Acquired lock" not in standby.log()
+    assert len(sent) == leader.sent(entry), "each send lands once in the queue's list"
+    assert min(_gaps(sent)) > EVERY / 2, f"a due time was sent twice: gaps {_gaps(sent)}"
+
+    leader.kill()
+    before = len(_sent(redis_cluster, key))
+    wait_for(lambda: standby.sent(entry) >= 2, LOCK_TIMEOUT + 2 * EVERY + 20, 0.1, what="the standby to take over")
+    assert "beat: Acquired lock" in standby.log()
+    everything = _sent(redis_cluster, key)
+    assert len(everything) == before + standby.sent(entry)
+    assert min(_gaps(everything)) > EVERY / 2, f"a due time was sent twice: gaps {_gaps(everything)}"
+
+
+def _gaps(envelopes: list[dict[str, Any]]) -> list[float]:
+    """Seconds between consecutive sends (each job's publish time, stamped in its headers)."""
+    times = sorted(float(e["headers"][HEADER_PUBLISHED_AT]) for e in envelopes)
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+def test_beat_on_a_cluster_with_wait_replicas_refuses_to_start_saying_why(redis_cluster: Cluster) -> None:
+    env = {**os.environ, "REDIS_URL": redis_cluster.url(), "REDIS_WAIT_REPLICAS": "1"}
+    argv = [sys.executable, "-m", "celery", "-A", "pipeline", "beat", "-l", "INFO"]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "refusing to start beat: on a Redis Cluster beat cannot confirm its writes" in done.stderr
+    assert "Traceback" not in done.stderr
+    written = [k for node in redis_cluster.seeds for k in node.client().scan_iter(match="pipeline:*beat*")]
+    assert not written, "beat wrote nothing"
+
+
+def test_a_job_beat_sends_on_a_cluster_runs_on_a_cluster_worker_once_per_due_time(
+    beats: list[Beat], redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any, work_dir: Path
+) -> None:
+    key = uuid.uuid4().hex
+    entry = f"tick-{key[:8]}"
+    env = {**_env(redis_cluster, key), "RESULT_BACKEND_URL": ledger_redis.url, "TEST_LEDGER_URL": ledger_redis.url}
+    make_worker(f"cl-beat-{key[:6]}", env=env, queues=QUEUE, concurrency=1)
+    beat = Beat(f"cl-w-{key[:6]}", work_dir / "logs", env).start()
+    beats.append(beat)
+
+    def ran() -> list[float]:
+        return sorted(float(x) for x in ledger_redis.client().lrange(f"test:tick:{key}", 0, -1))
+
+    wait_for(lambda: len(ran()) >= 3, 3 * EVERY + 60, 0.1, what="three beat jobs run by the cluster worker")
+    beat.stop()
+    wait_for(lambda: len(ran()) == beat.sent(entry), 30, 0.1, what="every job beat sent to have run")
+    assert len(ran()) == beat.sent(entry) >= 3
+    assert min(b - a for a, b in itertools.pairwise(ran())) > EVERY / 2, f"a due time ran twice: {ran()}"
+    assert not _sent(redis_cluster, key), "the worker drained the queue's cluster list"
+
+
+def test_beat_follows_a_failover_of_the_master_serving_its_keys(
+    beats: list[Beat], redis_cluster: Cluster, work_dir: Path
+) -> None:
+    """The master serving beat's slot is killed and its replica promoted: beat goes on sending, each due time once.
+    The jobs go to a queue on another master, so what is counted there is not what the failover may lose."""
+    key = uuid.uuid4().hex
+    master = redis_cluster.master_of(key_slot(b"{beat}"))
+    queue = next(q for q in WORK_QUEUES if redis_cluster.master_of(key_slot(q.encode())).port != master.port)
+    beat = Beat(f"cl-fo-{key[:6]}", work_dir / "logs", _env(redis_cluster, key, queue)).start()
+    beats.append(beat)
+    wait_for(lambda: len(_sent(redis_cluster, key, queue)) >= 2, 60, 0.1, what="two sends before the failover")
+
+    promoted = redis_cluster.fail_over(master)
+    try:
+        failed_over = len(_sent(redis_cluster, key, queue))
+        wait_for(
+            lambda: len(_sent(redis_cluster, key, queue)) >= failed_over + 3,
+            LOCK_TIMEOUT + 3 * EVERY + 30,
+            0.1,
+            what="three sends after the failover",
+        )
+    finally:
+        redis_cluster.restart(master)
+    assert redis_cluster.master_of(key_slot(b"{beat}")).port == promoted.port
+    sent = _sent(redis_cluster, key, queue)
+    assert len(sent) == beat.sent(f"tick-{key[:8]}"), "each send lands once in the queue's list"
+    assert min(_gaps(sent)) > EVERY / 2, f"a due time was sent twice: gaps {_gaps(sent)}"
