@@ -242,10 +242,13 @@ class TypedTask(Generic[P, R]):
 
     @property
     def queue(self) -> str:
-        """The queue the app's router sends this task's jobs to (routes are fixed once the app is built)."""
+        """The queue the app's router sends this task's jobs to (routes are fixed once the app is built): the
+        task's own `queue` option first, as Celery's `apply_async` gives it to the router, then the routes."""
         app = get_app()
         if self._queue is None or self._queue[0] is not app:
-            self._queue = (app, str(app.amqp.router.route({}, self.name)["queue"].name))
+            queue = getattr(self.task, "queue", None)  # set only when the task declares one
+            own = {"queue": queue} if queue else {}
+            self._queue = (app, str(app.amqp.router.route(own, self.name)["queue"].name))
         return self._queue[1]
 
     def validate(self, payload: P | Mapping[str, Any]) -> P:

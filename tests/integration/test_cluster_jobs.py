@@ -12,6 +12,8 @@ from __future__ import annotations
 import collections
 import json
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,11 +22,12 @@ from typing import Any
 import pytest
 from redis.cluster import key_slot
 
+from pipeline.queues import keys
 from tests.faults.ledger import SHORT_LEASE, SHORT_LEASE_S
 from tests.support.cli import run_pipeline
 from tests.support.cluster import Cluster
 from tests.support.http_peer import HttpPeer
-from tests.support.procs import RedisServer, wait_for
+from tests.support.procs import ROOT, RedisServer, wait_for
 
 pytestmark = pytest.mark.faults
 
@@ -112,3 +115,36 @@ def test_a_delayed_job_is_released_and_runs_once_on_the_cluster(
     assert len(peer.received(hook)) == 1, "run once"
     wait_for(lambda: _cli(env, "status", job)["state"] == "succeeded", 30, 0.3, what="the delayed job's result")
     assert _cli(env, "status", job)["result"]["attempts"] == 1
+
+
+_OWN_QUEUE = """
+import json
+from pydantic import BaseModel
+from pipeline.task import typed_task
+class Job(BaseModel):
+    n: int
+def run(job, ctx):
+    return job
+own = typed_task("test.own_queue", kind="test-own-queue", payload=Job, result=Job, public=False, queue="own-queue")(run)
+print(json.dumps({"queue": own.queue, "ids": [own.enqueue({"n": 0}), *own.enqueue_many([{"n": 1}, {"n": 2}])]}))
+"""
+
+
+def test_a_typed_task_with_a_queue_of_its_own_enqueues_on_the_cluster(
+    redis_cluster: Cluster, ledger_redis: RedisServer
+) -> None:
+    """The job's recent-jobs entry goes to the queue the message goes to, the task's own (not the default queue's):
+    on a cluster one script writes both, so they must share the queue's slot."""
+    env = {**os.environ, **_env(redis_cluster, ledger_redis)}
+    done = subprocess.run(
+        [sys.executable, "-c", _OWN_QUEUE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["queue"] == "own-queue"
+    node = redis_cluster.master_of(key_slot(b"own-queue")).client()
+    lists = keys.levels("own-queue", True)
+    waiting = [json.loads(m)["headers"]["id"] for key in lists for m in node.lrange(key, 0, -1)]
+    assert sorted(waiting) == sorted(out["ids"])
+    recent = {m.decode() for m in node.zrange(keys.recent("own-queue", True), 0, -1)}
+    assert recent == set(out["ids"])
