@@ -7,6 +7,10 @@ it started, by PID, and removes the directory. `fail_over` SIGKILLs a master and
 promoted its replica and serves every slot again: what the fault tests of a master lost under load start from;
 `restart` brings the killed node back, as a replica of the master that took over.
 
+`Cluster(directory, masters=1, replicas=0)` (what `python -m bench cluster` compares with `masters=3, replicas=0`):
+`redis-cli` creates no cluster of fewer than three masters, so those get their slots with `CLUSTER ADDSLOTSRANGE`
+(an even share each) and meet the first; without replicas the wait is for every slot served by a master.
+
 The cluster notices a dead master within NODE_TIMEOUT_MS (kept short here), then its replica wins the election.
 """
 
