@@ -81,7 +81,7 @@ docs: install ## Serve the documentation site on http://127.0.0.1:8001, rebuilt 
 docs-build: install ## Build the documentation site into site/ (SITE_DIR=...) with --strict: any warning fails
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --config-file $(MKDOCS_CONFIG) --site-dir $(SITE_DIR)
 
-bench: install system-deps ## Stock Celery (default settings) vs the pipeline, same Redis, same run; then groups, flows, I/O concurrency, Celery's API, Redis's cost per job
+bench: install system-deps ## Stock Celery (default settings) vs the pipeline, same Redis, same run; then groups, flows, I/O concurrency, Celery's API, Redis's cost per job, 1 master vs 3 of a Redis Cluster
 	$(PY) -m bench
 	$(PY) -m bench fairness
 	$(PY) -m bench flows
@@ -90,6 +90,7 @@ bench: install system-deps ## Stock Celery (default settings) vs the pipeline, s
 	$(PY) -m bench io_concurrency --latency 2 --jobs 1000 --reps 1
 	$(PY) -m bench celery_api
 	$(PY) -m bench redis_cost
+	$(PY) -m bench cluster
 
 clean: ## Remove the virtualenv, caches and local data
 	rm -rf $(VENV) .upgrade-check .data site .mypy_cache .ruff_cache .pytest_cache *.egg-info

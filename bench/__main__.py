@@ -2,8 +2,8 @@
 
 Parts: enqueue, bulk, drain, latency, every (start latency of a worker on every queue; all five by default:
 `bench.compare`), and the standalone pdf_memory, webhook_fanout, replicated_enqueue, fairness, flows,
-priority_overtake, backlog, io_concurrency, celery_api and redis_cost benchmarks (run only when named). Not a test:
-nothing is asserted.
+priority_overtake, backlog, io_concurrency, celery_api, redis_cost and cluster benchmarks (run only when named). Not a
+test: nothing is asserted.
 
     python -m bench                                  # the comparison table, medians of 3
     python -m bench drain latency --json             # two parts, one JSON document on stdout
@@ -12,6 +12,7 @@ nothing is asserted.
                           --pipeline-worker 'celery -A bench.pipeline_app worker -Q bench-pipeline -P solo'
     python -m bench io_concurrency --latency 2 --jobs 1000 --io-worker 'pipeline worker --processes 2 -Q webhooks'
     python -m bench redis_cost --jobs 1000                # Redis CPU and bytes kept per job: pipeline, Celery, BullMQ
+    python -m bench cluster --jobs 1500                   # the same drain on a 1-master and a 3-master Redis Cluster
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import json
 import os
 import sys
 
-from bench import io_concurrency, redis_cost
+from bench import cluster, io_concurrency, redis_cost
 from bench.compare import DEFAULT_WORKERS, PARTS, Options, measure, table
 from bench.procs import redis_server
 
@@ -37,6 +38,7 @@ STANDALONE = (
     "io_concurrency",
     "celery_api",
     "redis_cost",
+    "cluster",
 )
 #: --jobs when not given: per measurement of the comparison, and for io_concurrency.
 JOBS = 5000
@@ -57,7 +59,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--jobs",
         type=int,
         help=f"jobs per enqueue, bulk and drain measurement (default {JOBS}); io_concurrency: "
-        f"webhook jobs per system (default {IO_JOBS}); redis_cost: per system and rep (default {redis_cost.JOBS})",
+        f"webhook jobs per system (default {IO_JOBS}); redis_cost: per system and rep (default {redis_cost.JOBS}); "
+        f"cluster: per cluster and rep (default {cluster.JOBS})",
     )
     parser.add_argument("--rate", type=float, default=200.0, help="latency: jobs per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="latency: how long to send")
@@ -120,6 +123,8 @@ def main(argv: list[str]) -> int:
                 io_concurrency.main(io_options, as_json=args.json)
             elif name == "redis_cost":
                 redis_cost.main(args.jobs or redis_cost.JOBS, args.reps, as_json=args.json)
+            elif name == "cluster":
+                cluster.main(args.jobs or cluster.JOBS, args.reps, as_json=args.json)
             else:
                 importlib.import_module(f"bench.{name}").main()
     return 0

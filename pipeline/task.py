@@ -242,10 +242,11 @@ class TypedTask(Generic[P, R]):
 
     @property
     def queue(self) -> str:
-        """The queue the app's router sends this task's jobs to (routes are fixed once the app is built)."""
+        """The queue Celery's router sends this task's jobs to: the task's own `queue` option, else the routes."""
         app = get_app()
         if self._queue is None or self._queue[0] is not app:
-            self._queue = (app, str(app.amqp.router.route({}, self.name)["queue"].name))
+            own = getattr(self.task, "queue", None)  # set only when the task declares one
+            self._queue = (app, str(app.amqp.router.route({"queue": own} if own else {}, self.name)["queue"].name))
         return self._queue[1]
 
     def validate(self, payload: P | Mapping[str, Any]) -> P:
@@ -323,9 +324,8 @@ class TypedTask(Generic[P, R]):
         """Validate every payload, then publish one job each, all at `priority` and in `group` (as `enqueue`);
         return their task ids in order.
 
-        One pydantic call validates the batch: an invalid item raises `PayloadInvalid` whose errors' `loc`
-        start with the item's index, and nothing is published. Records and messages are written
-        `pipeline.producer.write.CHUNK` jobs per Redis round trip.
+        One pydantic call validates the batch: an invalid item raises `PayloadInvalid` (its errors' `loc` start with
+        the item's index), nothing published. Records and messages go `write.CHUNK` jobs per Redis round trip.
         """
         if self._list_adapter is None:
             self._list_adapter = TypeAdapter(list[self.payload_model])  # type: ignore[name-defined]  # a runtime model

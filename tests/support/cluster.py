@@ -7,6 +7,10 @@ it started, by PID, and removes the directory. `fail_over` SIGKILLs a master and
 promoted its replica and serves every slot again: what the fault tests of a master lost under load start from;
 `restart` brings the killed node back, as a replica of the master that took over.
 
+`Cluster(directory, masters=1, replicas=0)` (what `python -m bench cluster` compares with `masters=3, replicas=0`):
+`redis-cli` creates no cluster of fewer than three masters, so those get their slots with `CLUSTER ADDSLOTSRANGE`
+(an even share each) and meet the first; without replicas the wait is for every slot served by a master.
+
 The cluster notices a dead master within NODE_TIMEOUT_MS (kept short here), then its replica wins the election.
 """
 
@@ -70,10 +74,14 @@ class Member:
 
 
 class Cluster:
-    """Six redis-server nodes in cluster mode: three masters, each with one replica."""
+    """Six redis-server nodes in cluster mode: three masters, each with one replica (or `masters` masters with
+    `replicas` replicas each: what the cluster benchmark compares, 1 master against 3, no replicas)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, masters: int = MASTERS, replicas: int = 1) -> None:
+        if masters < MASTERS and replicas:
+            raise ValueError(f"fewer than {MASTERS} masters (which redis-cli does not create) take no replicas")
         self.directory = directory
+        self.replicas = replicas
         options = (
             "--cluster-enabled",
             "yes",
@@ -82,20 +90,38 @@ class Cluster:
             "--cluster-config-file",
             "nodes.conf",
         )
-        self.nodes = [Node(directory / f"node-{i}", cluster_port(), options) for i in range(2 * MASTERS)]
+        self.nodes = [Node(directory / f"node-{i}", cluster_port(), options) for i in range(masters * (1 + replicas))]
 
     # --- start and stop ---------------------------------------------------------------------------------------
 
     def start(self) -> Cluster:
         for node in self.nodes:
             node.start()
-        argv = [redis_cli(), "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes)]
-        argv += ["--cluster-replicas", "1", "--cluster-yes"]
-        created = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-        if created.returncode != 0:
-            raise RuntimeError(f"redis-cli --cluster create failed: {created.stdout}{created.stderr}")
-        wait_for(self.healthy, 30, 0.1, what="cluster_state:ok and every slot served by a master with a replica")
+        if len(self.nodes) < MASTERS:
+            self._assign_slots()
+        else:
+            argv = [redis_cli(), "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes)]
+            argv += ["--cluster-replicas", str(self.replicas), "--cluster-yes"]
+            created = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+            if created.returncode != 0:
+                raise RuntimeError(f"redis-cli --cluster create failed: {created.stdout}{created.stderr}")
+        wait_for(
+            lambda: self.healthy(with_replicas=self.replicas > 0),
+            30,
+            0.1,
+            what="cluster_state:ok and every slot served by a master (with a replica when it has them)",
+        )
         return self
+
+    def _assign_slots(self) -> None:
+        """What `redis-cli --cluster create` does for fewer than three masters (which it refuses): each master
+        takes an even share of the slots, then meets the first."""
+        share = SLOTS // len(self.nodes)
+        for i, node in enumerate(self.nodes):
+            end = SLOTS - 1 if i == len(self.nodes) - 1 else (i + 1) * share - 1
+            node.client().execute_command("CLUSTER ADDSLOTSRANGE", i * share, end)
+            if i:
+                node.client().execute_command("CLUSTER MEET", "127.0.0.1", self.nodes[0].port)
 
     def stop(self) -> None:
         for node in self.nodes:
