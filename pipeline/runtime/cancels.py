@@ -228,8 +228,10 @@ class Revokes:
         self._on_revoke = on_revoke
 
     def topic(self, client: Any) -> str:
-        """The broadcast topic on the database `client` is on (the broker's)."""
-        db = int(client.connection_pool.connection_kwargs.get("db") or 0)
+        """The broadcast topic on the database `client` is on (the broker's; a Redis Cluster has database 0 only, and
+        its client no single pool)."""
+        pool = getattr(client, "connection_pool", None)
+        db = int(pool.connection_kwargs.get("db") or 0) if pool is not None else 0
         return broadcasts.topic(db, self._exchange, self._options)
 
     def heard(self, data: bytes | str) -> None:

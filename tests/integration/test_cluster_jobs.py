@@ -10,24 +10,28 @@ of its own (RESULT_BACKEND_URL: Celery has no result backend on a cluster).
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from redis.cluster import key_slot
 
 from pipeline.queues import keys
+from tests.faults.asyncpool_workers import children
 from tests.faults.ledger import SHORT_LEASE, SHORT_LEASE_S
 from tests.support.cli import run_pipeline
 from tests.support.cluster import Cluster
 from tests.support.http_peer import HttpPeer
-from tests.support.procs import ROOT, RedisServer, wait_for
+from tests.support.procs import ROOT, RedisServer, Worker, wait_for
 
 pytestmark = pytest.mark.faults
 
@@ -148,3 +152,44 @@ def test_a_typed_task_with_a_queue_of_its_own_enqueues_on_the_cluster(
     assert sorted(waiting) == sorted(out["ids"])
     recent = {m.decode() for m in node.zrange(keys.recent("own-queue", True), 0, -1)}
     assert recent == set(out["ids"])
+
+
+def _pipeline_worker(name: str, work_dir: Path, env: dict[str, str], *argv: str) -> Worker:
+    """`pipeline worker --processes 1 ARGV -Q default` on the cluster (not started)."""
+    worker = Worker(name, work_dir / "logs", env)
+    worker.argv = [sys.executable, "-m", "pipeline", "worker", "--processes", "1", *argv, "-Q", PROBES, "-l", "INFO"]
+    return worker
+
+
+def test_pipeline_worker_runs_solo_processes_on_a_cluster_and_stops_on_sigterm(
+    redis_cluster: Cluster, ledger_redis: RedisServer, work_dir: Path
+) -> None:
+    """The asyncio pool needs an event loop the cluster transport does not drive: on a cluster URL `pipeline worker`
+    runs solo processes by default, which take a typed job and drain on SIGTERM as on a single Redis."""
+    env = _env(redis_cluster, ledger_redis)
+    worker = _pipeline_worker(f"cl-pw-{uuid.uuid4().hex[:6]}", work_dir, env)
+    worker.start()
+    kids = children(worker.pid)
+    try:
+        assert [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[6:8] for pid in kids] == [[b"-P", b"solo"]]
+        job = _cli(env, "enqueue", "probe", "{}")["id"]
+        wait_for(lambda: _cli(env, "status", job)["state"] == "succeeded", 60, 0.5, what="the probe to succeed")
+        worker.terminate()
+        assert worker.wait(40) == 0, worker.log()[-3000:]
+        assert not [pid for pid in kids if Path(f"/proc/{pid}").exists()], "every worker process has exited"
+    finally:
+        worker.stop()
+        for pid in kids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_asyncio_pool_refuses_a_cluster_url_with_a_clear_message(
+    redis_cluster: Cluster, ledger_redis: RedisServer, work_dir: Path
+) -> None:
+    worker = _pipeline_worker(f"cl-aio-{uuid.uuid4().hex[:6]}", work_dir, _env(redis_cluster, ledger_redis))
+    worker.argv[6:6] = ["--pool", "asyncio"]
+    with pytest.raises(RuntimeError, match="exited at start"):
+        worker.start()
+    assert worker.wait(30) == 2
+    assert "the asyncio pool does not run on a Redis Cluster yet" in worker.log()
