@@ -34,6 +34,12 @@ from tests.support.replicas import Replicated
 
 pytestmark = pytest.mark.faults
 
+#: The lease of the failover test: above the failover's time (the cluster's node timeout, 2 s here, then the
+#: election; 3-6 s measured on a loaded machine) plus a renewal interval. A worker that cannot renew its lease
+#: for that long stops its job unacknowledged, and it runs again: with a 6 s lease, a job finishing during the
+#: failover ran twice (its lease lapsed while the slot had no master).
+FAILOVER_LEASE_S = 12.0
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
@@ -56,13 +62,14 @@ def _two_queues(cluster: Cluster) -> tuple[str, str]:
     return next((a, b) for a in WORK_QUEUES for b in WORK_QUEUES if master[a] != master[b])
 
 
-def _env(cluster: Cluster, results: Replicated, ledger: RedisServer) -> dict[str, str]:
+def _env(cluster: Cluster, results: Replicated, ledger: RedisServer, lease_s: float = SHORT_LEASE_S) -> dict[str, str]:
     return {
         "REDIS_URL": cluster.url(),
         "RESULT_BACKEND_URL": results.url,
         "TEST_LEDGER_URL": ledger.url,
         "REDIS_WAIT_REPLICAS": "1",
         **SHORT_LEASE,
+        "LEASE_SECONDS": str(int(lease_s)),
     }
 
 
@@ -117,16 +124,16 @@ def streams() -> Iterator[list[Streams]]:
         stream.kill()
 
 
-def _past_two_leases(ledger: RedisServer, key: str) -> None:
+def _past_two_leases(ledger: RedisServer, key: str, lease_s: float) -> None:
     """Wait until 2 x LEASE_SECONDS after the last completion's record, on the ledger's clock."""
     client = ledger.client()
     last = max(json.loads(x)["t"] for x in client.lrange(f"test:ledger:{key}", 0, -1))
 
     def past() -> bool:
         seconds, micros = client.time()
-        return bool(seconds + micros / 1e6 >= last + 2 * SHORT_LEASE_S)
+        return bool(seconds + micros / 1e6 >= last + 2 * lease_s)
 
-    wait_for(past, 6 * SHORT_LEASE_S, 0.2, what="two leases past the last job")
+    wait_for(past, 6 * lease_s, 0.2, what="two leases past the last job")
 
 
 def _held(cluster: Cluster, queue: str) -> int:
@@ -184,13 +191,17 @@ def _ledger_now(ledger: RedisServer) -> float:
     return seconds + micros / 1e6
 
 
-def _settle(cluster: Cluster, ledger: RedisServer, key: str, stream: Streams, queues: tuple[str, ...]) -> None:
+def _settle(
+    cluster: Cluster, ledger: RedisServer, key: str, stream: Streams, queues: tuple[str, ...], lease_s: float
+) -> None:
     outs = stream.stop()
     acked = stream.acked()
-    print(f"producers: {outs}; errors seen and retried: {collections.Counter(e.split(':')[0] for e in stream.errors())}")
+    print(
+        f"producers: {outs}; errors seen and retried: {collections.Counter(e.split(':')[0] for e in stream.errors())}"
+    )
     with contextlib.suppress(TimeoutError):  # a job still missing then is counted lost below, with where it is
         wait_for(lambda: set(acked) <= set(done(ledger, key)), 60, 0.2, what="every acknowledged job to finish")
-    _past_two_leases(ledger, key)
+    _past_two_leases(ledger, key, lease_s)
     _count(cluster, ledger, key, acked, queues)
     assert all(_held(cluster, queue) == 0 for queue in queues), "nothing left held"
 
@@ -200,21 +211,23 @@ def test_a_master_killed_under_load_loses_no_acknowledged_job_and_runs_none_twic
 ) -> None:
     one, other = _two_queues(cluster)
     key = uuid.uuid4().hex
-    env = _env(cluster, results, ledger_redis)
+    env = _env(cluster, results, ledger_redis, FAILOVER_LEASE_S)
     for name in ("a", "b"):
         make_worker(f"cl-fo-{name}-{key[:6]}", env=env, queues=f"{one},{other}", concurrency=2)
     stream = Streams(env, ledger_redis, key, (one, other))
     streams.append(stream)
     wait_for(lambda: _flowing(stream, ledger_redis, key, 0, 15), 60, 0.1, what="jobs flowing on both queues")
     master = cluster.master_of(key_slot(one.encode()))
+    killed = time.monotonic()
     promoted = cluster.fail_over(master)
+    print(f"the replica on port {promoted.port} served the slots {time.monotonic() - killed:.1f} s after the kill")
     assert cluster.master_of(key_slot(one.encode())).port == promoted.port
     after = _ledger_now(ledger_redis)
     cluster.restart(master)  # back as the new master's replica: writes can reach a replica again (WAIT)
     n = len(stream.acked())
     wait_for(lambda: len(stream.acked()) >= n + 30, 60, 0.1, what="the producers to go on after the failover")
     wait_for(lambda: _flowing(stream, ledger_redis, key, after, 15), 60, 0.1, what="the workers to go on after it")
-    _settle(cluster, ledger_redis, key, stream, (one, other))
+    _settle(cluster, ledger_redis, key, stream, (one, other), FAILOVER_LEASE_S)
 
 
 def _node_id(cluster: Cluster, port: int) -> str:
@@ -223,18 +236,19 @@ def _node_id(cluster: Cluster, port: int) -> str:
 
 def _migrate_slot(cluster: Cluster, slot: int, target_port: int) -> None:
     """Move `slot` to the master on `target_port` as `redis-cli --cluster reshard` does: IMPORTING on the target,
-    MIGRATING on the source, MIGRATE the keys a batch at a time, then SETSLOT NODE on both and every other master."""
+    MIGRATING on the source, MIGRATE the keys a batch at a time, then SETSLOT NODE on both and on every other master."""
     source = cluster.master_of(slot)
     target = cluster.node(target_port)
     source_id, target_id = _node_id(cluster, source.port), _node_id(cluster, target.port)
     target.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
     source.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
     moved = 0
-    while batch := source.client().execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10):
+    while batch := source.client().execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1):
         source.client().execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *batch)
         moved += len(batch)
-        time.sleep(0.05)  # the migration takes a while, as a resharding of a loaded slot does
-    for node in (target, source, *(n for n in cluster.seeds if n not in (source, target))):
+        time.sleep(0.2)  # a key at a time, slowly: jobs flow while the slot is half moved (ASK, TRYAGAIN)
+    masters = {m.port for m in cluster.members() if m.master and m.alive}
+    for node in (target, source, *(cluster.node(port) for port in masters - {source.port, target.port})):
         node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
     print(f"slot {slot}: {moved} key(s) migrated from {source.port} to {target.port}")
 
@@ -250,8 +264,12 @@ def test_a_slot_migrated_under_load_loses_no_job_and_runs_none_twice(
     streams.append(stream)
     wait_for(lambda: _flowing(stream, ledger_redis, key, 0, 15), 60, 0.1, what="jobs flowing on both queues")
     slot, target = key_slot(one.encode()), cluster.master_of(key_slot(other.encode())).port
+    began = _ledger_now(ledger_redis)
     _migrate_slot(cluster, slot, target)
+    ended = _ledger_now(ledger_redis)
+    during = {s["task_id"] for s in starts(ledger_redis, key) if began < s["t"] < ended} & set(stream.acked(one))
+    print(f"{len(during)} job(s) of {one} started while its slot was moving ({ended - began:.1f} s)")  # measured
     wait_for(lambda: cluster.master_of(slot).port == target, 20, 0.1, what="every node to name the new owner")
     after = _ledger_now(ledger_redis)
     wait_for(lambda: _flowing(stream, ledger_redis, key, after, 15), 60, 0.1, what="jobs flowing after the move")
-    _settle(cluster, ledger_redis, key, stream, (one, other))
+    _settle(cluster, ledger_redis, key, stream, (one, other), SHORT_LEASE_S)

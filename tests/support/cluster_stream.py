@@ -35,7 +35,7 @@ def _enqueue_until_acknowledged(payload: dict[str, object], key: str, errors_key
     while True:
         try:
             return ledger.enqueue(payload, idempotency_key=key)
-        except Exception as exc:  # noqa: BLE001  # every refusal is retried with the same key, and counted
+        except Exception as exc:  # every refusal is retried with the same key, and counted
             ledger_client().rpush(errors_key, f"{type(exc).__name__}: {exc}"[:300])
             if time.monotonic() > deadline:
                 raise
