@@ -37,12 +37,8 @@ REFUSAL = (
     "(or pass --basic_auth/--auth). For a local development stack only, set FLOWER_UNAUTHENTICATED=true."
 )
 ON_CLUSTER = (
-    "Flower on a Redis Cluster: its broker view (queue lengths) is not supported and it receives no task events or"
-    " worker replies there yet; use `pipeline queues`, the API (/queues, /jobs) or the exporter (docs/cluster.md)"
-)
-ON_CLUSTER_EVENTS = (
-    "Flower on a Redis Cluster: it receives no task events or worker replies there yet (its broker view shows the"
-    " queue lengths); use `pipeline queues`, the API (/queues, /jobs) or the exporter (docs/cluster.md)"
+    "Flower on a Redis Cluster: its broker view (queue lengths) is not supported on this Flower version; its worker"
+    " and task views work; use `pipeline queues`, the API (/queues) or the exporter for depths (docs/cluster.md)"
 )
 EXIT_REFUSED = 2
 _installed: list[Any] = []
@@ -72,10 +68,11 @@ def check_auth(options: Any) -> None:
 
 
 def on_cluster() -> None:
-    """On a Redis Cluster URL: Flower's broker view on the cluster (`pipeline.compat.flowerbroker`), and one WARNING
-    saying what Flower cannot show there."""
-    if is_cluster(get_settings().broker_url):
-        log.warning(ON_CLUSTER_EVENTS if flowerbroker.install() else ON_CLUSTER)
+    """On a Redis Cluster URL: Flower's broker view on the cluster (`pipeline.compat.flowerbroker`), or one WARNING
+    when this Flower version has none. Its worker and task views need nothing more: Celery's events and control
+    replies reach it over the cluster transport (`pipeline.delivery.cluster_fanout`)."""
+    if is_cluster(get_settings().broker_url) and not flowerbroker.install():
+        log.warning(ON_CLUSTER)
 
 
 def install() -> None:
