@@ -10,7 +10,7 @@ SITE_DIR ?= site
 MKDOCS_CONFIG ?= mkdocs.yml
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock upgrade-check system-deps run test test-install test-celery test-celery-stock test-unit test-integration lint format typecheck docs docs-build bench clean
+.PHONY: help install lock upgrade-check system-deps run test test-install test-cluster test-celery test-celery-stock test-unit test-integration lint format typecheck docs docs-build bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -42,7 +42,12 @@ run: install ## Run the local stack: Redis (embedded unless REDIS_URL is set), w
 # such as schemathesis) in __pycache__ only when bytecode may be written; without it each of the five processes
 # rewrites them all again, about 7 s of CPU each.
 test: install system-deps ## Run the whole test suite on four processes (each starts its own Redis and workers)
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n 4 --dist loadfile -m "not install" $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n 4 --dist loadfile -m "not install and not cluster" $(PYTEST_ARGS)
+
+# The tests on a real Redis Cluster (3 masters + 3 replicas on loopback ports, one per test process): a CI step of its
+# own, as Celery's suite is.
+test-cluster: install system-deps ## The tests on a real Redis Cluster (producers, workers, faults, beat, Flower, reads)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n 3 --dist loadfile -m cluster $(PYTEST_ARGS)
 
 test-install: install system-deps ## A plain `pip install .` (unlocked, from the index) into a fresh virtualenv starts a worker
 	$(PY) -m pytest tests/install -p no:cacheprovider $(PYTEST_ARGS)

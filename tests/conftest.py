@@ -60,12 +60,19 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.pop("CELERY_RESULT_BACKEND", None)
 
 
+#: The fixtures that start a Redis Cluster: a test using one is marked `cluster`.
+CLUSTER_FIXTURES = {"redis_cluster", "cluster"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Schemathesis names its items per API operation but gives them all one node id; pytest-xdist tells
-    tests apart by node id (and would run one of them), so each gets the id its name says."""
+    """A test on a Redis Cluster is marked `cluster`. Schemathesis names its items per API operation but gives them
+    all one node id; pytest-xdist tells tests apart by node id (and would run one of them), so each gets the id its
+    name says."""
     from _pytest.nodeid import NodeId  # pytest 9 keeps the id here (private, hence the check below)
 
     for item in items:
+        if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.cluster)  # `make test-cluster`, a CI step of its own
         parent, _, last = item.nodeid.rpartition("::")
         if parent and last != item.name:
             item._id = NodeId.parse(f"{parent}::{item.name}")
