@@ -41,8 +41,8 @@ run: install ## Run the local stack: Redis (embedded unless REDIS_URL is set), w
 # PYTHONDONTWRITEBYTECODE cleared: pytest keeps the modules it rewrites for assertions (the tests', and its plugins'
 # such as schemathesis) in __pycache__ only when bytecode may be written; without it each of the five processes
 # rewrites them all again, about 7 s of CPU each.
-test: install system-deps ## Run the whole test suite on four processes (each starts its own Redis and workers)
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n 4 --dist loadfile -m "not install and not cluster" $(PYTEST_ARGS)
+test: install system-deps ## Run the test suite on six processes (each starts its own Redis and workers)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n 6 --dist loadfile -m "not install and not cluster" $(PYTEST_ARGS)
 
 # The tests on a real Redis Cluster (3 masters + 3 replicas on loopback ports, one per test process): a CI step of its
 # own, as Celery's suite is.
