@@ -87,6 +87,9 @@ def _dead_envelope(entry: DeadLetter) -> str:
 @pytest.fixture
 def seeded(redis_cluster: Cluster) -> Iterator[Seeded]:
     client = redis_cluster.client()
+    for queue in ("webhooks", "pdf", "email", "transcode"):  # the process's cluster: other files' jobs may be left
+        client.delete(*keys.every(queue, cluster=True))  # one slot per queue
+    client.delete(DEAD_LETTER_QUEUE)
     now = time.time()
     names: list[str] = []
     webhooks = keys.levels("webhooks", cluster=True)
