@@ -108,15 +108,17 @@ def test_two_beats_on_a_cluster_one_holds_the_lock_each_due_time_sent_once(
     wait_for(lambda: "beat v" in standby.log() or "Starting" in standby.log(), 60, 0.1, what="the standby started")
     wait_for(lambda: len(_sent(redis_cluster, key)) >= 5, 5 * EVERY + 20, 0.1, what="five sends")
 
+    # The leader keeps sending: the list and its log agree between two sends (a send landing twice never does).
+    wait_for(lambda: len(_sent(redis_cluster, key)) == leader.sent(entry), 3 * EVERY, 0.05, what="list == sends")
     sent = _sent(redis_cluster, key)
     assert standby.sent(entry) == 0 and "beat: Acquired lock" not in standby.log()
-    assert len(sent) == leader.sent(entry), "each send lands once in the queue's list"
     assert min(_gaps(sent)) > EVERY / 2, f"a due time was sent twice: gaps {_gaps(sent)}"
 
     leader.kill()
     before = len(_sent(redis_cluster, key))
     wait_for(lambda: standby.sent(entry) >= 2, LOCK_TIMEOUT + 2 * EVERY + 20, 0.1, what="the standby to take over")
     assert "beat: Acquired lock" in standby.log()
+    standby.stop()  # no send between the two counts below
     everything = _sent(redis_cluster, key)
     assert len(everything) == before + standby.sent(entry)
     assert min(_gaps(everything)) > EVERY / 2, f"a due time was sent twice: gaps {_gaps(everything)}"
@@ -184,6 +186,8 @@ def test_beat_follows_a_failover_of_the_master_serving_its_keys(
     finally:
         redis_cluster.restart(master)
     assert redis_cluster.master_of(key_slot(b"{beat}")).port == promoted.port
+    beat.stop()
     sent = _sent(redis_cluster, key, queue)
-    assert len(sent) == beat.sent(f"tick-{key[:8]}"), "each send lands once in the queue's list"
+    # Its log cannot count sends across the failover: a tick that ends on the dead master's error may come before or
+    # after its send reached the queue's (live) master. What holds is in the list: no due time twice (the gaps).
     assert min(_gaps(sent)) > EVERY / 2, f"a due time was sent twice: gaps {_gaps(sent)}"
