@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 from functools import cached_property
 from typing import Any
@@ -92,13 +91,10 @@ def refuse_cluster_wait(broker_url: str) -> None:
     """Exit (status 2, one line on stderr) on a Redis Cluster with REDIS_WAIT_REPLICAS >= 1: beat's WAIT would not
     run on the connection that wrote the lock and the run."""
     if is_cluster(broker_url) and replicas_wanted() > 0:
-        print(
-            "pipeline: refusing to start beat: on a Redis Cluster beat cannot confirm its writes with"
-            " REDIS_WAIT_REPLICAS (docs/cluster.md). Run it with REDIS_WAIT_REPLICAS=0.",
-            file=sys.stderr,
-            flush=True,
+        versions.refuse(
+            "beat: on a Redis Cluster beat cannot confirm its writes with"
+            " REDIS_WAIT_REPLICAS (docs/cluster.md). Run it with REDIS_WAIT_REPLICAS=0."
         )
-        raise SystemExit(versions.EX_REFUSED)
 
 
 def use_cluster(app: Any) -> None:

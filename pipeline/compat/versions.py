@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
 from pathlib import Path
+from typing import NoReturn
 
 from packaging.requirements import Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -160,14 +161,17 @@ def require(what: str, distributions: Iterable[str], allow_unverified: bool) -> 
             _accepted.add(what)
             log.warning("%s runs on unverified versions (ALLOW_UNVERIFIED_VERSIONS=true): %s", what, named)
         return
-    print(
-        f"pipeline: refusing to start the {what}: {named}. Its delivery guarantees were verified only on those"
+    refuse(
+        f"the {what}: {named}. Its delivery guarantees were verified only on those"
         " versions. Run `make upgrade-check` to test this version (it widens the range in pyproject.toml when the tests"
         " pass), install the locked versions (`make install`), or set ALLOW_UNVERIFIED_VERSIONS=true to accept the"
-        " risk.",
-        file=sys.stderr,
-        flush=True,
+        " risk."
     )
+
+
+def refuse(reason: str) -> NoReturn:
+    """Refuse to start: one line on stderr, "pipeline: refusing to start <reason>", and exit status 2."""
+    print(f"pipeline: refusing to start {reason}", file=sys.stderr, flush=True)
     raise SystemExit(EX_REFUSED)
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import time
 from typing import Any
 
@@ -147,28 +146,22 @@ def refuse_cluster_results(result_url: str) -> None:
     """Exit (status 2, one line on stderr) when the result backend would be a Redis Cluster: Celery has no result
     backend for one, so a worker on a cluster stores results on RESULT_BACKEND_URL (docs/redis-layout.md, Status)."""
     if is_cluster(result_url):
-        print(
-            "pipeline: refusing to start the worker: the result backend would be the Redis Cluster of REDIS_URL, and"
+        versions.refuse(
+            "the worker: the result backend would be the Redis Cluster of REDIS_URL, and"
             " Celery has no result backend on a cluster. Set RESULT_BACKEND_URL to a single Redis or Sentinel URL"
-            " (docs/redis-layout.md, Status).",
-            file=sys.stderr,
-            flush=True,
+            " (docs/redis-layout.md, Status)."
         )
-        raise SystemExit(versions.EX_REFUSED)
 
 
 def refuse_cluster_asyncio(pool_cls: Any) -> None:
     """Exit (status 2, one line on stderr) when the asyncio pool would run on a Redis Cluster: it runs its jobs on the
     worker's event loop, which the cluster transport does not drive (Celery runs its synchronous loop there)."""
     if getattr(pool_cls, "__module__", "") == "pipeline.runtime.asyncpool":
-        print(
-            "pipeline: refusing to start the worker: the asyncio pool does not run on a Redis Cluster yet. Use"
+        versions.refuse(
+            "the worker: the asyncio pool does not run on a Redis Cluster yet. Use"
             " `pipeline worker --pool solo` (the default on a cluster URL) or `celery -A pipeline worker -P prefork`"
-            " (docs/cluster.md).",
-            file=sys.stderr,
-            flush=True,
+            " (docs/cluster.md)."
         )
-        raise SystemExit(versions.EX_REFUSED)
 
 
 class DeliveryStep(bootsteps.StartStopStep):
