@@ -205,10 +205,17 @@ def stop_all(workers: list[Worker]) -> None:
 
 
 @pytest.fixture(scope="session")
-def redis_cluster(work_dir: Path) -> Iterator[Cluster]:
-    """A Redis Cluster of this test process: 3 masters and 3 replicas on loopback ports (`tests.support.cluster`),
-    started by the first test that needs it, stopped by PID and its directory removed when the session ends. A test
-    that fails a master over restarts the killed node (`Cluster.restart`), so the next finds every slot replicated."""
+def _cluster_of_this_process(work_dir: Path) -> Iterator[Cluster]:
     cluster = Cluster(work_dir / "cluster").start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster(_cluster_of_this_process: Cluster) -> Cluster:
+    """A Redis Cluster of this test process: 3 masters and 3 replicas on loopback ports (`tests.support.cluster`),
+    started by the first test that needs it, stopped by PID and its directory removed when the session ends, and
+    emptied before each test (no test sees another's queues). A test that fails a master over restarts the killed
+    node (`Cluster.restart`), so the next finds every slot replicated."""
+    _cluster_of_this_process.flush()
+    return _cluster_of_this_process

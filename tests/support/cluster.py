@@ -181,6 +181,14 @@ class Cluster:
             return covered == SLOTS
         return False
 
+    def flush(self) -> None:
+        """FLUSHALL on every live master (the replicas follow): what a test that starts from an empty cluster calls,
+        since the cluster is shared by the tests of one process."""
+        for node in self.seeds:
+            with contextlib.suppress(redis.RedisError):
+                if node.client().execute_command("ROLE")[0] in (b"master", "master"):
+                    node.client().flushall()
+
     # --- faults ---------------------------------------------------------------------------------------------------
 
     def fail_over(self, master: Node, timeout: float = 30) -> Node:
