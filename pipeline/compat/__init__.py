@@ -77,6 +77,13 @@ ENTRIES: tuple[Entry, ...] = (
         test=f"{_INTEGRATION}/test_compat_parity.py::test_a_state_is_stored_as_celerys_backend_stores_it",
     ),
     Entry(
+        upstream="celery.backends.asynchronous.AsyncBackendMixin._wait_for_pending (Drainer.drain_events_until's"
+        " on_interval: AsyncResult.get()'s read of the result's parents)",
+        where="pipeline.compat.resultwait",
+        libraries=("celery",),
+        test=f"{_INTEGRATION}/test_chord_errors.py::test_stock_celerys_get_raises_the_chords_error_there",
+    ),
+    Entry(
         upstream="celery.backends.redis.RedisBackend.client (every command of the backend goes through it), .set/._set",
         where="pipeline.compat.clusterresults",
         libraries=("celery", "redis"),

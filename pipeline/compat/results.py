@@ -28,6 +28,9 @@ is asked.
 Leases live on the broker's Redis. A backend on another database or server (RESULT_BACKEND_URL) reads the job's lease
 there first and stores unfenced on its own Redis, and no carrier is asked (a carrier stores on the broker's Redis).
 
+Both classes also read a result's parents once more when `AsyncResult.get()` found the result final at once
+(`pipeline.compat.resultwait`), as Celery up to 5.6 did.
+
 `pipeline.celery_app` makes the app use these classes for `redis://`, `rediss://` and `sentinel://` URLs
 (`Celery.loader.override_backends`, named by `pipeline.config.celery.BACKENDS`).
 """
@@ -51,6 +54,7 @@ from kombu.utils.encoding import bytes_to_str, ensure_bytes
 
 from pipeline import compat
 from pipeline.broker import broker_redis
+from pipeline.compat.resultwait import ParentsReadAfterWait
 from pipeline.config import get_settings
 from pipeline.constants import HEADER_LEASE_OWNER, HEADER_LEASE_QUEUE, LEASE_KEY
 from pipeline.lua import script
@@ -327,9 +331,10 @@ def _fenced(key: bytes, tag: str) -> None:
     )
 
 
-class RedisBackend(OneTripStore, CeleryRedisBackend):
-    """Celery's `redis://` and `rediss://` backend with the one-trip store."""
+class RedisBackend(OneTripStore, ParentsReadAfterWait, CeleryRedisBackend):
+    """Celery's `redis://` and `rediss://` backend with the one-trip store, reading a result's parents after a wait
+    that ran none (`pipeline.compat.resultwait`)."""
 
 
-class SentinelBackend(OneTripStore, CelerySentinelBackend):
-    """Celery's `sentinel://` backend with the one-trip store."""
+class SentinelBackend(OneTripStore, ParentsReadAfterWait, CelerySentinelBackend):
+    """Celery's `sentinel://` backend with the one-trip store, reading a result's parents as `RedisBackend` does."""

@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any
 
+import redis
 from celery import Task, current_task
 from celery.exceptions import SoftTimeLimitExceeded
 
@@ -24,6 +25,31 @@ if os.environ.get("TEST_WAKE_POLL_S"):
 @app.task(name="plain.add")
 def add(x: int, y: int) -> int:
     return x + y
+
+
+class ExpectedFailure(Exception):
+    """What `plain.fail` raises (importable by a client, which rebuilds it from the stored result)."""
+
+
+@app.task(name="plain.fail")
+def fail(*args: Any) -> None:
+    """Fails at once, whatever it is given (a chord's header part, a chain's step)."""
+    raise ExpectedFailure("failed as asked")
+
+
+@app.task(name="plain.fail_after")
+def fail_after(gate: str) -> None:
+    """Fails once key `gate` exists on the broker's Redis (a test opens it when it wants the failure)."""
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    deadline = time.monotonic() + 30
+    while not client.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    raise ExpectedFailure("failed as asked")
+
+
+@app.task(name="plain.identity")
+def identity(value: Any) -> Any:
+    return value
 
 
 @app.task(name="plain.sleep")
