@@ -47,7 +47,7 @@ from pipeline.constants import (
     LEASE_KEY,
     PAUSED_KEY,
 )
-from pipeline.delivery import acks, cancelled
+from pipeline.delivery import acks, cancelled, stamps
 from pipeline.delivery.lease import HISTORY_PREFIX, records
 from pipeline.dlq import elements as undecodable
 from pipeline.flows.record import Carried
@@ -259,6 +259,12 @@ def one(channel: Any, client: Any, queue: str) -> Any:
     payload = accept(channel, key, tag, count, item, kind, queue, grant)
     if payload is None:
         raise Empty()
+    try:
+        if not stamps.stamped(channel, [(tag, queue, payload)]):
+            raise Empty()
+    except channel.connection_errors:
+        _put_back(channel, [tag])
+        raise
     return payload
 
 
@@ -277,6 +283,7 @@ def deliver(channel: Any, reply: list[Any]) -> None:
     done, held_back = 0, []
     checked = time.monotonic()
     try:
+        ready = stamps.stamped(channel, ready)  # on a cluster, results' owner stamps before any job runs
         for tag, dest, payload in ready:
             if tag and time.monotonic() - checked > PAUSE_RECHECK_S:  # a batch's later job: its queue paused since?
                 if _paused_now(channel, dest):

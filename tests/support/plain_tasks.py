@@ -26,6 +26,12 @@ def add(x: int, y: int) -> int:
     return x + y
 
 
+@app.task(name="plain.total")
+def total(values: list[int]) -> int:
+    """A chord's body: the sum of its header's results."""
+    return sum(values)
+
+
 @app.task(name="plain.sleep")
 def sleep(seconds: float) -> float:
     time.sleep(seconds)
