@@ -26,6 +26,7 @@ reaches the jobs a worker already holds within PAUSE_RECHECK_S.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -231,6 +232,10 @@ def accept(
     if leases.rehold(tag):
         # Its earlier delivery is still here (running or waiting): that copy goes on, under this fetch's lease.
         log.warning("delivery %s fetched again while this worker still holds it: the held copy goes on", tag)
+        headers = payload.get("headers")
+        if isinstance(headers, dict):  # its result's stamp names this worker again (best effort: the rare case)
+            with contextlib.suppress(*_errors(channel)):
+                stamps.one(channel, tag, {**headers, HEADER_DELIVERY_COUNT: count}, leases.owner())
         return None
     headers = payload.get("headers")
     if isinstance(headers, dict):
@@ -262,7 +267,7 @@ def one(channel: Any, client: Any, queue: str) -> Any:
     try:
         if not stamps.stamped(channel, [(tag, queue, payload)]):
             raise Empty()
-    except channel.connection_errors:
+    except _errors(channel):
         _put_back(channel, [tag])
         raise
     return payload
@@ -302,6 +307,11 @@ def deliver(channel: Any, reply: list[Any]) -> None:
             _put_back(channel, rest)
 
 
+def _errors(channel: Any) -> tuple[type[BaseException], ...]:
+    """The connection errors of `channel`'s transport (kombu's Redis channel has them too; the cluster's has not)."""
+    return tuple(channel.connection.connection_errors)
+
+
 def _paused_now(channel: Any, queue: str) -> bool:
     """Whether `queue` is paused now (`pipeline.scheduling.pause`): a job fetched before the pause does not start."""
     try:
@@ -309,7 +319,7 @@ def _paused_now(channel: Any, queue: str) -> bool:
             if getattr(channel, "cluster", False):
                 return bool(client.exists(keys.paused(queue, True)))
             return bool(client.sismember(PAUSED_KEY, queue))
-    except channel.connection_errors:
+    except _errors(channel):
         return False  # not known: it goes on, as it would have without the check
 
 
@@ -323,7 +333,7 @@ def _uncount(channel: Any, tags: list[str]) -> None:
                 for tag in group:
                     pipe.hincrby(records_[3], tag, -1)
             pipe.execute()
-    except channel.connection_errors:
+    except _errors(channel):
         pass  # still counted: the limit comes one delivery sooner for them
 
 
@@ -335,5 +345,5 @@ def _put_back(channel: Any, tags: list[str]) -> None:
         for tag in reversed(tags):
             channel.qos.restore_tag(tag, owner=me)
             leases.release(tag)
-    except channel.connection_errors:
+    except _errors(channel):
         leases.drop(tags)  # still leased to this worker: given up, so a sweep restores them

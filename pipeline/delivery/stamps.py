@@ -44,17 +44,24 @@ def stamped(channel: Any, ready: list[Ready]) -> list[Ready]:
     in order. One a later delivery stamped is let go here (`Leases.release`: not run, not acknowledged)."""
     if not ready or not wanted(channel):
         return ready
-    ttl = get_settings().result_expires
     kept: list[Ready] = []
     for tag, dest, payload in ready:
         headers = payload.get("headers") if isinstance(payload, dict) else None
-        task_id = headers.get("id") if isinstance(headers, dict) else None
-        stamp = jobkeys.stamp(jobkeys.result(str(task_id))) if tag and task_id else None
-        if stamp is not None and isinstance(headers, dict):
-            args = [tag, headers[HEADER_LEASE_OWNER], headers[HEADER_DELIVERY_COUNT], ttl]
-            if not int(script("stamp")(keys=[stamp], args=args, client=channel.client)):
-                log.warning("delivery %s of job %s: a later delivery took it already; not run here", tag, task_id)
-                channel.leases.release(tag)
-                continue
+        if isinstance(headers, dict) and not one(channel, tag, headers, headers[HEADER_LEASE_OWNER]):
+            log.warning("delivery %s of job %s: a later delivery took it already; not run here", tag, headers.get("id"))
+            channel.leases.release(tag)
+            continue
         kept.append((tag, dest, payload))
     return kept
+
+
+def one(channel: Any, tag: str, headers: dict[str, Any], owner: str) -> bool:
+    """Stamp delivery `tag` (its envelope's `headers`: the job's id, the delivery count) as `owner`'s; False when a
+    later delivery stamped it already. Also for a delivery fetched again while this worker still holds it (the held copy
+    goes on: `Leases.rehold`), so the stamp names this worker again if a peer took the job in between."""
+    task_id = headers.get("id")
+    stamp = jobkeys.stamp(jobkeys.result(str(task_id))) if tag and task_id and wanted(channel) else None
+    if stamp is None:
+        return True
+    args = [tag, owner, headers[HEADER_DELIVERY_COUNT], get_settings().result_expires]
+    return bool(int(script("stamp")(keys=[stamp], args=args, client=channel.client)))
