@@ -27,6 +27,8 @@ is asked.
 
 Leases live on the broker's Redis. A backend on another database or server (RESULT_BACKEND_URL) reads the job's lease
 there first and stores unfenced on its own Redis, and no carrier is asked (a carrier stores on the broker's Redis).
+On the broker's Redis, `store.lua` is given the job's record (`pipeline:job:<id>`) to drop with a SUCCESS. On a Redis
+Cluster the same store is fenced by the result's owner stamp instead (`pipeline.compat.clusterresults`).
 
 `pipeline.celery_app` makes the app use these classes for `redis://`, `rediss://` and `sentinel://` URLs
 (`Celery.loader.override_backends`, named by `pipeline.config.celery.BACKENDS`).

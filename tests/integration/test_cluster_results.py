@@ -77,6 +77,22 @@ def test_typed_jobs_store_their_results_on_the_cluster_and_drop_their_records(
     wait_for(lambda: client.hlen(keys.unacked(QUEUE, True)) == 0, 10, 0.1, what="the acknowledgements")
 
 
+def test_the_worker_stamps_the_result_of_the_delivery_it_takes(
+    redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any
+) -> None:
+    """The stamp is written by the worker's fetch: a job that fails leaves it (only a SUCCESS drops it), naming the
+    delivery's tag, the worker's lease owner and the delivery's count, beside the FAILURE in the result's slot."""
+    env = _env(redis_cluster, ledger_redis)
+    make_worker(f"cr-stamp-{uuid.uuid4().hex[:6]}", env=env, queues=QUEUE, concurrency=1)
+    failed = _produce(env, "fail", QUEUE, "-")
+    assert failed["state"] == "FAILURE"
+    stamp = redis_cluster.client().hgetall(jobkeys.stamp(jobkeys.result(failed["id"])))
+    assert len(stamp) == 2, stamp
+    tag = next(k for k in stamp if not k.endswith(b"#"))
+    assert stamp[tag + b"#"] == b"1" and stamp[tag].count(b":") == 2, "tag -> host:pid:incarnation, tag# -> count"
+    assert 0 < redis_cluster.client().ttl(jobkeys.stamp(jobkeys.result(failed["id"]))) <= 86400
+
+
 def test_a_late_state_of_a_worker_a_peer_took_the_job_from_is_refused_by_the_stamp(
     redis_cluster: Cluster, ledger_redis: RedisServer
 ) -> None:

@@ -5,10 +5,11 @@
 (its route: `queue`) and prints its `get()`; `... store <queue> <tag> <owner> <task id>` stores a SUCCESS as the
 worker's result backend does for delivery `tag` of `queue` held by `owner`, and prints whether it was stored;
 `... stamp <queue> <tag> <owner> <task id> <count>` writes the result's owner stamp as a worker's fetch does
-(`pipeline.delivery.stamps`) and prints whether it was written; `... canvas <queue> -` runs a group and a chord of
-`plain.add` (the chord's body `plain.total`) and prints their results; `... ping - <timeout>` broadcasts Celery's ping
-and prints the replies. `store` takes an optional state (SUCCESS by default) and prints the stored meta's result (the
-owner that stored it) with whether this call stored it."""
+(`pipeline.delivery.stamps`) and prints whether it was written; `... fail <queue> -` runs a `plain.add` that raises
+and prints its id and state; `... canvas <queue> -` runs a group and a chord of `plain.add` (the chord's body
+`plain.total`) and prints their results; `... ping - <timeout>` broadcasts Celery's ping and prints the replies.
+`store` takes an optional state (SUCCESS by default) and prints the stored meta's result (the owner that stored it)
+with whether this call stored it."""
 
 from __future__ import annotations
 
@@ -47,8 +48,12 @@ def main(argv: list[str]) -> None:
     elif mode == "stamp":  # key: a delivery tag; then the owner, the task id, the delivery count
         owner, task_id, count = argv[3:6]
         stamp = jobkeys.stamp(jobkeys.result(task_id))
-        done = script("stamp")(keys=[stamp], args=[key, owner, count, 60], client=app.backend.client)
+        done = script("stamp")(keys=[stamp], args=[key, owner, count, 3600], client=app.backend.client)
         print(json.dumps({"stamped": bool(done)}))
+    elif mode == "fail":  # a job that fails (TypeError): its FAILURE stored, the stamp left beside it
+        failing = plain_tasks.add.apply_async(("a", 1), queue=queue)
+        failing.get(timeout=60, propagate=False)
+        print(json.dumps({"id": failing.id, "state": failing.state}))
     elif mode == "canvas":
         together = group(plain_tasks.add.s(n, n) for n in range(5)).apply_async(queue=queue)
         joined = chord(plain_tasks.add.s(n, 1) for n in range(4))(plain_tasks.total.s().set(queue=queue))
