@@ -10,7 +10,6 @@ A real 3+3 cluster (`redis_cluster`), `celery worker` subprocesses, Celery's cal
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from typing import Any
 
@@ -19,8 +18,8 @@ from redis.cluster import key_slot
 
 from pipeline.queues import jobkeys, keys
 from tests.faults.ledger import SHORT_LEASE
+from tests.integration.test_cluster_jobs import _cli
 from tests.integration.test_cluster_worker import _produce
-from tests.support.cli import run_pipeline
 from tests.support.cluster import Cluster
 from tests.support.procs import RedisServer, wait_for
 
@@ -32,12 +31,6 @@ QUEUE = "default"  # test.ledger's and plain.*'s route
 def _env(cluster: Cluster, ledger: RedisServer) -> dict[str, str]:
     """A cluster URL and no RESULT_BACKEND_URL: results go to the cluster."""
     return {"REDIS_URL": cluster.url(), "TEST_LEDGER_URL": ledger.url, **SHORT_LEASE}
-
-
-def _cli(env: dict[str, str], *argv: str) -> Any:
-    done = run_pipeline(*argv, "--json", env={**os.environ, **env})
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return json.loads(done.stdout)
 
 
 def _stored(cluster: Cluster, ids: list[str]) -> bool:
