@@ -8,8 +8,8 @@ and used rep by rep, 1 master then 3 (then 3 then 1: interleaved), each flushed 
 evenly over three queues whose slots sit in the three thirds of the slot space (on 3 masters: one queue each; on 1:
 all three on it), no worker running; then the same worker command (`celery -A bench.cluster_app worker -Q <the
 three> -P prefork -c 2`, REDIS_URL the cluster) drains them. The job records its start in a separate redis-server
-(BENCH_REDIS_URL), which is also the result backend (RESULT_BACKEND_URL: Celery has none on a cluster), so the
-masters' figures are the broker's work only: fetch, leases, acknowledgements, wake-up markers, records.
+(BENCH_REDIS_URL), which is also the result backend (RESULT_BACKEND_URL: the results stay off the cluster), so
+the masters' figures are the broker's work only: fetch, leases, acknowledgements, wake-up markers, records.
 
 Jobs/s: N over the time from the first job's start to the last's (the job's own records). Redis CPU: each master's
 `INFO cpu` (used_cpu_user + used_cpu_sys) after the drain less before the worker started (worker boot and its idle

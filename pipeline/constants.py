@@ -48,6 +48,8 @@ KEY_PREFIX: Final = "pipeline:"
 ENQUEUE_IDEMPOTENCY_KEY: Final = KEY_PREFIX + "enqueue:{task}:{key}"
 #: Written before a job is published (task name, accepted time, ETA) so status can tell queued from unknown.
 JOB_RECORD_KEY: Final = KEY_PREFIX + "job:{id}"
+#: Celery's result key prefix (its key-value backends' `task_keyprefix`): a job's result is `celery-task-meta-<id>`.
+RESULT_KEY_PREFIX: Final = "celery-task-meta-"
 #: The queue's recently accepted jobs, ZSET task id → accepted time (epoch s), capped at RECENT_JOBS_MAX;
 #: written in the same round trip as the record. The job browser (`pipeline.browse`) reads it.
 RECENT_JOBS_KEY: Final = KEY_PREFIX + "recent:{queue}"

@@ -2,7 +2,8 @@
 
 Celery answers PENDING for any id it never saw. So every producer path of the pipeline (`enqueue`,
 fan-out, DLQ replay) records the job id in Redis (`pipeline:job:<id>`, JSON with task name, accepted time
-and ETA) *before* publishing, with a TTL of RESULT_EXPIRES past the ETA. `pipeline.status` reads it.
+and ETA) *before* publishing, with a TTL of RESULT_EXPIRES past the ETA. `pipeline.status` reads it. On a Redis
+Cluster the record is `pipeline:job:{celery-task-meta-<id>}`, in its result's slot (`pipeline.queues.jobkeys`).
 
 In the same round trip the id joins its queue's recent-jobs index (`pipeline:recent:<queue>`, a sorted set
 by accepted time trimmed to the newest RECENT_JOBS_MAX), from which the job browser (`pipeline.browse`)
@@ -11,7 +12,7 @@ lists retrying, succeeded and failed jobs. On a Redis Cluster the record and the
 the record before the queue's call (`pipeline.producer.script`).
 
 A stored SUCCESS makes the record useless (a result tells the job from an unknown one): the script that stores it
-deletes it (`pipeline/lua/parts/results.lua`), the meta keeps the ETA, and the accepted time is read from the
+deletes it in the same step (`pipeline/lua/store.lua`), the meta keeps the ETA, and the accepted time is read from the
 queue's recent-jobs index while the job is in it (`accepted_times`).
 """
 
@@ -28,8 +29,7 @@ from redis.client import Pipeline
 from pipeline import cluster
 from pipeline.broker import broker_redis
 from pipeline.config import get_settings
-from pipeline.constants import JOB_RECORD_KEY
-from pipeline.queues import keys
+from pipeline.queues import jobkeys, keys
 
 
 def accepted_entry(task_name: str, eta: datetime | None = None) -> tuple[str, int]:
@@ -57,7 +57,7 @@ def record_accepted(task_id: str, task_name: str, eta: datetime | None = None, q
     value, ttl = accepted_entry(task_name, eta)
     with broker_redis() as client:
         pipe = client.pipeline(transaction=not keys.clustered())  # on a cluster: two slots, one batch per master
-        pipe.set(JOB_RECORD_KEY.format(id=task_id), value, ex=ttl)
+        pipe.set(jobkeys.record(task_id), value, ex=ttl)
         remember_recent(pipe, queue, [task_id])
         pipe.execute()
 
@@ -66,7 +66,7 @@ def forget_accepted(task_id: str, queue: str | None = None) -> None:
     """Drop the record of a job whose publish failed (best effort: Redis is likely the reason it failed)."""
     with contextlib.suppress(Exception), broker_redis() as client:
         pipe = client.pipeline(transaction=not keys.clustered())
-        pipe.delete(JOB_RECORD_KEY.format(id=task_id))
+        pipe.delete(jobkeys.record(task_id))
         if queue is not None:
             pipe.zrem(keys.recent(queue), task_id)
         pipe.execute()
@@ -74,7 +74,7 @@ def forget_accepted(task_id: str, queue: str | None = None) -> None:
 
 def accepted_record(task_id: str) -> dict[str, Any] | None:
     with broker_redis() as client:
-        raw = client.get(JOB_RECORD_KEY.format(id=task_id))
+        raw = client.get(jobkeys.record(task_id))
     return _parse_record(raw)
 
 
@@ -83,7 +83,7 @@ def accepted_records(task_ids: list[str]) -> list[dict[str, Any] | None]:
     if not task_ids:
         return []
     with broker_redis() as client:
-        raws = cluster.get_many(client, [JOB_RECORD_KEY.format(id=task_id) for task_id in task_ids])
+        raws = cluster.get_many(client, [jobkeys.record(task_id) for task_id in task_ids])
     return [_parse_record(raw) for raw in raws]
 
 

@@ -25,11 +25,11 @@ from pipeline.browse.model import (
 from pipeline.celery_app import get_app
 from pipeline.constants import (
     HEADER_PUBLISHED_AT,
-    JOB_RECORD_KEY,
     WORK_QUEUES,
 )
 from pipeline.dlq import admin as dlq_admin
 from pipeline.fairness import groups
+from pipeline.queues import jobkeys
 from pipeline.queues import keys as layout
 from pipeline.queues import state as queue_state
 
@@ -223,7 +223,7 @@ def _recent_rows(
     page, more = jobs[:limit], len(jobs) > limit
     backend: Any = get_app().backend
     metas = backend.mget([backend.get_key_for_task(task_id) for task_id, _ in page]) if page else []
-    records = cluster.get_many(client, [JOB_RECORD_KEY.format(id=task_id) for task_id, _ in page])
+    records = cluster.get_many(client, [jobkeys.record(task_id) for task_id, _ in page])
     rows = []
     for (task_id, score), raw_meta, raw_record in zip(page, metas, records, strict=True):
         meta, record = _json(raw_meta), _json(raw_record)
@@ -262,7 +262,7 @@ def _dead_lettered(
     if after is not None:
         entries = [e for e in entries if (e.failed_at.timestamp(), e.id) < after]
     page, more = entries[:limit], len(entries) > limit
-    records = cluster.get_many(client, [JOB_RECORD_KEY.format(id=e.task_id or "-") for e in page])
+    records = cluster.get_many(client, [jobkeys.record(e.task_id or "-") for e in page])
     rows = [
         JobRow(
             id=e.task_id or e.id,

@@ -84,7 +84,8 @@ ENTRIES: tuple[Entry, ...] = (
         test=f"{_INTEGRATION}/test_chord_errors.py::test_stock_celerys_get_raises_the_chords_error_there",
     ),
     Entry(
-        upstream="celery.backends.redis.RedisBackend.client (every command of the backend goes through it), .set/._set",
+        upstream="celery.backends.redis.RedisBackend.client (every command of the backend goes through it), ._set"
+        " (called by .set after its size check, _MAX_STR_VALUE_SIZE)",
         where="pipeline.compat.clusterresults",
         libraries=("celery", "redis"),
         test=f"{_INTEGRATION}/test_cluster_reads.py::test_results_stored_and_read_through_the_cluster_backend",

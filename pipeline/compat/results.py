@@ -27,6 +27,8 @@ is asked.
 
 Leases live on the broker's Redis. A backend on another database or server (RESULT_BACKEND_URL) reads the job's lease
 there first and stores unfenced on its own Redis, and no carrier is asked (a carrier stores on the broker's Redis).
+On the broker's Redis, `store.lua` is given the job's record (`pipeline:job:<id>`) to drop with a SUCCESS. On a Redis
+Cluster the same store is fenced by the result's owner stamp instead (`pipeline.compat.clusterresults`).
 
 Both classes also read a result's parents once more when `AsyncResult.get()` found the result final at once
 (`pipeline.compat.resultwait`), as Celery up to 5.6 did.
@@ -58,7 +60,7 @@ from pipeline.compat.resultwait import ParentsReadAfterWait
 from pipeline.config import get_settings
 from pipeline.constants import HEADER_LEASE_OWNER, HEADER_LEASE_QUEUE, LEASE_KEY
 from pipeline.lua import script
-from pipeline.queues import keys
+from pipeline.queues import jobkeys, keys
 
 log = logging.getLogger(__name__)
 
@@ -267,21 +269,17 @@ class OneTripStore:
                 return
             tag = owner = ""  # checked on the broker: the backend's Redis has no leases to check
         args = [value, expires, tag, owner]
+        record = jobkeys.record_of_result(bytes_to_str(key), False) if _on_broker() else None
+        names: list[bytes | str] = [key, LEASE_KEY, *([record] if record else [])]
         wanted = get_settings().redis_wait_replicas
         if wanted <= 0:
-            stored = script("store")(keys=[key, LEASE_KEY], args=args, client=self.client)
+            stored = script("store")(keys=names, args=args, client=self.client)
         else:
             pipe = self.client.pipeline(transaction=False)
-            script("store")(keys=[key, LEASE_KEY], args=args, client=pipe)
+            script("store")(keys=names, args=args, client=pipe)
             pipe.execute_command("WAIT", wanted, get_settings().redis_wait_timeout_ms)
             stored, reached = pipe.execute()
-            if int(reached) < wanted:
-                log.warning(
-                    "result of %s reached %d of %d Redis replica(s) (REDIS_WAIT_REPLICAS): a failover could lose it",
-                    bytes_to_str(key),
-                    int(reached),
-                    wanted,
-                )
+            _short_of_replicas(key, int(reached))
         if stored == -1:
             _fenced(key, tag)
 
@@ -321,6 +319,18 @@ def _lease_key(request: Any) -> str:
     its queue's (`pipeline:{<q>}:lease`), named by the header the worker's fetch set (`HEADER_LEASE_QUEUE`)."""
     queue = getattr(request, HEADER_LEASE_QUEUE, None)
     return keys.lease(str(queue), True) if queue else LEASE_KEY
+
+
+def _short_of_replicas(key: bytes, reached: int) -> None:
+    """A WARNING when a result's WAIT reached fewer replicas than REDIS_WAIT_REPLICAS."""
+    wanted = get_settings().redis_wait_replicas
+    if reached < wanted:
+        log.warning(
+            "result of %s reached %d of %d Redis replica(s) (REDIS_WAIT_REPLICAS): a failover could lose it",
+            bytes_to_str(key),
+            reached,
+            wanted,
+        )
 
 
 def _fenced(key: bytes, tag: str) -> None:

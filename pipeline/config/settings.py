@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline.config.beat import BeatEntry
+from pipeline.config.cluster import is_cluster
 from pipeline.config.urls import check_redis_url
 from pipeline.errors import ConfigError
 from pipeline.retry import RetryPolicy
@@ -258,6 +259,11 @@ class Settings(BaseSettings):
         check_redis_url("REDIS_URL", self.broker_url, self.redis_sentinel_master)
         if self.result_backend_url:
             check_redis_url("RESULT_BACKEND_URL", self.result_backend_url, self.redis_sentinel_master)
+            if is_cluster(self.result_backend_url) and self.result_backend_url != self.broker_url:
+                raise ValueError(
+                    "RESULT_BACKEND_URL: a Redis Cluster holds results only as REDIS_URL's own cluster (the same URL,"
+                    " or leave it empty): each result is fenced by a stamp the worker writes there"
+                )
         if self.task_soft_time_limit >= self.task_time_limit:
             raise ValueError("TASK_SOFT_TIME_LIMIT must be below TASK_TIME_LIMIT, so tasks can clean up")
         if self.transcode_soft_time_limit >= self.transcode_time_limit:

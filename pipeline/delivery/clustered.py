@@ -23,8 +23,8 @@ Celery's fanout (control broadcasts, events) goes over pub/sub (kombu's channel 
 any node reaches the subscribers of every node. Control replies are lists (kombu's pidbox reply queue, popped without
 acknowledgement, wherever its name hashes).
 
-Not here yet: results are stored on RESULT_BACKEND_URL (a single Redis), fenced by the lease in the job's queue's slot
-(`pipeline.compat.results`); the event loop: the worker runs Celery's synchronous loop on this transport.
+Results are stored on the cluster, fenced by an owner stamp the fetch writes beside each result
+(`pipeline.delivery.stamps`). Not here yet: the event loop: the worker runs Celery's synchronous loop on this transport.
 """
 
 from __future__ import annotations

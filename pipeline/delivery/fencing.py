@@ -142,17 +142,6 @@ def _release_what_on_close_drops(leases: Leases, consumer: Any, pool: Any) -> No
     consumer.on_close = on_close
 
 
-def refuse_cluster_results(result_url: str) -> None:
-    """Exit (status 2, one line on stderr) when the result backend would be a Redis Cluster: Celery has no result
-    backend for one, so a worker on a cluster stores results on RESULT_BACKEND_URL (docs/redis-layout.md, Status)."""
-    if is_cluster(result_url):
-        versions.refuse(
-            "the worker: the result backend would be the Redis Cluster of REDIS_URL, and"
-            " Celery has no result backend on a cluster. Set RESULT_BACKEND_URL to a single Redis or Sentinel URL"
-            " (docs/redis-layout.md, Status)."
-        )
-
-
 def refuse_cluster_asyncio(pool_cls: Any) -> None:
     """Exit (status 2, one line on stderr) when the asyncio pool would run on a Redis Cluster: it runs its jobs on the
     worker's event loop, which the cluster transport does not drive (Celery runs its synchronous loop there)."""
@@ -171,7 +160,6 @@ class DeliveryStep(bootsteps.StartStopStep):
         super().__init__(parent, **kwargs)
         settings = get_settings()
         on_cluster = is_cluster(settings.broker_url)
-        refuse_cluster_results(settings.result_url)  # before anything connects
         if on_cluster:
             refuse_cluster_asyncio(getattr(parent, "pool_cls", None))
         node = getattr(parent, "hostname", None)

@@ -26,6 +26,7 @@ reaches the jobs a worker already holds within PAUSE_RECHECK_S.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -47,7 +48,7 @@ from pipeline.constants import (
     LEASE_KEY,
     PAUSED_KEY,
 )
-from pipeline.delivery import acks, cancelled
+from pipeline.delivery import acks, cancelled, stamps
 from pipeline.delivery.lease import HISTORY_PREFIX, records
 from pipeline.dlq import elements as undecodable
 from pipeline.flows.record import Carried
@@ -231,6 +232,10 @@ def accept(
     if leases.rehold(tag):
         # Its earlier delivery is still here (running or waiting): that copy goes on, under this fetch's lease.
         log.warning("delivery %s fetched again while this worker still holds it: the held copy goes on", tag)
+        headers = payload.get("headers")
+        if isinstance(headers, dict):  # its result's stamp names this worker again (best effort: the rare case)
+            with contextlib.suppress(*_errors(channel)):
+                stamps.one(channel, tag, {**headers, HEADER_DELIVERY_COUNT: count}, leases.owner())
         return None
     headers = payload.get("headers")
     if isinstance(headers, dict):
@@ -259,6 +264,12 @@ def one(channel: Any, client: Any, queue: str) -> Any:
     payload = accept(channel, key, tag, count, item, kind, queue, grant)
     if payload is None:
         raise Empty()
+    try:
+        if not stamps.stamped(channel, [(tag, queue, payload)]):
+            raise Empty()
+    except _errors(channel):
+        _put_back(channel, [tag])
+        raise
     return payload
 
 
@@ -277,6 +288,7 @@ def deliver(channel: Any, reply: list[Any]) -> None:
     done, held_back = 0, []
     checked = time.monotonic()
     try:
+        ready = stamps.stamped(channel, ready)  # on a cluster, results' owner stamps before any job runs
         for tag, dest, payload in ready:
             if tag and time.monotonic() - checked > PAUSE_RECHECK_S:  # a batch's later job: its queue paused since?
                 if _paused_now(channel, dest):
@@ -295,6 +307,11 @@ def deliver(channel: Any, reply: list[Any]) -> None:
             _put_back(channel, rest)
 
 
+def _errors(channel: Any) -> tuple[type[BaseException], ...]:
+    """The connection errors of `channel`'s transport (kombu's Redis channel has them too; the cluster's has not)."""
+    return tuple(channel.connection.connection_errors)
+
+
 def _paused_now(channel: Any, queue: str) -> bool:
     """Whether `queue` is paused now (`pipeline.scheduling.pause`): a job fetched before the pause does not start."""
     try:
@@ -302,7 +319,7 @@ def _paused_now(channel: Any, queue: str) -> bool:
             if getattr(channel, "cluster", False):
                 return bool(client.exists(keys.paused(queue, True)))
             return bool(client.sismember(PAUSED_KEY, queue))
-    except channel.connection_errors:
+    except _errors(channel):
         return False  # not known: it goes on, as it would have without the check
 
 
@@ -316,7 +333,7 @@ def _uncount(channel: Any, tags: list[str]) -> None:
                 for tag in group:
                     pipe.hincrby(records_[3], tag, -1)
             pipe.execute()
-    except channel.connection_errors:
+    except _errors(channel):
         pass  # still counted: the limit comes one delivery sooner for them
 
 
@@ -328,5 +345,5 @@ def _put_back(channel: Any, tags: list[str]) -> None:
         for tag in reversed(tags):
             channel.qos.restore_tag(tag, owner=me)
             leases.release(tag)
-    except channel.connection_errors:
+    except _errors(channel):
         leases.drop(tags)  # still leased to this worker: given up, so a sweep restores them

@@ -29,6 +29,7 @@ import redis
 from pipeline.broker import check_replicas, full, is_oom, run_script_waited
 from pipeline.config import get_settings
 from pipeline.constants import JOB_RECORD_KEY
+from pipeline.queues import jobkeys
 from pipeline.queues import keys as layout
 
 
@@ -76,7 +77,7 @@ def store_jobs(
     if not isinstance(reply, str):
         return None
     if clustered:  # the key was claimed before: the records written for this call name no job
-        client.delete(*[JOB_RECORD_KEY.format(id=task_id) for task_id in ids])
+        client.delete(*[jobkeys.record(task_id) for task_id in ids])
     return reply
 
 
@@ -85,7 +86,7 @@ def _write_records(client: redis.Redis, ids: Sequence[str], record: str, ttl: in
     maxmemory: `BrokerFull`, and no job is stored."""
     pipe = client.pipeline(transaction=False)
     for task_id in ids:
-        pipe.set(JOB_RECORD_KEY.format(id=task_id), record, ex=ttl)
+        pipe.set(jobkeys.record(task_id), record, ex=ttl)
     try:
         pipe.execute()
     except redis.RedisError as exc:

@@ -39,7 +39,6 @@ from pipeline.constants import (
     HEADER_IDEMPOTENCY_KEY,
     HEADER_PUBLISHED_AT,
     HEADER_RATE_KEY,
-    JOB_RECORD_KEY,
 )
 from pipeline.errors import PayloadInvalid
 from pipeline.producer import idempotency
@@ -48,7 +47,7 @@ from pipeline.producer.hooks import publish_hooked
 from pipeline.producer.script import store_jobs
 from pipeline.producer.template import Job, Template, args_repr, template_for, uuid4_strings
 from pipeline.publish import announce, capture, capture_many, park
-from pipeline.queues import keys, wake
+from pipeline.queues import jobkeys, keys, wake
 from pipeline.records import accepted_entry, remember_recent
 
 #: Jobs per Redis round trip in `enqueue_many`.
@@ -233,9 +232,9 @@ def _write_captured(
     client = producer_redis()
     pipe = client.pipeline(transaction=True)
     if keys.clustered():  # the record is a key of its own slot: written first, the queue's keys in one MULTI after
-        client.set(JOB_RECORD_KEY.format(id=task_id), record, ex=ttl)
+        client.set(jobkeys.record(task_id), record, ex=ttl)
     else:
-        pipe.set(JOB_RECORD_KEY.format(id=task_id), record, ex=ttl)
+        pipe.set(jobkeys.record(task_id), record, ex=ttl)
     remember_recent(pipe, queue, [task_id], now)
     if due is not None and due - now > get_settings().release_ahead:
         park(pipe, task_id, message, due)

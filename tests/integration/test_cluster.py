@@ -124,16 +124,3 @@ def test_the_broker_clients_on_a_cluster_url_are_cluster_clients_that_follow_the
             assert master.client().get(key) == value.encode(), f"{key} on the master serving its slot"
     finally:
         redis_cluster.client().delete(*keys)
-
-
-def test_a_worker_on_a_cluster_url_without_a_result_backend_elsewhere_refuses_to_start_saying_why(
-    redis_cluster: Cluster,
-) -> None:
-    env = {**os.environ, "REDIS_URL": redis_cluster.url(), "RESULT_BACKEND_URL": ""}
-    argv = [sys.executable, "-m", "celery", "-A", "tests.support.worker_app", "worker", "-P", "solo", "-l", "INFO"]
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert "refusing to start the worker: the result backend would be the Redis Cluster" in done.stderr
-    assert "RESULT_BACKEND_URL" in done.stderr and "docs/redis-layout.md" in done.stderr
-    assert "Traceback" not in done.stderr
-    assert " ready." not in done.stdout + done.stderr

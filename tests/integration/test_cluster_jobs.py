@@ -4,7 +4,7 @@ their results read back with `pipeline status --json`; a delayed job parked on t
 
 A real 3+3 cluster (`redis_cluster`), a `celery worker` subprocess on the cluster URL, the webhooks' endpoint a real
 HTTP server on loopback (`tests.support.http_peer`) that records each request. The result backend is a redis-server
-of its own (RESULT_BACKEND_URL: Celery has no result backend on a cluster).
+of its own here (RESULT_BACKEND_URL; results on the cluster itself: `test_cluster_results.py`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 from redis.cluster import key_slot
 
-from pipeline.queues import keys
+from pipeline.queues import jobkeys, keys
 from tests.support.cluster import Cluster
 from tests.support.procs import ROOT
 
@@ -152,13 +152,14 @@ def test_enqueued_jobs_land_in_their_queues_slot_with_marker_index_record_and_id
     assert default.lrange(keys.group_ring("default", lists[0], cluster=True), 0, -1) == [b"tenant-1"]
     client = redis_cluster.client()
     for task_id in [out["one"], out["grouped"], out["keyed"][0], *out["many"]]:
-        record = client.get(f"pipeline:job:{task_id}")
+        record = client.get(jobkeys.record(task_id, True))
         assert record is not None and json.loads(record)["task"] in ("pipeline.probe", "webhooks.deliver")
     assert out["invalid"] == "PayloadInvalid"
     pdf_recent = _on_master(redis_cluster, "pdf").zrange(keys.recent("pdf", cluster=True), 0, -1)
     assert b"accepted-kept" in pdf_recent and b"accepted-forgotten" not in pdf_recent
     assert (
-        client.get("pipeline:job:accepted-kept") is not None and client.get("pipeline:job:accepted-forgotten") is None
+        client.get(jobkeys.record("accepted-kept", True)) is not None
+        and client.get(jobkeys.record("accepted-forgotten", True)) is None
     )
     assert len(_waiting(default, "default")) == len(waiting), "an invalid payload stores nothing"
 
@@ -172,7 +173,7 @@ def test_a_parked_job_is_released_to_its_queue_and_a_cancelled_one_never_is(redi
     waiting = _waiting(default, "default")
     assert 590 < out["parked_in"] <= 600 and out["parked_count"] >= 2, "the parked jobs are read where they are"
     assert out["due"] in waiting and out["queued"] in waiting and out["soon"] in waiting
-    assert redis_cluster.client().get(f"pipeline:job:{out['soon']}") is not None
+    assert redis_cluster.client().get(jobkeys.record(out["soon"], True)) is not None
     assert out["dropped"] not in waiting, "a cancelled parked job is never released"
     assert default.zscore(index, out["due"]) is None and default.zscore(index, out["dropped"]) is None
     assert not default.hexists(bodies, out["dropped"]) and not default.hexists(dests, out["dropped"])

@@ -24,9 +24,9 @@ import httpx
 import pytest
 from redis.crc import key_slot
 
-from pipeline.constants import DEAD_LETTER_QUEUE, HEADER_PUBLISHED_AT, JOB_RECORD_KEY
+from pipeline.constants import DEAD_LETTER_QUEUE, HEADER_PUBLISHED_AT
 from pipeline.dlq.envelope import DeadLetter
-from pipeline.queues import keys
+from pipeline.queues import jobkeys, keys
 from tests.support.api import ApiServer, sse_events
 from tests.support.cluster import Cluster
 from tests.support.procs import ROOT, free_port, stop_process, wait_for
@@ -51,7 +51,7 @@ def _spread_ids(cluster: Cluster, count: int) -> list[str]:
     """`count` task ids whose records (and results) do not all live on one master."""
     while True:
         ids = [uuid.uuid4().hex for _ in range(count)]
-        records = {_master(cluster, JOB_RECORD_KEY.format(id=i)) for i in ids}
+        records = {_master(cluster, jobkeys.record(i, True)) for i in ids}
         results = {_master(cluster, RESULT_KEY.format(id=i)) for i in ids}
         if len(records) > 1 and len(results) > 1:
             return ids
@@ -125,8 +125,8 @@ def seeded(redis_cluster: Cluster) -> Iterator[Seeded]:
         client.zadd(keys.recent("webhooks", cluster=True), {task_id: now})
         names.append(RESULT_KEY.format(id=task_id))
     for task_id in queued:
-        client.set(JOB_RECORD_KEY.format(id=task_id), json.dumps({"task": "pdf.render", "accepted_at": accepted}))
-        names.append(JOB_RECORD_KEY.format(id=task_id))
+        client.set(jobkeys.record(task_id, True), json.dumps({"task": "pdf.render", "accepted_at": accepted}))
+        names.append(jobkeys.record(task_id, True))
     names.append(keys.recent("webhooks", cluster=True))
     dead = [_dead_letter("pdf"), _dead_letter("pdf")]
     client.lpush(DEAD_LETTER_QUEUE, *(_dead_envelope(entry) for entry in dead))
@@ -242,6 +242,8 @@ def test_the_exporter_reads_every_master(redis_cluster: Cluster, seeded: Seeded,
 _BACKEND = """
 import json, sys
 from celery import states
+from celery.backends.redis import RedisBackend
+from celery.exceptions import BackendStoreError
 from pipeline.celery_app import get_app
 from pipeline.compat.clusterresults import ClusterBackend
 backend = get_app().backend
@@ -249,7 +251,18 @@ ids = sys.argv[1:]
 for n, task_id in enumerate(ids):
     backend.store_result(task_id, {"n": n}, states.SUCCESS)
 metas = [backend.get_task_meta(task_id) for task_id in ids]
+def refused(cls, value):  # Celery's own size check, on a limit lowered to 8 characters for the call
+    limit, cls._MAX_STR_VALUE_SIZE = cls._MAX_STR_VALUE_SIZE, 8
+    try:
+        backend.set("too-large-" + ids[0], value)
+    except BackendStoreError:
+        return True
+    finally:
+        cls._MAX_STR_VALUE_SIZE = limit
+    return False
 print(json.dumps({
+    "too_large": [refused(RedisBackend, "x" * 9), refused(RedisBackend, "x" * 8)],
+    "too_large_written": (backend.client.get("too-large-" + ids[0]) or b"").decode(),
     "cls": isinstance(backend, ClusterBackend),
     "one": [[m["status"], m["result"]] for m in metas],
     "many": [backend.decode_result(raw)["result"] for raw in backend.mget([backend.get_key_for_task(i) for i in ids])],
@@ -259,8 +272,10 @@ print(json.dumps({
 
 @pytest.mark.parity
 def test_results_stored_and_read_through_the_cluster_backend(redis_cluster: Cluster) -> None:
-    """Celery's own `store_result`, `get_task_meta` and `mget` on the cluster backend: each result lands on the master
-    serving its key's slot, reads back one by one and all at once (keys in several slots)."""
+    """Celery's own `store_result`, `get_task_meta`, `mget` and `set` on the cluster backend: each result lands on the
+    master serving its key's slot, reads back one by one and all at once (keys in several slots), and a value over
+    Celery's size limit (`RedisBackend._MAX_STR_VALUE_SIZE`, lowered for the call) is refused as Celery's `set`
+    refuses it, nothing written."""
     ids = _spread_ids(redis_cluster, 4)
     argv = [sys.executable, "-c", _BACKEND, *ids]
     done = subprocess.run(argv, cwd=ROOT, env=_env(redis_cluster), capture_output=True, text=True, timeout=60)
@@ -269,6 +284,8 @@ def test_results_stored_and_read_through_the_cluster_backend(redis_cluster: Clus
         assert done.returncode == 0, done.stderr[-2000:]
         reply = json.loads(done.stdout)
         assert reply == {
+            "too_large": [True, False],
+            "too_large_written": "x" * 8,
             "cls": True,
             "one": [["SUCCESS", {"n": n}] for n in range(len(ids))],
             "many": [{"n": n} for n in range(len(ids))],
@@ -282,3 +299,4 @@ def test_results_stored_and_read_through_the_cluster_backend(redis_cluster: Clus
     finally:
         for task_id in ids:
             client.delete(RESULT_KEY.format(id=task_id))
+        client.delete(f"too-large-{ids[0]}")

@@ -4,7 +4,8 @@ runs once more; Celery's own `send_task` and `delay().get()` work end to end.
 
 A real 3+3 cluster (`redis_cluster`), `celery worker` subprocesses, Celery's publish from a process of its own
 (`tests.support.cluster_producer`). Jobs record their starts and completions in a ledger Redis (`TEST_LEDGER_URL`),
-which is also the result backend (RESULT_BACKEND_URL: Celery has no result backend on a cluster).
+which is also the result backend here (RESULT_BACKEND_URL on a single Redis: the lease is read in the queue's slot
+before a store; results on the cluster itself: `test_cluster_results.py`).
 """
 
 from __future__ import annotations
@@ -150,15 +151,16 @@ def test_kill_9_mid_job_the_job_runs_once_more_on_a_peer(
 def test_a_late_result_of_a_worker_that_lost_the_lease_is_refused(
     redis_cluster: Cluster, ledger_redis: RedisServer
 ) -> None:
-    """The fence on a cluster: the lease is read in the job's queue's slot, where a peer's sweep and fetch moved it."""
+    """The fence with results on a single Redis beside a cluster: the lease is read in the job's queue's slot, where a
+    peer's sweep and fetch moved it."""
     queue, tag, task_id = "default", uuid.uuid4().hex, uuid.uuid4().hex
     lease = keys.lease(queue, True)
     client = redis_cluster.client()
     client.hset(lease, tag, "peer:2:b")  # the peer's fetch took the job after the first worker's lease lapsed
     env = _env(redis_cluster, ledger_redis)
     try:
-        assert _produce(env, "store", queue, tag, "first:1:a", task_id) == {"stored": False}
-        assert _produce(env, "store", queue, tag, "peer:2:b", task_id) == {"stored": True}
+        assert _produce(env, "store", queue, tag, "first:1:a", task_id) == {"stored": False, "by": None}
+        assert _produce(env, "store", queue, tag, "peer:2:b", task_id) == {"stored": True, "by": "peer:2:b"}
     finally:
         client.hdel(lease, tag)
 

@@ -98,12 +98,14 @@ def test_a_plain_celery_task_keeps_celerys_extended_result(session_worker: Any) 
 
 
 def _store(client: redis.Redis, key: str, value: str, tag: str = "", owner: str = "") -> Any:
-    return script("store")(keys=[key, "pipeline:lease"], args=[value, 60, tag, owner], client=client)
+    """`store.lua` on result `r-<id>`, its job's record declared."""
+    record = JOB_RECORD_KEY.format(id=key.removeprefix("r-"))
+    return script("store")(keys=[key, "pipeline:lease", record], args=[value, 60, tag, owner], client=client)
 
 
 def test_the_store_that_writes_a_success_deletes_that_jobs_record_only(client: redis.Redis) -> None:
-    """`store` (every script that stores a result includes it) deletes `pipeline:job:<id>` with a SUCCESS written in
-    the compact encoding, the id read from its last field; any other state, encoding or a fenced store keeps it."""
+    """`store.lua` deletes the record it is given (`pipeline:job:<id>`) with a SUCCESS written in the compact
+    encoding; any other state, encoding or a fenced store keeps it, and no other job's record is touched."""
     ids = ["ok", "started", "failed", "spaced", "fenced", "other"]
     client.mset({JOB_RECORD_KEY.format(id=i): "{}" for i in ids})
     client.hset("pipeline:lease", "tag-f", "peer")

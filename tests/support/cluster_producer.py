@@ -4,7 +4,12 @@
 `send_task` and prints their ids and when the first was sent (JSON); `... get <queue> <key>` runs one with `delay()`
 (its route: `queue`) and prints its `get()`; `... store <queue> <tag> <owner> <task id>` stores a SUCCESS as the
 worker's result backend does for delivery `tag` of `queue` held by `owner`, and prints whether it was stored;
-`... ping - <timeout>` broadcasts Celery's ping and prints the replies."""
+`... stamp <queue> <tag> <owner> <task id> <count>` writes the result's owner stamp as a worker's fetch does
+(`pipeline.delivery.stamps`) and prints whether it was written; `... fail <queue> -` runs a `plain.add` that raises
+and prints its id and state; `... canvas <queue> -` runs a group and a chord of `plain.add` (the chord's body
+`plain.total`) and prints their results; `... ping - <timeout>` broadcasts Celery's ping and prints the replies.
+`store` takes an optional state (SUCCESS by default) and prints the stored meta's result (the owner that stored it)
+with whether this call stored it."""
 
 from __future__ import annotations
 
@@ -12,7 +17,11 @@ import json
 import sys
 import time
 
-from pipeline.queues import keys
+from celery import chord, group
+
+from pipeline.lua import script
+from pipeline.queues import jobkeys, keys
+from tests.support import plain_tasks
 from tests.support.worker_app import app, ledger
 
 
@@ -26,12 +35,29 @@ def main(argv: list[str]) -> None:
         print(json.dumps({"ids": ids, "sent": sent}))
     elif mode == "ping":  # Celery's control broadcast, its replies on a pidbox reply queue
         print(json.dumps(app.control.ping(timeout=float(key))))
-    elif mode == "store":  # key: a delivery tag; then the owner storing, the task id
-        owner, task_id = argv[3:5]
+    elif mode == "store":  # key: a delivery tag; then the owner storing, the task id, the state
+        owner, task_id, state = (*argv[3:5], argv[5] if len(argv) > 5 else "SUCCESS")
         name = app.backend.get_key_for_task(task_id)
-        meta = json.dumps({"status": "SUCCESS", "result": None, "task_id": task_id})
+        before = app.backend.client.get(name)
+        meta = json.dumps({"status": state, "result": owner, "task_id": task_id}, separators=(",", ":"))
         app.backend._store_once(name, meta, 0, key, owner, keys.lease(queue, True))
-        print(json.dumps({"stored": bool(app.backend.client.exists(name))}))
+        after = app.backend.client.get(name)
+        print(
+            json.dumps({"stored": after is not None and after != before, "by": after and json.loads(after)["result"]})
+        )
+    elif mode == "stamp":  # key: a delivery tag; then the owner, the task id, the delivery count
+        owner, task_id, count = argv[3:6]
+        stamp = jobkeys.stamp(jobkeys.result(task_id))
+        done = script("stamp")(keys=[stamp], args=[key, owner, count, 3600], client=app.backend.client)
+        print(json.dumps({"stamped": bool(done)}))
+    elif mode == "fail":  # a job that fails (TypeError): its FAILURE stored, the stamp left beside it
+        failing = plain_tasks.add.apply_async(("a", 1), queue=queue)
+        failing.get(timeout=60, propagate=False)
+        print(json.dumps({"id": failing.id, "state": failing.state}))
+    elif mode == "canvas":
+        together = group(plain_tasks.add.s(n, n) for n in range(5)).apply_async(queue=queue)
+        joined = chord(plain_tasks.add.s(n, 1) for n in range(4))(plain_tasks.total.s().set(queue=queue))
+        print(json.dumps({"group": together.get(timeout=60), "chord": joined.get(timeout=60)}))
     else:
         assert queue == ledger.queue, f"test.ledger is routed to {ledger.queue}"
         result = ledger.task.delay({"key": key})

@@ -53,6 +53,16 @@ def test_a_bad_cluster_url_stops_the_settings_naming_the_variable_and_the_fault(
         load_settings(result_backend_url=url)
 
 
+def test_results_on_a_cluster_are_on_the_brokers_cluster_only() -> None:
+    cluster = "redis+cluster://h1:7000,h2:7001/0"
+    assert load_settings(redis_url=cluster, result_backend_url=cluster).result_url == cluster
+    assert load_settings(redis_url=cluster, result_backend_url="redis://r:6379/1").result_url == "redis://r:6379/1"
+    with pytest.raises(ConfigError, match="RESULT_BACKEND_URL: a Redis Cluster holds results only as REDIS_URL's"):
+        load_settings(redis_url="redis://h:6379/0", result_backend_url=cluster)
+    with pytest.raises(ConfigError, match="RESULT_BACKEND_URL: a Redis Cluster holds results only as REDIS_URL's"):
+        load_settings(redis_url=cluster, result_backend_url="redis+cluster://other:7000/0")
+
+
 def test_other_urls_are_not_clusters_and_an_unknown_scheme_names_the_cluster_ones() -> None:
     for url in ("redis://h:6379/0", "rediss://h/0", "sentinel://h:26379;sentinel://g:26379", "cluster://h"):
         assert not is_cluster(url)

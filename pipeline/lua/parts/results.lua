@@ -7,19 +7,33 @@ local function held(lease, tag, owner)
   return tag == '' or redis.call('HGET', lease, tag) == owner
 end
 
--- superseded(value): the accepted-job record (`pipeline:job:<id>`, JOB_RECORD_KEY) that a stored SUCCESS makes
--- useless, or nil: the id is the meta's last field ("task_id", as `pipeline.compat.results` encodes it, compact), and
--- the record only told a queued job from an unknown one; status reads its accepted time from the queue's recent-jobs
--- index afterwards (`pipeline.records`). Another encoding (a Celery outside the verified versions) keeps its record.
-local function superseded(value)
-  if string.sub(value, 1, 20) ~= '{"status":"SUCCESS",' then return nil end
+-- unclaimed(stamp, tag, owner): whether the result of delivery `tag` may be stored by `owner`, by the result's owner
+-- stamp on a Redis Cluster (`pipeline.delivery.stamps`): unless another owner took the delivery since.
+local function unclaimed(stamp, tag, owner)
+  if tag == '' then return true end
+  local holder = redis.call('HGET', stamp, tag)
+  return not holder or holder == owner
+end
+
+-- success(value): whether `value` is a SUCCESS meta as `pipeline.compat.results` encodes it (compact); another
+-- encoding (a Celery outside the verified versions) leaves the job's record alone.
+local function success(value)
+  return string.sub(value, 1, 20) == '{"status":"SUCCESS",'
+end
+
+-- record_of(value): the accepted-job record (`pipeline:job:<id>`, JOB_RECORD_KEY) of a SUCCESS meta on a single
+-- Redis, for the scripts that carry results without declaring it (settle.lua, fetch.lua, flow_advance.lua): the id
+-- is the meta's last field ("task_id", as `pipeline.compat.results` encodes it, compact). store.lua declares it.
+local function record_of(value)
   local id = string.match(value, ',"task_id":"([^"\\]+)"}$')
   return id and ('pipeline:job:' .. id)
 end
 
--- store(key, value, expires): the result backend's write, leaving a stored SUCCESS or REVOKED (cancelled) alone; a
--- SUCCESS written drops its job's record (`superseded`).
-local function store(key, value, expires)
+-- store(key, value, expires, drop): the result backend's write, leaving a stored SUCCESS or REVOKED (cancelled)
+-- alone; a SUCCESS written deletes the keys of `drop` (the job's record, which the result makes useless: status reads
+-- its accepted time from the queue's recent-jobs index afterwards (`pipeline.records`); on a cluster also the
+-- result's owner stamp). `drop` nil: the record named by the meta (`record_of`).
+local function store(key, value, expires, drop)
   local current = redis.call('GET', key)
   if current then
     local ok, meta = pcall(cjson.decode, current)
@@ -34,8 +48,10 @@ local function store(key, value, expires)
     redis.call('SET', key, value)
   end
   redis.call('PUBLISH', key, value)
-  local record = superseded(value)
-  if record then redis.call('DEL', record) end
+  if success(value) then
+    if drop == nil then drop = {record_of(value)} end
+    for _, gone in ipairs(drop) do redis.call('DEL', gone) end
+  end
   return 1
 end
 
