@@ -38,7 +38,8 @@ _START = """
 import json, sys
 from pipeline.flows import start
 from tests.support import cluster_flows  # noqa: F401  # declares test_spread
-print(json.dumps({"id": start("test_spread", {"key": sys.argv[1], "n": int(sys.argv[2])})}))
+key, n = sys.argv[1], int(sys.argv[2])
+print(json.dumps({"id": start("test_spread", {"key": key, "n": n}, idempotency_key=sys.argv[3] or None)}))
 """
 
 
@@ -46,10 +47,11 @@ def _env(cluster: Cluster, ledger: RedisServer) -> dict[str, str]:
     return {"REDIS_URL": cluster.url(), "RESULT_BACKEND_URL": ledger.url, "TEST_LEDGER_URL": ledger.url, **SHORT_LEASE}
 
 
-def _start(env: dict[str, str], key: str) -> str:
-    """`start("test_spread", ...)` in a process of its own on the cluster: the new flow's id."""
+def _start(env: dict[str, str], key: str, idempotency_key: str = "") -> str:
+    """`start("test_spread", ...)` in a process of its own on the cluster: the new flow's id (with an
+    `idempotency_key` an earlier start claimed: that start's)."""
     done = subprocess.run(
-        [sys.executable, "-c", _START, key, str(ITEM_COUNT)],
+        [sys.executable, "-c", _START, key, str(ITEM_COUNT), idempotency_key],
         cwd=ROOT,
         env={**os.environ, **env},
         capture_output=True,
@@ -100,7 +102,8 @@ def test_a_flow_whose_steps_run_on_three_masters_runs_each_step_once(
     env, key = _env(redis_cluster, ledger_redis), f"spread-{uuid.uuid4().hex[:8]}"
     ledger_redis.client().set(f"test:release:{key}", 1)
     make_worker(f"cl-flow-{key[-6:]}", env=env, queues=",".join(QUEUES), concurrency=2)
-    flow_id = _start(env, key)
+    flow_id = _start(env, key, idempotency_key=key)
+    assert _start(env, key, idempotency_key=key) == flow_id, "a second start with the key: the first flow"
     _each_step_ran_once(redis_cluster, ledger_redis, key, flow_id)
     assert redis_cluster.master_of(key_slot(flow_id.encode())).port in masters
 
