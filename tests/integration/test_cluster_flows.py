@@ -1,6 +1,6 @@
 """Flows on a Redis Cluster: a flow whose steps run on queues served by three different masters runs to its end,
-each step once, and a hand-off cut short between the flow's call and the step's enqueue (its worker SIGKILLed there)
-is finished by the reconciler, the step queued once.
+each step once, and a hand-off cut short between the flow's call and the step's enqueue (its worker, or the process
+starting the flow, SIGKILLed there) is finished by the reconciler, the step queued once.
 
 A real 3+3 cluster (`redis_cluster`), `celery worker` subprocesses on the cluster URL, the flow `test_spread`
 (`tests.support.cluster_flows`): `top` on `default`, a fan-out of 3 items on ITEMS, their join on ENDS. Each run is
@@ -40,6 +40,18 @@ from pipeline.flows import start
 from tests.support import cluster_flows  # noqa: F401  # declares test_spread
 key, n = sys.argv[1], int(sys.argv[2])
 print(json.dumps({"id": start("test_spread", {"key": key, "n": n}, idempotency_key=sys.argv[3] or None)}))
+"""
+
+
+_START_AND_DIE = """
+import os, signal, sys
+from pipeline.flows import handoff, start
+from tests.support import cluster_flows  # noqa: F401  # declares test_spread
+def die(flow_id, claimed):
+    print(flow_id, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+handoff.CLAIMED.append(die)
+start("test_spread", {"key": sys.argv[1], "n": int(sys.argv[2])})
 """
 
 
@@ -127,3 +139,26 @@ def test_a_worker_killed_between_the_flows_call_and_the_enqueue_leaves_the_step_
     second = make_worker(f"cl-rec-{key[-6:]}", env=env, queues=",".join(QUEUES), concurrency=2)
     _each_step_ran_once(redis_cluster, ledger_redis, key, flow_id)
     assert "step items was claimed and not queued" in second.log(), second.log()[-3000:]
+
+
+def test_a_producer_killed_between_the_flows_call_and_the_first_steps_enqueue_leaves_it_to_the_reconciler(
+    redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any
+) -> None:
+    env, key = _env(redis_cluster, ledger_redis), f"spread-{uuid.uuid4().hex[:8]}"
+    ledger_redis.client().set(f"test:release:{key}", 1)
+    done = subprocess.run(
+        [sys.executable, "-c", _START_AND_DIE, key, str(ITEM_COUNT)],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    flow_id = done.stdout.strip().splitlines()[-1]
+    assert "on:top" in _flow(redis_cluster, flow_id), "the first step is claimed"
+    assert sum(redis_cluster.client().llen(level) for level in keys.levels("default", True)) == 0, "and not queued"
+
+    worker = make_worker(f"cl-start-{key[-6:]}", env=env, queues=",".join(QUEUES), concurrency=2)
+    _each_step_ran_once(redis_cluster, ledger_redis, key, flow_id)
+    assert "step top was claimed and not queued" in worker.log(), worker.log()[-3000:]
