@@ -55,6 +55,19 @@ start("test_spread", {"key": sys.argv[1], "n": int(sys.argv[2])})
 """
 
 
+_SEND_TWICE = """
+import json, sys, time, uuid
+from pipeline.flows import handoff, launch
+from pipeline.producer.client import producer_redis
+from tests.support import cluster_flows
+flow_id = str(uuid.uuid4())
+step = cluster_flows.spread.steps["top"]
+offer = launch.queued(cluster_flows.spread, flow_id, step, [cluster_flows.SpreadInput(key=sys.argv[1])], time.time())
+sent = [handoff.send(producer_redis(), flow_id, offer) for _ in range(2)]
+print(json.dumps({"sent": sent, "ids": offer.ids}))
+"""
+
+
 def _env(cluster: Cluster, ledger: RedisServer) -> dict[str, str]:
     return {"REDIS_URL": cluster.url(), "RESULT_BACKEND_URL": ledger.url, "TEST_LEDGER_URL": ledger.url, **SHORT_LEASE}
 
@@ -162,3 +175,25 @@ def test_a_producer_killed_between_the_flows_call_and_the_first_steps_enqueue_le
     worker = make_worker(f"cl-start-{key[-6:]}", env=env, queues=",".join(QUEUES), concurrency=2)
     _each_step_ran_once(redis_cluster, ledger_redis, key, flow_id)
     assert "step top was claimed and not queued" in worker.log(), worker.log()[-3000:]
+
+
+def test_a_step_enqueued_twice_under_its_claim_is_queued_once_and_keeps_its_record(
+    redis_cluster: Cluster, ledger_redis: RedisServer
+) -> None:
+    """A hand-off and the reconciler enqueueing the same step (its claimed job ids): the second writes nothing, and
+    does not delete the job's record the first wrote (a producer that loses an idempotency key to another job
+    deletes the records it wrote first)."""
+    env = {**os.environ, **_env(redis_cluster, ledger_redis)}
+    done = subprocess.run(
+        [sys.executable, "-c", _SEND_TWICE, "twice"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["sent"] == [True, False]
+    [job] = out["ids"]
+    client = redis_cluster.client()
+    waiting = [
+        json.loads(m)["headers"]["id"] for level in keys.levels("default", True) for m in client.lrange(level, 0, -1)
+    ]
+    assert waiting == [job], "queued once"
+    assert client.exists(f"pipeline:job:{job}") == 1, "its record kept"
