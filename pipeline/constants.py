@@ -107,6 +107,9 @@ FLOW_KEY: Final = KEY_PREFIX + "flow:{{{id}}}"
 FLOWS_INDEX_KEY: Final = KEY_PREFIX + "flows"
 #: STRING: the id of the flow whose start claimed idempotency key `key` (expires after ENQUEUE_IDEMPOTENCY_TTL).
 FLOW_IDEMPOTENCY_KEY: Final = KEY_PREFIX + "flow-start:{flow}:{key}"
+#: ZSET flow id -> when its latest hand-off began (epoch s), on a Redis Cluster only: the flows whose claimed steps the
+#: reconciler checks are queued (`pipeline.flows.handoff`, `pipeline.flows.reconcile`).
+FLOW_HANDOFFS_KEY: Final = KEY_PREFIX + "flow-handoffs"
 #: Prefix of the groups' keys (their layout is written at the top of `pipeline/lua/fetch.lua`).
 GROUP_KEY_PREFIX: Final = KEY_PREFIX + "group:"
 #: Grouped jobs waiting, per queue list key (kept by `enqueue.lua` and `fetch.lua`).

@@ -11,6 +11,9 @@ A step's payload is built when it is queued, from the flow's input and the resul
 in the process that finished the step before it (or in `start`). A join (a step after several steps, or after a
 fan-out) cannot be built there: its message carries an empty payload, and its payload is built when it starts, from
 the results stored in the flow (`pipeline.flows.steps`).
+
+On a Redis Cluster a step's queue is in another slot than its flow: the one call is split into the flow's own call
+and an idempotent enqueue per claimed step (`pipeline.flows.handoff`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import json
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -29,13 +31,13 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pipeline.config import get_settings
 from pipeline.constants import FLOW_IDEMPOTENCY_KEY, FLOWS_INDEX_KEY, JOB_RECORD_KEY, LEASE_KEY
 from pipeline.errors import PayloadInvalid
-from pipeline.flows import record
+from pipeline.flows import handoff, record
 from pipeline.flows.definition import FLOWS, Flow, Step
+from pipeline.flows.handoff import Queued
 from pipeline.flows.record import Advanced, JobResult, Ref
 from pipeline.producer import write
 from pipeline.producer.client import producer_redis
 from pipeline.queues import keys as layout
-from pipeline.queues import wake
 from pipeline.records import accepted_entry
 from pipeline.task import validate_payload
 
@@ -58,28 +60,6 @@ def get_flow(name: str) -> Flow[Any]:
         return FLOWS[name]
     except KeyError:
         raise FlowNotFound(f"no flow named {name!r} (declared: {', '.join(sorted(FLOWS)) or 'none'})") from None
-
-
-@dataclass
-class Queued:
-    """One step's jobs, offered to the script: it queues them when the step has nothing left to wait on."""
-
-    step: Step
-    nodes: list[str]
-    ids: list[str]
-    messages: list[str]
-    dest: str
-    record: str
-    channel: str
-    events: list[str]
-
-    def redis_keys(self) -> list[str]:
-        queue = self.step.task.queue
-        return [self.dest, wake.marker(self.dest), layout.recent(queue)]
-
-    def args(self) -> list[Any]:
-        head = [self.step.name, len(self.nodes), "1" if self.step.each else "", self.record, self.channel]
-        return [*head, *self.nodes, *self.ids, *self.messages, *self.events]
 
 
 def _payloads(flow: Flow[Any], step: Step, given: list[Any]) -> list[tuple[Any, str]]:
@@ -106,8 +86,11 @@ def _list_adapter(model: type[BaseModel]) -> TypeAdapter[list[Any]]:
     return TypeAdapter(list[model])  # type: ignore[valid-type]  # a runtime model
 
 
-def queued(flow: Flow[Any], flow_id: str, step: Step, given: list[Any] | None, now: float) -> Queued:
-    """The jobs of `step` (its payloads from `given`, the mapping's arguments; None for a join: built as it starts)."""
+def queued(
+    flow: Flow[Any], flow_id: str, step: Step, given: list[Any] | None, now: float, ids: list[str] | None = None
+) -> Queued:
+    """The jobs of `step` (its payloads from `given`, the mapping's arguments; None for a join: built as it starts),
+    new jobs, or with `ids` the jobs a claim named (`pipeline.flows.reconcile`)."""
     items = _payloads(flow, step, given) if given is not None else [(DEFERRED, json.dumps(DEFERRED))]
     refs = [Ref(flow.name, flow_id, step.name, i if step.each else None) for i in range(len(items))]
     typed = step.task
@@ -115,7 +98,7 @@ def queued(flow: Flow[Any], flow_id: str, step: Step, given: list[Any] | None, n
     def send(producer: Any, task_id: str, payload: dict[str, Any], headers: dict[str, Any], eta: Any) -> Any:
         return typed.task.apply_async((payload,), task_id=task_id, headers=headers, producer=producer)
 
-    ids, outs = write.step_messages(typed.name, send, items, [r.header() for r in refs], now)
+    ids, outs = write.step_messages(typed.name, send, items, [r.header() for r in refs], now, ids)
     channel = next((c for out in outs for c, _ in out.publishes), "")
     return Queued(
         step,
@@ -139,7 +122,10 @@ def _call(
     job: JobResult | None = None,
 ) -> Advanced:
     """One `flow_advance.lua` call; `holder`: creating, the Redis key of the start's idempotency key; `job`: the
-    node's job's result, stored by the same call."""
+    node's job's result, stored by the same call. On a Redis Cluster the hand-off is split (`pipeline.flows.handoff`)
+    and the job's result is stored by the result backend on its own."""
+    if layout.clustered():
+        return handoff.advance(client, flow_id, head, pairs, offers)
     settings = get_settings()
     keys = [key for q in offers for key in q.redis_keys()] + ([holder] if holder else [])
     if job is not None:
@@ -179,6 +165,8 @@ def start(flow: Flow[Any] | str, input: BaseModel | Mapping[str, Any], *, idempo
     text = data.model_dump_json()
     head = ["", text, "", "", "", flow_id, definition.name, len(definition.steps)]
     holder = FLOW_IDEMPOTENCY_KEY.format(flow=definition.name, key=idempotency_key) if idempotency_key else None
+    if layout.clustered():
+        return handoff.start(producer_redis(), holder, head, pairs, offers, now)
     created = _call(producer_redis(), flow_id, head, pairs, offers, holder)
     return created.first or flow_id
 

@@ -19,10 +19,11 @@
 -- The call that records a node may also store its job's SUCCESS in the result backend (ARGV[17] not ''), as
 -- store.lua does and fenced the same way (stored only while ARGV[20] holds the job's lease ARGV[19]): the job's
 -- result costs no call of its own (`pipeline.flows.steps`). The node is recorded either way, as without a result.
--- `held` and `store` are store.lua's (parts/results.lua); `record` and `finish` (parts/flow_node.lua) are shared with
--- fetch.lua, which records a solo worker's fan-out items with their acknowledgements (`pipeline.delivery.acks`). The
--- result is stored after the node is recorded: at maxmemory the call is refused as a whole (its first write may grow
--- memory), as it was without a result, and the job retries.
+-- `held` and `store` are store.lua's (parts/results.lua); `create` and `claim` (parts/flow_node.lua) are shared with
+-- flow_claim.lua (a flow's own call on a Redis Cluster), `record` and `finish` with it and with fetch.lua, which
+-- records a solo worker's fan-out items with their acknowledgements (`pipeline.delivery.acks`). The result is stored
+-- after the node is recorded: at maxmemory the call is refused as a whole (its first write may grow memory), as it
+-- was without a result, and the job retries.
 --- @include "results"
 --- @include "flow_node"
 
@@ -66,12 +67,7 @@ local function flow_advance(KEYS, ARGV)
     if redis.call('EXISTS', M) == 1 then return {0, redis.call('HGET', M, 'state'), 0, '', '', ''} end
     if keyed then redis.call('SET', KEYS[#KEYS], ARGV[10], 'EX', ARGV[16]) end
     state = 'running'
-    redis.call('HSET', M, 'name', ARGV[11], 'input', value, 'created', now, 'state', state, 'left', ARGV[12],
-      'total', 0, 'done', 0)
-    for i = at, at + 2 * w - 1, 2 do
-      redis.call('SADD', M .. ':wait:' .. ARGV[i], ARGV[i + 1])
-      redis.call('EXPIRE', M .. ':wait:' .. ARGV[i], ttl)
-    end
+    create(M, ARGV[11], value, now, ARGV[12], ttl, ARGV, at, w)
     redis.call('ZADD', KEYS[2], now, ARGV[10])
     redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[15]) - 1)
   else
@@ -89,17 +85,8 @@ local function flow_advance(KEYS, ARGV)
     local name, k, fan, record, channel = ARGV[at], tonumber(ARGV[at + 1]), ARGV[at + 2] == '1', ARGV[at + 3], ARGV[at + 4]
     local first = at + 5
     local events = channel ~= '' and k or 0
-    local go = state == 'running' and complete
-    if go and node ~= '' then
-      local wait = M .. ':wait:' .. name
-      redis.call('SREM', wait, step)
-      go = redis.call('SCARD', wait) == 0
-    end
-    if go and redis.call('HSETNX', M, 'on:' .. name, now) == 1 then
+    if claim(M, state, complete, node, step, name, k, fan, now) then
       local list, marker, recent = KEYS[3 * c], KEYS[3 * c + 1], KEYS[3 * c + 2]
-      redis.call('HINCRBY', M, 'left', -1)
-      redis.call('HINCRBY', M, 'total', k)
-      if fan then redis.call('HSET', M, 'n:' .. name, k, 'more:' .. name, k) end
       for i = 0, k - 1 do
         local id = ARGV[first + k + i]
         redis.call('HSET', M .. ':tasks', ARGV[first + i], id)

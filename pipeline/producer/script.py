@@ -49,10 +49,12 @@ def store_jobs(
     group: str | None = None,
 ) -> str | None:
     """Store jobs `ids` (their `messages` LPUSHed on `dest` in order, `events` PUBLISHed on `channel`), in one
-    call. With `claim` (idempotency key, ttl) and a single job: None if the key was free (now held by the job),
-    else the id holding it, and nothing is written. `NotReplicated` when REDIS_WAIT_REPLICAS replicas did not
-    confirm the jobs (or the claimed key's job) in time; `BrokerFull` when Redis is at maxmemory. With `group`, the
-    messages go on that group's list of `dest` instead (the messages must carry the group's header too)."""
+    call. With `claim` (idempotency key, ttl): None if the key was free (now held by the first job), else the id
+    holding it, and nothing is written (on a cluster the records written first are deleted, unless that id is the
+    first job's: a flow's step enqueued again with its own ids, `pipeline.flows.handoff`). `NotReplicated` when
+    REDIS_WAIT_REPLICAS replicas did not confirm the jobs (or the claimed key's job) in time; `BrokerFull` when Redis
+    is at maxmemory. With `group`, the messages go on that group's list of `dest` instead (the messages must carry
+    the group's header too)."""
     claim_key, claim_ttl = claim if claim is not None else (dest, "")
     clustered = layout.clustered()
     keys = [layout.recent(queue, clustered), dest, claim_key, layout.wake(layout.queue_of(dest, clustered), clustered)]
@@ -76,7 +78,7 @@ def store_jobs(
         reply = reply.decode()
     if not isinstance(reply, str):
         return None
-    if clustered:  # the key was claimed before: the records written for this call name no job
+    if clustered and reply != ids[0]:  # the key was claimed before: the records written for this call name no job
         client.delete(*[jobkeys.record(task_id) for task_id in ids])
     return reply
 

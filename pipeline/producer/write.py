@@ -82,14 +82,18 @@ def _templated(
     group: str | None = None,
     flows: list[dict[str, Any]] | None = None,
     rates: list[str | None] | None = None,
+    ids: list[str] | None = None,
 ) -> tuple[list[str], list[Outgoing]]:
-    """New task ids, and the messages (and `task-sent` events) of jobs with these (payload, JSON text) items (with
-    `flows`, each item's flow step header; with `rates`, each item's rate key header)."""
+    """New task ids (or `ids`), and the messages (and `task-sent` events) of jobs with these (payload, JSON text)
+    items (with `flows`, each item's flow step header; with `rates`, each item's rate key header)."""
     parent_id, root_id = _parent()
     app: Any = get_app()  # celery-types lacks `clock`
     reply_to = app.thread_oid
     uuids = uuid4_strings(3 * len(items))  # per job: task id, message tag, event tag (one urandom call)
-    ids = uuids[::3]
+    if ids is None:
+        ids = uuids[::3]
+    elif len(ids) != len(items):
+        raise ValueError(f"{len(ids)} ids for {len(items)} jobs")
     outs = []
     for n, (payload, text) in enumerate(items):
         task_id = ids[n]
@@ -249,12 +253,18 @@ def _write_captured(
 
 
 def step_messages(
-    name: str, send: Send, items: list[tuple[Any, str]], flows: list[dict[str, Any]], now: float
+    name: str,
+    send: Send,
+    items: list[tuple[Any, str]],
+    flows: list[dict[str, Any]],
+    now: float,
+    ids: list[str] | None = None,
 ) -> tuple[list[str], list[Outgoing]]:
-    """New task ids and the messages of jobs of task `name` that are steps of a flow (`pipeline.flows`): each item
-    (payload, its JSON text) with its flow step header. Nothing is stored: the flow's script queues them when the
-    steps they wait on are done (`pipeline/lua/flow_advance.lua`)."""
-    return _templated(_template(name, send, flowed=True), items, now, flows=flows)
+    """New task ids (or `ids`, one per item) and the messages of jobs of task `name` that are steps of a flow
+    (`pipeline.flows`): each item (payload, its JSON text) with its flow step header. Nothing is stored: the flow's
+    script queues them when the steps they wait on are done (`pipeline/lua/flow_advance.lua`), or on a cluster the
+    flow's hand-off does (`pipeline.flows.handoff`)."""
+    return _templated(_template(name, send, flowed=True), items, now, flows=flows, ids=ids)
 
 
 def validate_many(name: str, adapter: TypeAdapter[list[Any]], payloads: list[Any]) -> list[BaseModel]:

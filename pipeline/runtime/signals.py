@@ -23,8 +23,10 @@ from celery.utils.dispatch import Signal
 
 from pipeline.constants import HEADER_PUBLISHED_AT
 from pipeline.dlq import capture
+from pipeline.flows import reconcile
 from pipeline.observability import endpoint, logs, metrics, multiproc, sentry, task_metrics
 from pipeline.producer.hooks import publish_safe
+from pipeline.queues import keys as layout
 from pipeline.runtime import cancels, lapses
 from pipeline.scheduling import delayed
 
@@ -82,9 +84,16 @@ def on_worker_ready(**_: Any) -> None:
     capture.on_worker_ready()
 
 
+#: The flows' reconciler as a chore of the releaser's loop.
+RECONCILING = ("queueing flows' cut-short hand-offs", reconcile.reconcile)
+
+
 @guarded
 def start_delayed_releaser(**_: Any) -> None:
-    """Worker main process and beat: release parked delayed jobs when due (see `pipeline.publish`)."""
+    """Worker main process and beat: release parked delayed jobs when due (see `pipeline.publish`); on a Redis
+    Cluster the same loop queues flows' steps whose hand-off was cut short (`pipeline.flows.reconcile`)."""
+    if layout.clustered() and RECONCILING not in delayed.CHORES:
+        delayed.CHORES.append(RECONCILING)
     delayed.start_releaser()
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import redis
 
@@ -96,14 +96,28 @@ class Releaser:
     def _run(self) -> None:
         interval = get_settings().delayed_poll_interval
         while not self._stop.is_set():
-            try:
-                if release_due() >= 500:
-                    continue  # a backlog: keep draining without waiting
-            except (redis.RedisError, OSError) as exc:  # Redis down or failing over: the entries are safe in it
-                log.warning("releasing delayed jobs failed, retrying in %ss: %r", interval, exc)
-            except Exception:  # anything else is a bug, but the thread must outlive it too
-                log.exception("releasing delayed jobs failed; retrying")
+            if _chore("releasing delayed jobs", release_due, interval) >= 500:
+                continue  # a backlog: keep draining without waiting
+            for name, chore in CHORES:
+                _chore(name, chore, interval)
             self._stop.wait(interval)
+
+
+def _chore(name: str, chore: Callable[[], int], interval: float) -> int:
+    """`chore()`, its failure logged: Redis down or failing over (what it works on is safe in Redis), or a bug (the
+    thread must outlive it too)."""
+    try:
+        return chore()
+    except (redis.RedisError, OSError) as exc:
+        log.warning("%s failed, retrying in %ss: %r", name, interval, exc)
+    except Exception:
+        log.exception("%s failed; retrying", name)
+    return 0
+
+
+#: What else the releaser's loop does each round, after releasing: (what it does, for the log; the call). A layer
+#: above adds its own (the flows' reconciler on a Redis Cluster: `pipeline.runtime.signals`).
+CHORES: list[tuple[str, Callable[[], int]]] = []
 
 
 _releaser: Releaser | None = None

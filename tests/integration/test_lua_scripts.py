@@ -279,8 +279,8 @@ def test_a_server_that_lost_the_script_is_sent_it_again(client: redis.Redis) -> 
 
 
 def test_every_shared_function_is_written_once_and_included_where_it_is_used() -> None:
-    """`store`, `held`, `acknowledge`, a flow node's `record` and `finish`, `gcra`: each is defined in one part only,
-    never in a script, and each script that uses it has it exactly once once assembled (`--- @include`)."""
+    """`store`, `held`, `acknowledge`, a flow's `create`, `claim`, `record` and `finish`, `gcra`: each is defined in one
+    part only, never in a script, and each script that uses it has it exactly once once assembled (`--- @include`)."""
     defined: dict[str, list[str]] = {}
     for path in [*(f"{n}.lua" for n in names()), *(f"parts/{p}.lua" for p in parts())]:
         for function in re.findall(r"^local function (\w+)\(", _raw(path), flags=re.M):
@@ -290,8 +290,10 @@ def test_every_shared_function_is_written_once_and_included_where_it_is_used() -
         "store": ("store", "settle", "fetch", "flow_advance"),
         "held": ("store", "settle", "fetch", "flow_advance"),
         "acknowledge": ("settle", "fetch"),
-        "record": ("fetch", "flow_advance"),
-        "finish": ("fetch", "flow_advance"),
+        "record": ("fetch", "flow_advance", "flow_claim"),
+        "finish": ("fetch", "flow_advance", "flow_claim"),
+        "create": ("flow_advance", "flow_claim"),
+        "claim": ("flow_advance", "flow_claim"),
         "gcra": ("rate_acquire", "fetch"),
     }
     for function, scripts in users.items():

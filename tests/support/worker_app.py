@@ -13,8 +13,9 @@ from typing import Literal
 from pydantic import BaseModel
 
 from pipeline import app  # the worker's app, runtime installed (`celery -A pipeline`)
+from pipeline.flows import handoff
 from pipeline.task import JobContext, typed_task
-from tests.support import flow_tasks, limited, obs_tasks, plain_tasks, ticks, tracked  # noqa: F401  # registers test.limited, test.leaky, test.tick, test.tracked, plain.*, the test flows
+from tests.support import cluster_flows, flow_tasks, limited, obs_tasks, plain_tasks, ticks, tracked  # noqa: F401  # registers test.limited, test.leaky, test.tick, test.tracked, plain.*, the test flows
 from tests.support.ledger_tasks import (
     LedgerJob,
     LedgerResult,
@@ -29,6 +30,8 @@ from tests.support.ledger_tasks import (
     run_records,
     spawn,
 )
+
+handoff.CLAIMED.append(cluster_flows.crash_between_claim_and_enqueue)  # a fault test kills a hand-off there
 
 __all__ = [
     "LedgerJob",

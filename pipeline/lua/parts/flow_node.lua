@@ -1,6 +1,6 @@
--- Part: a flow's node recorded and its flow finished (flow_advance.lua, and fetch.lua, which records a solo
--- worker's fan-out items with their acknowledgements). M is the flow's hash, `pipeline:flow:{<id>}` (the layout is
--- at the top of flow_advance.lua).
+-- Part: a flow created, its steps claimed, its node recorded and its flow finished (flow_advance.lua and
+-- flow_claim.lua; fetch.lua, which records a solo worker's fan-out items with their acknowledgements, uses `record`
+-- and `finish`). M is the flow's hash, `pipeline:flow:{<id>}` (the layout is at the top of flow_advance.lua).
 
 -- record(M, node, value, job, step, item): record a node's result, the first time only (HSETNX); returns 1 when
 -- this call recorded it (else 0), whether its step is complete (all its nodes recorded), and when the step was
@@ -30,4 +30,33 @@ local function finish(M, state, now, ttl)
   end
   for _, suffix in ipairs({'', ':results', ':tasks', ':failed'}) do redis.call('EXPIRE', M .. suffix, ttl) end
   return state
+end
+
+-- create(M, name, input, now, steps, ttl, pairs, at, w): a new running flow's hash, and the wait set of each step
+-- after others (`pairs[at..]`: w pairs (step, a step it waits on)).
+local function create(M, name, input, now, steps, ttl, pairs, at, w)
+  redis.call('HSET', M, 'name', name, 'input', input, 'created', now, 'state', 'running', 'left', steps,
+    'total', 0, 'done', 0)
+  for i = at, at + 2 * w - 1, 2 do
+    redis.call('SADD', M .. ':wait:' .. pairs[i], pairs[i + 1])
+    redis.call('EXPIRE', M .. ':wait:' .. pairs[i], ttl)
+  end
+end
+
+-- claim(M, state, complete, node, step, name, k, fan, now): step `name` (k nodes, a fan-out when `fan`) is to be
+-- queued by this call: the flow runs, the node's step is complete, `name` waits on nothing else any more (SREM of
+-- the node's step from its wait set; creating, node '', a first step waits on nothing) and its `on:` field was not
+-- set yet (HSETNX: exactly once). Counts the claimed step's nodes in the flow; returns whether it claimed it.
+local function claim(M, state, complete, node, step, name, k, fan, now)
+  local go = state == 'running' and complete
+  if go and node ~= '' then
+    local wait = M .. ':wait:' .. name
+    redis.call('SREM', wait, step)
+    go = redis.call('SCARD', wait) == 0
+  end
+  if not (go and redis.call('HSETNX', M, 'on:' .. name, now) == 1) then return false end
+  redis.call('HINCRBY', M, 'left', -1)
+  redis.call('HINCRBY', M, 'total', k)
+  if fan then redis.call('HSET', M, 'n:' .. name, k, 'more:' .. name, k) end
+  return true
 end
