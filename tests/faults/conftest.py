@@ -5,12 +5,17 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from kombu.asynchronous import Hub, set_event_loop
 
 from tests.support.procs import RedisServer
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from tests.faults.revoking import Rig
 
 
 @pytest.fixture(autouse=True)
@@ -53,3 +58,11 @@ def loop() -> Iterator[Hub]:
     yield hub
     set_event_loop(None)
     hub.close()
+
+
+@pytest.fixture
+def revoke_rig(own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery) -> Rig:
+    """A revoke test's broker, ledger, worker factory and producer in one (`tests.faults.revoking.Rig`)."""
+    from tests.faults.revoking import Rig
+
+    return Rig(own_redis, ledger_redis, make_worker, producer)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
@@ -28,6 +29,17 @@ from tests.support.procs import RedisServer, Worker, wait_for
 SLEEP_S = 8.0
 #: `-P` and concurrency of each pool the pipeline runs.
 POOLS = {"prefork": ("prefork", 1), "solo": ("solo", 1), "asyncio": ("custom", 4)}
+
+
+@dataclass(frozen=True)
+class Rig:
+    """What a revoke test runs on: its own broker, the ledger, the worker factory and a plain Celery producer on the
+    broker (the `revoke_rig` fixture)."""
+
+    broker: RedisServer
+    ledger: RedisServer
+    make_worker: Any
+    producer: Celery
 
 
 def start_worker(make_worker: Any, broker: RedisServer, ledger: RedisServer, kind: str, key: str) -> Worker:
@@ -70,28 +82,20 @@ def two_leases_past(ledger: RedisServer, key: str) -> None:
     wait_for(past, 4 * SHORT_LEASE_S, 0.2, what="two leases past the last record")
 
 
-def revoke_with_terminate_runs_never_again(
-    own_redis: RedisServer,
-    ledger_redis: RedisServer,
-    make_worker: Any,
-    producer: Celery,
-    kind: str,
-    task: str,
-    signal: str | None,
-) -> None:
+def revoke_with_terminate_runs_never_again(rig: Rig, kind: str, task: str, signal: str | None) -> None:
     """A `task` job running on a worker of pool `kind`, revoked with terminate (`signal`, Celery's default if None):
     stopped before its side effect, REVOKED, acknowledged, not run again within two leases; the worker goes on."""
     key = uuid.uuid4().hex
-    start_worker(make_worker, own_redis, ledger_redis, kind, key)
-    job = send(producer, task, key)
-    wait_for(lambda: run_count(ledger_redis, key, "start")[job] == 1, 30, 0.05, what="the job to start")
-    producer.AsyncResult(job).revoke(terminate=True, signal=signal)
-    revoked_and_settled(producer, own_redis, job)
-    two_leases_past(ledger_redis, key)
-    assert run_count(ledger_redis, key, "start") == collections.Counter({job: 1})
-    assert run_count(ledger_redis, key, "finish") == collections.Counter()  # stopped before its side effect
-    assert producer.AsyncResult(job).state == "REVOKED"
-    assert settled(own_redis)
+    start_worker(rig.make_worker, rig.broker, rig.ledger, kind, key)
+    job = send(rig.producer, task, key)
+    wait_for(lambda: run_count(rig.ledger, key, "start")[job] == 1, 30, 0.05, what="the job to start")
+    rig.producer.AsyncResult(job).revoke(terminate=True, signal=signal)
+    revoked_and_settled(rig.producer, rig.broker, job)
+    two_leases_past(rig.ledger, key)
+    assert run_count(rig.ledger, key, "start") == collections.Counter({job: 1})
+    assert run_count(rig.ledger, key, "finish") == collections.Counter()  # stopped before its side effect
+    assert rig.producer.AsyncResult(job).state == "REVOKED"
+    assert settled(rig.broker)
     # The worker goes on: the next job runs to its end.
-    after = send(producer, task, key, sleep_s=0)
-    assert key_of(producer.AsyncResult(after).get(timeout=30)) == key
+    after = send(rig.producer, task, key, sleep_s=0)
+    assert key_of(rig.producer.AsyncResult(after).get(timeout=30)) == key

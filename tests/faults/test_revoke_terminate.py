@@ -9,13 +9,9 @@ their sleep, in the ledger).
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from celery import Celery
 
-from tests.faults.revoking import revoke_with_terminate_runs_never_again
-from tests.support.procs import RedisServer
+from tests.faults.revoking import Rig, revoke_with_terminate_runs_never_again
 
 pytestmark = pytest.mark.faults
 
@@ -31,14 +27,8 @@ pytestmark = pytest.mark.faults
     ids=["prefork", "prefork-sigterm-as-flower-sends-it", "solo", "solo-celery-task"],
 )
 def test_revoke_with_terminate_stops_a_running_job_revoked_acknowledged_never_run_again(
-    own_redis: RedisServer,
-    ledger_redis: RedisServer,
-    make_worker: Any,
-    producer: Celery,
-    kind: str,
-    task: str,
-    signal: str | None,
+    revoke_rig: Rig, kind: str, task: str, signal: str | None
 ) -> None:
     """Flower's terminate button sends SIGTERM, which pool processes ignore under REMAP_SIGTERM=SIGQUIT: the job is
     killed as a cancel kills it."""
-    revoke_with_terminate_runs_never_again(own_redis, ledger_redis, make_worker, producer, kind, task, signal)
+    revoke_with_terminate_runs_never_again(revoke_rig, kind, task, signal)

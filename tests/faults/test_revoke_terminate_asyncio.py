@@ -21,6 +21,7 @@ from celery import Celery
 
 from tests.faults.ledger import run_count
 from tests.faults.revoking import (
+    Rig,
     revoke_with_terminate_runs_never_again,
     revoked_and_settled,
     send,
@@ -36,9 +37,9 @@ pytestmark = pytest.mark.faults
     "task", ["test.run_async", "test.run", "plain.run"], ids=["async-job", "plain-job", "plain-celery-task"]
 )
 def test_revoke_with_terminate_stops_a_running_job_revoked_acknowledged_never_run_again(
-    own_redis: RedisServer, ledger_redis: RedisServer, make_worker: Any, producer: Celery, task: str
+    revoke_rig: Rig, task: str
 ) -> None:
-    revoke_with_terminate_runs_never_again(own_redis, ledger_redis, make_worker, producer, "asyncio", task, None)
+    revoke_with_terminate_runs_never_again(revoke_rig, "asyncio", task, None)
 
 
 def test_celery_control_terminate_from_the_command_line_stops_a_celery_task_on_the_asyncio_pool(
