@@ -51,6 +51,7 @@ def fail_after(gate: str) -> None:
 def identity(value: Any) -> Any:
     return value
 
+
 @app.task(name="plain.total")
 def total(values: list[int]) -> int:
     """A chord's body: the sum of its header's results."""
