@@ -154,6 +154,7 @@ class Evented:
     _pubsub: Any
     _pubsub_fd: int | None = None
 
+    # The channel's (`ClusterChannel`; `_broadcasts` is `Fanout`'s, ahead of this class in its bases).
     def _round(self, queues: list[str]) -> tuple[int, set[str]]:
         raise NotImplementedError
 
@@ -192,10 +193,10 @@ class Evented:
         if due:
             _taken, empty = self._round(due)
             ready -= empty
-        if self.qos.can_consume():
-            waiting = {queue for queue in queues if queue not in ready}
-            self.waiters.arm(waiting - self.untracked - self.paused_queues)
-            self.waiters.disarm(set(self.waiters.armed()) - waiting)
+        if self.qos.can_consume():  # a paused queue is not waited on: the fallback poll fetches it, as on one Redis
+            watch = {queue for queue in queues if queue not in ready} - self.untracked - self.paused_queues
+            self.waiters.arm(watch)
+            self.waiters.disarm(self.waiters.armed() - watch)
         else:
             self.waiters.disarm()
 
