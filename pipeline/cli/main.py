@@ -220,22 +220,15 @@ def worker(
     name: Annotated[str, typer.Option(help="Node names are <name><i>@%h.")] = "io",
     celery_app: Annotated[str, typer.Option("--app", help="What `celery -A` loads.")] = "pipeline",
     pool: Annotated[
-        str | None,
-        typer.Option(
-            help="asyncio: WORKER_CONCURRENCY jobs in flight per process; solo: one job at a time each."
-            " [default: asyncio; solo on a Redis Cluster URL]"
-        ),
-    ] = None,
+        str,
+        typer.Option(help="asyncio: WORKER_CONCURRENCY jobs in flight per process; solo: one job at a time each."),
+    ] = "asyncio",
 ) -> None:
     """The I/O profile: N `celery worker` processes under one supervisor, one /metrics for all.
 
     Arguments after the options go to each `celery worker` (e.g. `-Q email,webhooks -l INFO`)."""
     from pipeline.cli.workers import default_processes, run_workers
 
-    if pool is None:  # the asyncio pool needs the event loop the cluster transport does not drive yet
-        from pipeline.config.cluster import is_cluster
-
-        pool = "solo" if is_cluster(get_settings().broker_url) else "asyncio"
     if pool not in ("asyncio", "solo"):
         raise typer.BadParameter(f"{pool!r} is not one of 'asyncio', 'solo'", param_hint="--pool")
     count = processes or default_processes()

@@ -7,7 +7,8 @@ acknowledgements written together (`acks`), and fencing (`fencing`: the worker b
 (`fetch.lua`, `settle.lua`, `renew.lua`, `release.lua`); `waking` is how an idle channel waits for work
 (`pipeline.queues.wake`), `watches` how it hears a message pushed without a wake-up marker, `broadcasts` how Celery's
 revoke broadcast is read off the worker's main thread. On a Redis Cluster the worker consumes through `clustered`
-instead (per-queue fetch, leases and restores; `cluster_fanout` for Celery's control and events).
+instead (per-queue fetch, leases and restores; `cluster_fanout` for Celery's control and events; `cluster_loop` for
+kombu's event loop).
 
 This package and `pipeline.compat` are the only places that reach into private parts of celery, kombu, billiard and
 redis-py (`tests/unit/test_seam.py` fails on any other). Each reach is an entry of `ENTRIES`: the upstream symbols,
@@ -31,6 +32,16 @@ ENTRIES: tuple[Entry, ...] = (
         "pipeline.delivery.clustered, pipeline.delivery.cluster_fanout",
         _KOMBU,
         "tests/integration/test_cluster_worker.py::test_a_worker_drains_queues_on_two_masters_each_job_once",
+        critical=True,
+    ),
+    Entry(
+        "kombu.transport.virtual.Transport.channels, implements.asynchronous, register_with_event_loop, "
+        "close_connection, Channel._active_queues, closed; kombu.asynchronous.hub.Hub.on_tick, add_reader, "
+        "remove_reader, call_repeatedly; redis.connection.AbstractConnection._sock of a PubSub's connection (the "
+        "cluster transport on the worker's event loop)",
+        "pipeline.delivery.cluster_loop, pipeline.delivery.clustered",
+        _KOMBU,
+        "tests/integration/test_cluster_worker.py::test_the_event_loop_polls_the_subscription_socket_and_wakes_on_a_marker",
         critical=True,
     ),
     Entry(

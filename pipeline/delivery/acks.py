@@ -230,16 +230,16 @@ def current_qos() -> DeferredAcks | None:
 
 def carry(stored: Stored, request: Any) -> bool:
     """The result backend's carrier: True when a delivery on this thread took the result (see the module doc)."""
-    qos: DeferredAcks | None = getattr(_current, "qos", None)
-    if qos is None or getattr(request, "chord", None):
+    qos = getattr(_current, "qos", None)
+    if not isinstance(qos, DeferredAcks) or getattr(request, "chord", None):  # a cluster channel's carries nothing
         return False
     return qos.carry_result(stored)
 
 
 def carry_node(node: Carried, request: Any) -> bool:
     """The flows' carrier (`pipeline.flows.record.CARRIERS`): True when a delivery on this thread took the node."""
-    qos: DeferredAcks | None = getattr(_current, "qos", None)
-    return qos is not None and qos.carry_node(node, request)
+    qos = getattr(_current, "qos", None)
+    return isinstance(qos, DeferredAcks) and qos.carry_node(node, request)
 
 
 def enable_carried_results() -> None:
@@ -270,7 +270,7 @@ def land(hub: Any, qoses: Iterable[DeferredAcks] = ()) -> None:
         with hub._ready_lock:
             due = [item for item in hub._ready if _settles(item)]
             hub._ready.difference_update(due)
-    touched = set(qoses)
+    touched = {qos for qos in qoses if isinstance(qos, DeferredAcks)}  # a cluster channel's acknowledges at once
     for item in due:
         item()
         qos = getattr(getattr(item.fun.__self__, "channel", None), "qos", None)

@@ -3,7 +3,8 @@
 
 A fanout exchange is a pub/sub channel, kombu's name for it (`/0.<exchange>`): a PUBLISH on any node of a cluster
 reaches the subscribers of every node (redis.io/commands/publish), so one subscription on one node serves it. The
-channel delivers what came at the start of each round of its fetch.
+channel delivers what came at the start of each round of its fetch, and, on the worker's event loop, whenever the
+subscription's socket is readable (`pipeline.delivery.cluster_loop`).
 """
 
 from __future__ import annotations
@@ -58,9 +59,13 @@ class Fanout:
         """Deliver what came on the subscribed fanout exchanges; how many."""
         got = 0
         while self._pubsub is not None:
-            reply = self._pubsub.get_message(ignore_subscribe_messages=True, timeout=0.0)
-            if not reply or reply.get("type") != "message":
+            # Every reply read, a subscription's confirmation too: the hub polls the socket, and a message read into
+            # redis-py's buffer behind a confirmation would wait there for the next one.
+            reply = self._pubsub.get_message(timeout=0.0)
+            if reply is None:
                 return got
+            if reply.get("type") != "message":
+                continue
             queue = self._fanout_state()[1].get(bytes_to_str(reply["channel"]))
             if queue is not None:
                 self.connection._deliver(json.loads(bytes_to_str(reply["data"])), queue)

@@ -23,8 +23,13 @@ Celery's fanout (control broadcasts, events) goes over pub/sub (kombu's channel 
 any node reaches the subscribers of every node. Control replies are lists (kombu's pidbox reply queue, popped without
 acknowledgement, wherever its name hashes).
 
+The transport is asynchronous: a worker runs Celery's event loop (kombu's hub) on it, so the asyncio pool and
+prefork's asynchronous pool run as on a single Redis. The hub does not block on a queue: the same waiter threads wake
+it through a self-pipe, and each tick fetches the queues that woke (`pipeline.delivery.cluster_loop`). Celery's
+synchronous loop (`drain_events`: a client waiting for replies) rounds over every queue and waits as above.
+
 Results are stored on the cluster, fenced by an owner stamp the fetch writes beside each result
-(`pipeline.delivery.stamps`). Not here yet: the event loop: the worker runs Celery's synchronous loop on this transport.
+(`pipeline.delivery.stamps`).
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from queue import Empty
@@ -47,6 +51,7 @@ from pipeline import cluster
 from pipeline.constants import PRIORITY_SEPARATOR, PRIORITY_STEPS
 from pipeline.delivery import fetch, waking
 from pipeline.delivery.cluster_fanout import Fanout
+from pipeline.delivery.cluster_loop import Evented, EventedTransport, Waiters
 from pipeline.delivery.lease import Leases, records
 from pipeline.dlq import elements as undecodable
 from pipeline.lua import script
@@ -58,8 +63,6 @@ log = logging.getLogger(__name__)
 
 #: Longest wait for one node's answer on the channel's client (seconds).
 CLIENT_TIMEOUT_S = 30.0
-#: How long one waiter thread blocks on its queue's marker before it looks whether it should stop (seconds).
-BLOCK_S = 1.0
 #: Deliveries of one queue one sweep looks at, at most.
 SWEEP_MAX = 1000
 
@@ -128,23 +131,22 @@ class ClusterQoS(kombu_virtual.QoS):
             return self.channel.restore(queue, tag, owner or "", leftmost)
 
 
-class ClusterChannel(Fanout, kombu_virtual.Channel):
+class ClusterChannel(Fanout, Evented, kombu_virtual.Channel):
     QoS = ClusterQoS
     #: Fetch, lease and restore per queue (`pipeline.delivery.fetch.layout`).
     cluster = True
     sep = PRIORITY_SEPARATOR
     priority_steps = PRIORITY_STEPS
+    #: What the last fetch found paused (of its one queue); `paused_queues` keeps every consumed queue's.
     paused: frozenset[str] | set[str] = frozenset()
 
     def __init__(self, connection: Any, **kwargs: Any) -> None:
         self.leases: Leases | None = getattr(connection, "leases", None)
         self.untracked: set[str] = set()
+        self.paused_queues: set[str] = set()
         self.client = cluster.client(CLIENT_TIMEOUT_S)
         self._turn = 0
-        self._woken = threading.Event()
-        self._idle = threading.Event()
-        self._stop = threading.Event()
-        self._waiters: dict[str, threading.Thread] = {}
+        self.waiters = Waiters(CONNECTION_ERRORS)  # one thread per queue, on its marker (`cluster_loop`)
         self._swept_at = time.monotonic()
         super().__init__(connection, **kwargs)
         options = connection.client.transport_options
@@ -230,6 +232,7 @@ class ClusterChannel(Fanout, kombu_virtual.Channel):
         numkeys, *rest = fetch.args(self, [queue], count)
         reply = script(fetch.FETCH)(keys=rest[:numkeys], args=rest[numkeys:], client=self.client)
         fetch.acknowledged(self, reply, [])
+        (self.paused_queues.add if queue in self.paused else self.paused_queues.discard)(queue)
         if len(reply) <= fetch.FIRST:
             return 0
         fetch.deliver(self, reply)
@@ -248,56 +251,51 @@ class ClusterChannel(Fanout, kombu_virtual.Channel):
         return super().drain_events(timeout, callback)
 
     def _get_many(self, queues: list[str], timeout: float | None = None) -> None:
-        """One round over `queues` (starting one further each round), fetching what the prefetch allows; when it
-        took nothing, wait for a marker on one of them (or the fallback poll) and raise Empty."""
+        """Celery's synchronous loop: one round over `queues`; when it took nothing, wait for a marker on one of them
+        (or the fallback poll) and raise Empty."""
         if not queues:
             raise Empty()
-        self._turn = (self._turn + 1) % len(queues)
-        taken = self._broadcasts()
-        for queue in queues[self._turn :] + queues[: self._turn]:
-            if queue in self.untracked:
-                taken += self._untracked(queue)
-            elif self.leases is not None and self.qos.can_consume():
-                taken += self._fetch(queue, fetch.batch_size(self))
+        taken, _empty = self._round(queues)
         if taken:
             return
         self._wait(queues, timeout)
         raise Empty()
 
+    def _round(self, queues: list[str]) -> tuple[int, set[str]]:
+        """One round over `queues` (starting one further each round), fetching what the prefetch allows, after what
+        came over pub/sub: how many it took, and the queues it found empty (a queue the prefetch left unasked is
+        not among them)."""
+        taken = self._broadcasts()
+        empty: set[str] = set()
+        if not queues:
+            return taken, empty
+        self._turn = (self._turn + 1) % len(queues)
+        for queue in queues[self._turn :] + queues[: self._turn]:
+            if queue in self.untracked:
+                took = self._untracked(queue)
+            elif self.leases is not None and self.qos.can_consume():
+                took = self._fetch(queue, fetch.batch_size(self))
+            else:
+                continue
+            taken += took
+            if not took:
+                empty.add(queue)
+        return taken, empty
+
     def _wait(self, queues: list[str], timeout: float | None) -> None:
-        awake = [queue for queue in queues if queue not in self.untracked and queue not in self.paused]
+        awake = [queue for queue in queues if queue not in self.untracked and queue not in self.paused_queues]
         if not awake:
             return  # control replies only: the transport's polling interval paces the next round
-        for queue in awake:
-            if queue not in self._waiters:
-                thread = threading.Thread(target=self._wait_on, args=(queue,), daemon=True, name=f"wake-{queue}")
-                self._waiters[queue] = thread
-                thread.start()
-        self._idle.set()
+        self.waiters.arm(awake)
+        woken = self.waiters.woken
         deadline = time.monotonic() + float(self.wake_poll_s)
         try:  # in slices: a worker's shutdown is not held up by a long fallback poll
-            while not self._woken.wait(max(0.0, min(1.0, deadline - time.monotonic()))):
+            while not woken.wait(max(0.0, min(1.0, deadline - time.monotonic()))):
                 if time.monotonic() >= deadline or _shutting_down():
                     break
         finally:
-            self._idle.clear()
-            self._woken.clear()
-
-    def _wait_on(self, queue: str) -> None:
-        """A waiter thread: while the channel is idle, block on `queue`'s marker; a marker wakes the channel."""
-        client = cluster.client(BLOCK_S + 5)
-        marker = keys.wake(queue, True)
-        try:
-            while not self._stop.is_set():
-                if not self._idle.wait(BLOCK_S):
-                    continue
-                try:
-                    if client.blmpop(BLOCK_S, 1, marker, direction="RIGHT"):
-                        self._woken.set()
-                except CONNECTION_ERRORS:
-                    self._stop.wait(BLOCK_S)
-        finally:
-            client.close()
+            self.waiters.disarm()
+            self.waiters.take()
 
     # Restores.
     def restore(self, queue: str, tag: str, owner: str, leftmost: bool) -> int:
@@ -343,24 +341,27 @@ class ClusterChannel(Fanout, kombu_virtual.Channel):
             log.warning("restored %d job(s) whose lease expired (their worker stopped renewing)", restored)
 
     def close(self) -> None:
+        self.leave_loop()
         self.unsubscribe()
-        self._stop.set()
-        self._idle.set()  # the waiters see the stop within BLOCK_S
+        self.waiters.stop()
         try:
             super().close()
         finally:
             self.client.close()
 
 
-class ClusterTransport(kombu_virtual.Transport):
+class ClusterTransport(EventedTransport, kombu_virtual.Transport):
     Channel = ClusterChannel
     driver_type = "redis"
     driver_name = "redis"
     default_port = 6379
     #: Between two empty rounds of a channel that waits on no marker (control replies only).
     polling_interval = 0.05
-    #: Fanout over pub/sub (`pipeline.delivery.cluster_fanout`): Celery's control and events are on.
-    implements = kombu_virtual.Transport.implements.extend(exchange_type=frozenset(["direct", "topic", "fanout"]))
+    #: Fanout over pub/sub (`pipeline.delivery.cluster_fanout`): Celery's control and events are on. Asynchronous:
+    #: Celery runs its event loop (kombu's hub) on it (`pipeline.delivery.cluster_loop`).
+    implements = kombu_virtual.Transport.implements.extend(
+        asynchronous=True, exchange_type=frozenset(["direct", "topic", "fanout"])
+    )
     connection_errors = (*kombu_virtual.Transport.connection_errors, *CONNECTION_ERRORS)
     channel_errors = (*kombu_virtual.Transport.channel_errors, redis.ResponseError)
     #: The worker's deliveries (`bound`); None for producers.
@@ -368,6 +369,10 @@ class ClusterTransport(kombu_virtual.Transport):
 
     def driver_version(self) -> str:
         return str(redis.__version__)
+
+    def close_connection(self, connection: Any) -> None:
+        self.unregister_from_event_loop(connection, None)
+        super().close_connection(connection)
 
 
 def bound(leases: Leases) -> str:

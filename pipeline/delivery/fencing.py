@@ -142,17 +142,6 @@ def _release_what_on_close_drops(leases: Leases, consumer: Any, pool: Any) -> No
     consumer.on_close = on_close
 
 
-def refuse_cluster_asyncio(pool_cls: Any) -> None:
-    """Exit (status 2, one line on stderr) when the asyncio pool would run on a Redis Cluster: it runs its jobs on the
-    worker's event loop, which the cluster transport does not drive (Celery runs its synchronous loop there)."""
-    if getattr(pool_cls, "__module__", "") == "pipeline.runtime.asyncpool":
-        versions.refuse(
-            "the worker: the asyncio pool does not run on a Redis Cluster yet. Use"
-            " `pipeline worker --pool solo` (the default on a cluster URL) or `celery -A pipeline worker -P prefork`"
-            " (docs/cluster.md)."
-        )
-
-
 class DeliveryStep(bootsteps.StartStopStep):
     requires = ("celery.worker.components:Pool",)
 
@@ -160,8 +149,6 @@ class DeliveryStep(bootsteps.StartStopStep):
         super().__init__(parent, **kwargs)
         settings = get_settings()
         on_cluster = is_cluster(settings.broker_url)
-        if on_cluster:
-            refuse_cluster_asyncio(getattr(parent, "pool_cls", None))
         node = getattr(parent, "hostname", None)
         self.leases = parent.leases = Leases(settings.lease_seconds, node, cluster=on_cluster)
         self.renewer: Renewer | None = None

@@ -1,6 +1,7 @@
 """Typed jobs end to end on a Redis Cluster: enqueued with the `pipeline` command (the pipeline's own producer) onto
 queues served by different masters, run by a worker on the cluster URL, each delivered once at its side effect, and
-their results read back with `pipeline status --json`; a delayed job parked on the cluster, released and run once.
+their results read back with `pipeline status --json`; a delayed job parked on the cluster, released and run once;
+`pipeline worker` runs the asyncio pool there by default, and solo processes when asked.
 
 A real 3+3 cluster (`redis_cluster`), a `celery worker` subprocess on the cluster URL, the webhooks' endpoint a real
 HTTP server on loopback (`tests.support.http_peer`) that records each request. The result backend is a redis-server
@@ -154,29 +155,21 @@ def test_a_typed_task_with_a_queue_of_its_own_enqueues_on_the_cluster(
     assert recent == set(out["ids"])
 
 
-def _pipeline_worker(name: str, work_dir: Path, env: dict[str, str], *argv: str) -> Worker:
-    """`pipeline worker --processes 1 ARGV -Q default` on the cluster (not started)."""
+def _pipeline_worker(name: str, work_dir: Path, env: dict[str, str], *argv: str, queues: str = PROBES) -> Worker:
+    """`pipeline worker --processes 1 ARGV -Q QUEUES` on the cluster (not started)."""
     worker = Worker(name, work_dir / "logs", env)
-    worker.argv = [sys.executable, "-m", "pipeline", "worker", "--processes", "1", *argv, "-Q", PROBES, "-l", "INFO"]
+    worker.argv = [sys.executable, "-m", "pipeline", "worker", "--processes", "1", *argv, "-Q", queues, "-l", "INFO"]
     return worker
 
 
-def test_pipeline_worker_runs_solo_processes_on_a_cluster_and_stops_on_sigterm(
-    redis_cluster: Cluster, ledger_redis: RedisServer, work_dir: Path
-) -> None:
-    """The asyncio pool needs an event loop the cluster transport does not drive: on a cluster URL `pipeline worker`
-    runs solo processes by default, which take a typed job and drain on SIGTERM as on a single Redis."""
-    env = _env(redis_cluster, ledger_redis)
-    worker = _pipeline_worker(f"cl-pw-{uuid.uuid4().hex[:6]}", work_dir, env)
+@contextlib.contextmanager
+def _running(worker: Worker, pool: bytes) -> Iterator[list[int]]:
+    """`worker` (`pipeline worker`) started, its one process running `pool`: that process's PID; both stopped after."""
     worker.start()
     kids = children(worker.pid)
     try:
-        assert [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[6:8] for pid in kids] == [[b"-P", b"solo"]]
-        job = _cli(env, "enqueue", "probe", "{}")["id"]
-        wait_for(lambda: _cli(env, "status", job)["state"] == "succeeded", 60, 0.5, what="the probe to succeed")
-        worker.terminate()
-        assert worker.wait(40) == 0, worker.log()[-3000:]
-        assert not [pid for pid in kids if Path(f"/proc/{pid}").exists()], "every worker process has exited"
+        assert [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[6:8] for pid in kids] == [[b"-P", pool]]
+        yield kids
     finally:
         worker.stop()
         for pid in kids:
@@ -184,12 +177,38 @@ def test_pipeline_worker_runs_solo_processes_on_a_cluster_and_stops_on_sigterm(
                 os.kill(pid, signal.SIGKILL)
 
 
-def test_the_asyncio_pool_refuses_a_cluster_url_with_a_clear_message(
+def test_pipeline_worker_runs_the_asyncio_pool_on_a_cluster_with_typed_async_jobs(
+    redis_cluster: Cluster, ledger_redis: RedisServer, work_dir: Path, peer: HttpPeer
+) -> None:
+    """`pipeline worker` on a cluster URL runs the asyncio pool, as on a single Redis: typed async jobs (webhooks to a
+    local endpoint, on a queue of another master than the probes') each delivered once, their results read back;
+    it stops on SIGTERM with status 0."""
+    env, hook, n = _env(redis_cluster, ledger_redis), f"/hook/{uuid.uuid4().hex}", 8
+    worker = _pipeline_worker(f"cl-pw-{hook[-6:]}", work_dir, env, queues=f"{PROBES},{WEBHOOKS}")
+    with _running(worker, b"custom") as kids:
+        batch = [json.loads(_webhook(peer, hook, i)) for i in range(n)]
+        hooks = _cli(env, "enqueue-many", "webhook", json.dumps(batch))
+        probe = _cli(env, "enqueue", "probe", "{}")["id"]
+        wait_for(lambda: len(peer.received(hook)) >= n, 60, 0.2, what="every webhook at the endpoint")
+        _past_two_leases(peer, hook)
+        bodies = collections.Counter(json.loads(r.body)["payload"]["n"] for r in peer.received(hook))
+        assert bodies == collections.Counter(range(n)), "each webhook delivered once"
+        wait_for(lambda: _stored(ledger_redis, [probe, *hooks["ids"]]), 60, 0.2, what="every job's result stored")
+        statuses = _statuses(env, [probe, *hooks["ids"]])
+        assert {s["state"] for s in statuses.values()} == {"succeeded"}, statuses
+        assert all(statuses[w]["result"]["attempts"] == 1 for w in hooks["ids"])
+        worker.terminate()
+        assert worker.wait(40) == 0, worker.log()[-3000:]
+        assert not [pid for pid in kids if Path(f"/proc/{pid}").exists()], "every worker process has exited"
+
+
+def test_pipeline_worker_pool_solo_runs_on_a_cluster_and_stops_on_sigterm(
     redis_cluster: Cluster, ledger_redis: RedisServer, work_dir: Path
 ) -> None:
-    worker = _pipeline_worker(f"cl-aio-{uuid.uuid4().hex[:6]}", work_dir, _env(redis_cluster, ledger_redis))
-    worker.argv[6:6] = ["--pool", "asyncio"]
-    with pytest.raises(RuntimeError, match="exited at start"):
-        worker.start()
-    assert worker.wait(30) == 2
-    assert "the asyncio pool does not run on a Redis Cluster yet" in worker.log()
+    env = _env(redis_cluster, ledger_redis)
+    worker = _pipeline_worker(f"cl-solo-{uuid.uuid4().hex[:6]}", work_dir, env, "--pool", "solo")
+    with _running(worker, b"solo"):
+        job = _cli(env, "enqueue", "probe", "{}")["id"]
+        wait_for(lambda: _cli(env, "status", job)["state"] == "succeeded", 60, 0.5, what="the probe to succeed")
+        worker.terminate()
+        assert worker.wait(40) == 0, worker.log()[-3000:]

@@ -1,7 +1,8 @@
 """Celery's own publish on a Redis Cluster URL, run as a process of its own (its settings are the cluster's).
 
 `python -m tests.support.cluster_producer send <queue> <key> <n> <sleep_s>` sends `n` `test.ledger` jobs with
-`send_task` and prints their ids and when the first was sent (JSON); `... get <queue> <key>` runs one with `delay()`
+`send_task` and prints their ids and when the first was sent (JSON); `... await <queue> <key> <n> <sleep_s>` the same
+with `test.await` jobs (async: the asyncio pool's); `... get <queue> <key>` runs one with `delay()`
 (its route: `queue`) and prints its `get()`; `... store <queue> <tag> <owner> <task id>` stores a SUCCESS as the
 worker's result backend does for delivery `tag` of `queue` held by `owner`, and prints whether it was stored;
 `... stamp <queue> <tag> <owner> <task id> <count>` writes the result's owner stamp as a worker's fetch does
@@ -9,7 +10,7 @@ worker's result backend does for delivery `tag` of `queue` held by `owner`, and 
 and prints its id and state; `... canvas <queue> -` runs a group and a chord of `plain.add` (the chord's body
 `plain.total`) and prints their results; `... ping - <timeout>` broadcasts Celery's ping and prints the replies.
 `store` takes an optional state (SUCCESS by default) and prints the stored meta's result (the owner that stored it)
-with whether this call stored it."""
+with whether this call stored it. `... loop <queue> -` runs `tests.support.cluster_loop_probe` on `queue`."""
 
 from __future__ import annotations
 
@@ -33,6 +34,15 @@ def main(argv: list[str]) -> None:
         sent = time.time()
         ids = [str(app.send_task("test.ledger", args=[payload], queue=queue).id) for _ in range(n)]
         print(json.dumps({"ids": ids, "sent": sent}))
+    elif mode == "await":
+        n, job = int(argv[3]), {"key": key, "sleep_s": float(argv[4])}
+        sent = time.time()
+        ids = [str(app.send_task("test.await", args=[job], queue=queue).id) for _ in range(n)]
+        print(json.dumps({"ids": ids, "sent": sent}))
+    elif mode == "loop":  # the transport on kombu's hub (`tests.support.cluster_loop_probe`)
+        from tests.support import cluster_loop_probe
+
+        print(json.dumps(cluster_loop_probe.main(queue)))
     elif mode == "ping":  # Celery's control broadcast, its replies on a pidbox reply queue
         print(json.dumps(app.control.ping(timeout=float(key))))
     elif mode == "store":  # key: a delivery tag; then the owner storing, the task id, the state
