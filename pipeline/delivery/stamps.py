@@ -13,8 +13,9 @@ states are refused. A SUCCESS stored deletes the stamp (and the job's record) wi
 A delivery whose stamp a later delivery of the same tag wrote already (this worker was frozen between its fetch and
 its stamp, for longer than its lease) is not this worker's: it is forgotten here, unrun. Written only when results
 live on the cluster (RESULT_BACKEND_URL unset, or the cluster's URL); a job whose message carries no id (Celery's
-message protocol 1) or whose result key has no slot tag (`jobkeys.slot_tag`) gets none, and its states are stored
-unfenced by it.
+message protocol 1), whose result is ignored (its message's `ignore_result`, or its task's: nothing to fence, and no
+stamp left behind for RESULT_EXPIRES) or whose result key has no slot tag (`jobkeys.slot_tag`) gets none, and its
+states are stored unfenced by it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from pipeline.celery_app import get_app
 from pipeline.config import get_settings
 from pipeline.config.cluster import is_cluster
 from pipeline.constants import HEADER_DELIVERY_COUNT, HEADER_LEASE_OWNER
@@ -55,13 +57,22 @@ def stamped(channel: Any, ready: list[Ready]) -> list[Ready]:
     return kept
 
 
+def _ignored(headers: dict[str, Any]) -> bool:
+    """Whether the job stores no result: its message's `ignore_result` when it has one, else its task's (Celery's
+    `get_actual_ignore_result`); no stamp to keep for it."""
+    if "ignore_result" in headers:
+        return bool(headers["ignore_result"])
+    task = get_app().tasks.get(str(headers.get("task")))
+    return bool(task is not None and task.ignore_result)
+
+
 def one(channel: Any, tag: str, headers: dict[str, Any], owner: str) -> bool:
     """Stamp delivery `tag` (its envelope's `headers`: the job's id, the delivery count) as `owner`'s; False when a
     later delivery stamped it already. Also for a delivery fetched again while this worker still holds it (the held copy
     goes on: `Leases.rehold`), so the stamp names this worker again if a peer took the job in between."""
     task_id = headers.get("id")
     stamp = jobkeys.stamp(jobkeys.result(str(task_id))) if tag and task_id and wanted(channel) else None
-    if stamp is None:
+    if stamp is None or _ignored(headers):
         return True
     args = [tag, owner, headers[HEADER_DELIVERY_COUNT], get_settings().result_expires]
     return bool(int(script("stamp")(keys=[stamp], args=args, client=channel.client)))

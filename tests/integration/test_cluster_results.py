@@ -74,7 +74,8 @@ def test_the_worker_stamps_the_result_of_the_delivery_it_takes(
     redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any
 ) -> None:
     """The stamp is written by the worker's fetch: a job that fails leaves it (only a SUCCESS drops it), naming the
-    delivery's tag, the worker's lease owner and the delivery's count, beside the FAILURE in the result's slot."""
+    delivery's tag, the worker's lease owner and the delivery's count, beside the FAILURE in the result's slot. A job
+    whose result is ignored (run before it, one job at a time) gets none: nothing would drop it."""
     env = _env(redis_cluster, ledger_redis)
     make_worker(f"cr-stamp-{uuid.uuid4().hex[:6]}", env=env, queues=QUEUE, concurrency=1)
     failed = _produce(env, "fail", QUEUE, "-")
@@ -84,6 +85,9 @@ def test_the_worker_stamps_the_result_of_the_delivery_it_takes(
     tag = next(k for k in stamp if not k.endswith(b"#"))
     assert stamp[tag + b"#"] == b"1" and stamp[tag].count(b":") == 2, "tag -> host:pid:incarnation, tag# -> count"
     assert 0 < redis_cluster.client().ttl(jobkeys.stamp(jobkeys.result(failed["id"]))) <= 86400
+    client = redis_cluster.client()
+    assert client.llen(QUEUE) == 0 and not client.exists(jobkeys.result(failed["ignored"]))
+    assert not client.exists(jobkeys.stamp(jobkeys.result(failed["ignored"]))), "no stamp for an ignored result"
 
 
 def test_a_late_state_of_a_worker_a_peer_took_the_job_from_is_refused_by_the_stamp(

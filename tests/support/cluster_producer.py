@@ -6,9 +6,10 @@ with `test.await` jobs (async: the asyncio pool's); `... get <queue> <key>` runs
 (its route: `queue`) and prints its `get()`; `... store <queue> <tag> <owner> <task id>` stores a SUCCESS as the
 worker's result backend does for delivery `tag` of `queue` held by `owner`, and prints whether it was stored;
 `... stamp <queue> <tag> <owner> <task id> <count>` writes the result's owner stamp as a worker's fetch does
-(`pipeline.delivery.stamps`) and prints whether it was written; `... fail <queue> -` runs a `plain.add` that raises
-and prints its id and state; `... canvas <queue> -` runs a group and a chord of `plain.add` (the chord's body
-`plain.total`) and prints their results; `... ping - <timeout>` broadcasts Celery's ping and prints the replies.
+(`pipeline.delivery.stamps`) and prints whether it was written; `... fail <queue> -` runs a `plain.add` whose result is
+ignored, then one that raises, and prints their ids and the second's state; `... canvas <queue> -` runs a group and a
+chord of `plain.add` (the chord's body `plain.total`) and prints their results; `... ping - <timeout>` broadcasts
+Celery's ping and prints the replies.
 `store` takes an optional state (SUCCESS by default) and prints the stored meta's result (the owner that stored it)
 with whether this call stored it. `... loop <queue> -` runs `tests.support.cluster_loop_probe` on `queue`."""
 
@@ -60,10 +61,11 @@ def main(argv: list[str]) -> None:
         stamp = jobkeys.stamp(jobkeys.result(task_id))
         done = script("stamp")(keys=[stamp], args=[key, owner, count, 3600], client=app.backend.client)
         print(json.dumps({"stamped": bool(done)}))
-    elif mode == "fail":  # a job that fails (TypeError): its FAILURE stored, the stamp left beside it
+    elif mode == "fail":  # a job whose result is ignored, then one that fails (TypeError): its FAILURE stored
+        ignored = plain_tasks.add.apply_async((1, 2), queue=queue, ignore_result=True)
         failing = plain_tasks.add.apply_async(("a", 1), queue=queue)
         failing.get(timeout=60, propagate=False)
-        print(json.dumps({"id": failing.id, "state": failing.state}))
+        print(json.dumps({"id": failing.id, "state": failing.state, "ignored": ignored.id}))
     elif mode == "canvas":
         together = group(plain_tasks.add.s(n, n) for n in range(5)).apply_async(queue=queue)
         joined = chord(plain_tasks.add.s(n, 1) for n in range(4))(plain_tasks.total.s().set(queue=queue))
