@@ -4,7 +4,8 @@
 -- the same step: kombu's unacked record and index entry (as kombu's QoS.append writes them), the lease owner, the
 -- delivery count and a bounded delivery history. An element of a queue consumed without acknowledgement (Celery's
 -- control replies, `reply.celery.pidbox`) is popped and returned, not recorded: nothing will acknowledge it.
--- The lease expiry (the index score) is Redis's clock (TIME) plus the lease: a sweep judges every lease on it.
+-- The lease expiry (the index score) is Redis's clock (TIME) plus the lease, rounded up to the whole second as
+-- renew.lua does: a sweep judges every lease on it.
 -- A node is recorded as flow_advance.lua records a fan-out item offering no step (with its `record` and `finish`:
 -- parts/flow_node.lua), after the results and acknowledgements: a solo worker's item costs no call of its own
 -- (`pipeline.delivery.acks`). The caller acknowledges an item's job in a later call, once it has seen the answer
@@ -100,7 +101,7 @@ local function fetch(KEYS, ARGV)
   local taken = 0
   local t = redis.call('TIME')
   local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  local expiry = now + tonumber(ARGV[1])
+  local expiry = math.ceil(now + tonumber(ARGV[1]))  -- whole seconds: see renew.lua
   local stamp = string.format('%.3f', now)
   local cap = tonumber(ARGV[11])
   local P = ARGV[12]

@@ -407,6 +407,26 @@ def test_renew_and_release_touch_only_the_owners_leases_on_redis_clock(client: r
     assert client.hget("pipeline:lease", "theirs") == b"peer" and client.zscore("unacked_index", "theirs") == 1
 
 
+def test_fetch_and_renewal_write_whole_second_expiries_never_short_of_the_lease(client: redis.Redis) -> None:
+    """Each lease expiry is Redis's clock plus the lease rounded up to the whole second: the holder keeps at least
+    the lease it was granted (at most a second more), and the small index keeps every score as an integer."""
+    client.lpush("jobs", _envelope("job-1"))
+    for lease in ("30", "2.5"):
+        seconds, micros = client.time()
+        if lease == "30":
+            keys = ["unacked", "unacked_index", "pipeline:lease", "pipeline:deliveries", "jobs", "test:paused"]
+            args = [lease, "me", "node", "x:", "hist:", 20, 60, "0", 10, 0, 0, GROUP_KEY_PREFIX, 0, ""]
+            script("fetch")(keys=keys, args=args, client=client)
+        else:
+            renew = script("renew")
+            assert renew(keys=["unacked_index", "pipeline:lease"], args=["me", lease, "job-1"], client=client) == []
+        after_s, after_us = client.time()
+        expiry = client.zscore("unacked_index", "job-1")
+        assert expiry is not None and expiry.is_integer(), expiry
+        assert seconds + micros / 1e6 + float(lease) <= expiry <= after_s + after_us / 1e6 + float(lease) + 1
+        assert client.object("encoding", "unacked_index") == b"listpack"
+
+
 def _fetch(
     client: redis.Redis, queues: list[str], untracked: str, count: int = 10, cap: int = 0, limits: str = ""
 ) -> list[object]:
