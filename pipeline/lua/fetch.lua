@@ -134,6 +134,24 @@ local function fetch(KEYS, ARGV)
         turn = redis.call('HGET', P .. 'turn', key) or 'p'
       end
       local plain_done = false
+      if not grouped then
+        -- No group of this key has jobs: its plain jobs in one RPOP, taken in order until one names a group, which
+        -- goes back with the rest (where they were) for the step-by-step loop below to move to its group.
+        local asked = want - taken
+        local items = redis.call('RPOP', key, asked) or {}
+        local stopped = false
+        for n, item in ipairs(items) do
+          if group_of(item) then
+            local rest = {}
+            for k = #items, n, -1 do rest[#rest + 1] = items[k] end
+            redis.call('RPUSH', key, unpack(rest))
+            stopped = true
+            break
+          end
+          take(key, item, false, nil)
+        end
+        plain_done = not stopped and #items < asked
+      end
       while taken < want do
         if turn == 'g' then
           local item, g = from_group(key)
@@ -155,6 +173,7 @@ local function fetch(KEYS, ARGV)
           elseif g then
             moved = moved + 1
             regroup(key, item, g)
+            grouped = true  -- the key has a group now: its turn is kept below
           elseif item then
             take(key, item, false, nil)
           else
@@ -167,7 +186,7 @@ local function fetch(KEYS, ARGV)
           end
         end
       end
-      if grouped or redis.call('EXISTS', state) == 1 then redis.call('HSET', P .. 'turn', key, turn) end
+      if grouped then redis.call('HSET', P .. 'turn', key, turn) end
     end
   end
   return out
