@@ -638,7 +638,6 @@ def test_a_grouped_message_back_on_the_plain_list_goes_to_its_group(client: redi
     assert client.hget(GROUP_KEY_PREFIX + "count", "jobs") == b"2"  # a-0 and a-1 still wait in a's list
 
 
-
 def test_a_fetch_of_plain_jobs_pops_them_in_one_call_and_trims_no_short_history(client: redis.Redis) -> None:
     """A key with no groups gives up its jobs in one RPOP (not one per job, and no look for a group's turn after
     each), and a delivery history under its length is not trimmed: the calls a fetch makes per job are its records'."""
