@@ -141,7 +141,7 @@ FETCH, FINISH, OTHER = "fetch and lease", "acknowledge and result", "other"
 #: Commands of the fetch and lease path, whatever their key: taking a job, waiting for one, keeping its lease.
 FETCH_COMMANDS = frozenset(
     "rpop lpop brpop blpop blmove blmpop lmove rpoplpush brpoplpush llen time exists hincrby rpush ltrim expire "  # noqa: SIM905
-    "pexpire zadd hset set sadd lpush zrangebyscore zrange hexists smembers".split()
+    "pexpire zadd hset hmset set sadd lpush zrangebyscore zrange hexists smembers".split()
 )
 #: Commands of the acknowledgement and result path: removing a held job's records, storing its result.
 FINISH_COMMANDS = frozenset("zrem hdel del lrem srem get setex psetex".split())  # noqa: SIM905
@@ -162,7 +162,7 @@ def path_of(command: bytes, script: str | None) -> str:
         return FINISH
     if name == "hget" and key == b"pipeline:lease":
         return FINISH  # the fetch script's fences: of a result to store and of an acknowledgement
-    if name == "hset" and FINISHED_FIELDS.search(command):
+    if name in ("hset", "hmset") and FINISHED_FIELDS.search(command):
         return FINISH
     if name in FINISH_COMMANDS:
         return FINISH
