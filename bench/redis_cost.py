@@ -25,11 +25,18 @@ tens of microseconds in all, and out of the command tables):
   the lines do not add up to the total.
 
 The paths: enqueue is phase (1). Fetch and lease, acknowledgement and result are phase (2) together, worker boot
-included (it is over N jobs): no Redis counter splits them, because every system runs them in the same calls: the
-pipeline's fetch script stores the previous batch's results and acknowledges them before it takes the next jobs,
-BullMQ's `moveToFinished` takes the next job in the call that completes one, and Celery's commands (`BRPOP`,
-`unacked` writes, result `SETEX`/`PUBLISH`) are named in the command table. Phase (3) is reported as µs per
-second of an idle worker, so what polling adds to phase (2) can be judged; it is not subtracted.
+included (it is over N jobs), in the headline: no Redis counter splits them, because every system runs them in the
+same calls (the pipeline's fetch script stores the previous batch's results and acknowledges them before it takes
+the next jobs; BullMQ's `moveToFinished` takes the next job in the call that completes one). The split beside it
+comes from one more rep per system, after the measured ones, with every command of phase (2) in the SLOWLOG
+(threshold 0; the log costs CPU and memory, so that rep's figures are not used otherwise). A command a script calls
+is logged on its own, just before the script: each command goes to a path by its key (a result, a job record, a
+completed set: acknowledgement and result), else by what it does (pops, waits, lease and delivery records written:
+fetch and lease; records removed, results read and written: acknowledgement and result; events, control: other; a
+transaction's EXEC by the commands it ran, each logged), and a script's own time (its Lua, arguments and reply) is
+spread over its commands' paths in proportion to their time; a lease renewal script is fetch and lease. The phase's
+median CPU is then divided in those proportions. Phase (3) is reported as µs per second of an idle worker, so what
+polling adds to phase (2) can be judged; it is not subtracted.
 
 Bytes kept per finished job, the headline: every key in Redis after (4), grouped by its name with ids replaced by
 `<id>`, summed by `MEMORY USAGE` (the key, its value, its expiry, the allocator's rounding), divided by N; the
@@ -71,6 +78,8 @@ OWN_COMMANDS = frozenset({"info", "dbsize", "scan", "memory", "hlen", "zcard", "
 IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|(?<=:)\d+(?=$|:)")
 #: --jobs when not given: at most RECENT_JOBS_MAX, so the recent-jobs index holds every job's entry.
 JOBS = 1000
+#: Entries the SLOWLOG keeps in the split rep: every command of the worker phase (about 25 a job).
+SLOWLOG_MAX = 1_000_000
 #: The key count stays the same this long once every job arrived: results and acknowledgements have landed.
 SETTLED_S = 1.0
 
@@ -127,6 +136,80 @@ def kept_keys(client: redis.Redis, jobs: int) -> dict[str, dict[str, float]]:
     }
 
 
+#: The paths of the split (every run ends with one rep per system for it: see the module doc).
+FETCH, FINISH, OTHER = "fetch and lease", "acknowledge and result", "other"
+#: Commands of the fetch and lease path, whatever their key: taking a job, waiting for one, keeping its lease.
+FETCH_COMMANDS = frozenset(
+    "rpop lpop brpop blpop blmove blmpop lmove rpoplpush brpoplpush llen time exists hincrby rpush ltrim expire "  # noqa: SIM905
+    "pexpire zadd hset hmset set sadd lpush zrangebyscore zrange hexists smembers".split()
+)
+#: Commands of the acknowledgement and result path: removing a held job's records, storing its result.
+FINISH_COMMANDS = frozenset("zrem hdel del lrem srem get setex psetex".split())  # noqa: SIM905
+#: A BullMQ job hash written when the job finishes (`moveToFinished`), not when it is taken.
+FINISHED_FIELDS = re.compile(rb"\b(returnvalue|finishedOn|failedReason)\b")
+#: Scripts whose every call keeps leases (the pipeline's): their commands are the fetch and lease path's.
+LEASE_SCRIPTS = frozenset({"renew", "release"})
+
+
+def path_of(command: bytes, script: str | None) -> str:
+    """The path one logged command belongs to: by its key first (a result, a job record, a completed set), then by
+    what it does; inside a lease-keeping script, the lease's path; events and control are `other`."""
+    words = command.split(b" ")
+    name, key = words[0].decode().lower(), (words[1] if len(words) > 1 else b"")
+    if script in LEASE_SCRIPTS:
+        return FETCH
+    if key.startswith((b"celery-task-meta-", b"pipeline:job:")) or key.endswith((b":completed", b":failed")):
+        return FINISH
+    if name == "hget" and key == b"pipeline:lease":
+        return FINISH  # the fetch script's fences: of a result to store and of an acknowledgement
+    if name in ("hset", "hmset") and FINISHED_FIELDS.search(command):
+        return FINISH
+    if name in FINISH_COMMANDS:
+        return FINISH
+    if name in FETCH_COMMANDS:
+        return FETCH
+    return OTHER
+
+
+def split(entries: list[dict[str, Any]], scripts: dict[str, str], jobs: int) -> dict[str, float]:
+    """SLOWLOG entries (every command, threshold 0) divided among the paths, µs of execution per job. A script's
+    commands are logged before it (client `?:0`), each counted on its own path; the rest of the script's time (its
+    Lua, its arguments and reply) is spread over its commands' paths in proportion to their time."""
+    paths: dict[str, float] = defaultdict(float)
+    inner: list[dict[str, Any]] = []
+    for entry in sorted(entries, key=lambda e: e["id"]):
+        if entry["client_address"] == b"?:0":
+            inner.append(entry)
+            continue
+        words = entry["command"].split(b" ")
+        name = words[0].decode().lower()
+        if name in OWN_COMMANDS or name == "exec" or name.startswith(("slowlog", "config")):  # EXEC: by its commands
+            inner = []
+            continue
+        if name in ("evalsha", "eval"):
+            script = scripts.get(words[1].decode(errors="replace")) if name == "evalsha" else None
+            own: dict[str, float] = defaultdict(float)
+            for sub in inner:
+                own[path_of(sub["command"], script)] += sub["duration"]
+            rest = entry["duration"] - sum(own.values())
+            total = sum(own.values())
+            for path, usec in own.items():
+                paths[path] += usec + rest * (usec / total if total else 1 / len(own))
+            if not own:
+                paths[FETCH if script in LEASE_SCRIPTS else OTHER] += entry["duration"]
+        else:
+            paths[path_of(entry["command"], None)] += entry["duration"]
+        inner = []
+    return {path: paths.get(path, 0.0) / jobs for path in (FETCH, FINISH, OTHER)}
+
+
+def script_names() -> dict[str, str]:
+    """The pipeline's scripts by their SHA1 (what EVALSHA names)."""
+    from pipeline.lua import names, sha
+
+    return {sha(name): name for name in names()}
+
+
 def settled(client: redis.Redis, system: str, jobs: int) -> bool:
     """Every delivered job acknowledged (kombu's `unacked` hash empty; BullMQ: N completed)."""
     if system == "bullmq":
@@ -153,8 +236,9 @@ def wait_done(bench: io.Bench, client: redis.Redis, workers: Workers, system: st
         time.sleep(0.2)
 
 
-def run(system: str, jobs: int, endpoint: io.Endpoint) -> dict[str, Any]:
-    """One system's phases on a Redis of its own."""
+def run(system: str, jobs: int, endpoint: io.Endpoint, logged: bool = False) -> dict[str, Any]:
+    """One system's phases on a Redis of its own; `logged`: every command of the worker phase in the SLOWLOG, for
+    the split (a rep of its own: the log costs CPU and memory)."""
     with redis_server() as url:
         bench = io.Bench(url, io.Options(jobs=jobs, latency=0.0, reps=1, timeout=600.0), endpoint)
         client = redis.Redis.from_url(url)
@@ -165,13 +249,20 @@ def run(system: str, jobs: int, endpoint: io.Endpoint) -> dict[str, Any]:
         start = snapshot(client)
         bench.produce(system)
         enqueued = snapshot(client)
+        if logged:
+            client.config_set("slowlog-max-len", SLOWLOG_MAX)
+            client.slowlog_reset()
+            client.config_set("slowlog-log-slower-than", 0)
         workers = Workers(argvs, env).start()
         sampler = io.RssSampler([p.pid for p in workers.procs])  # every PID of the trees, for the clean-up
         sampler.start()
         try:
             wait_done(bench, client, workers, system)
             drained = snapshot(client)
-            time.sleep(max(1.0, drained["at"] - enqueued["at"]))
+            if logged:
+                client.config_set("slowlog-log-slower-than", -1)
+                paths = split(client.slowlog_get(SLOWLOG_MAX), script_names(), jobs)
+            time.sleep(0 if logged else max(1.0, drained["at"] - enqueued["at"]))  # the split rep has no idle phase
             idle = snapshot(client)
         finally:
             sampler.stop()
@@ -182,6 +273,8 @@ def run(system: str, jobs: int, endpoint: io.Endpoint) -> dict[str, Any]:
         client.close()
         shutil.rmtree(bench.data, ignore_errors=True)
     idle_delta = delta(drained, idle, 1)
+    if logged:
+        return {"enqueue_us": delta(start, enqueued, jobs)["cpu_us_per_job"], "paths": paths}
     return {
         "enqueue": delta(start, enqueued, jobs),
         "worker": delta(enqueued, drained, jobs),
@@ -206,6 +299,7 @@ def figures(r: dict[str, Any]) -> dict[str, float]:
 def measure(jobs: int, reps: int) -> dict[str, Any]:
     endpoint = io.Endpoint(0.0)
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SYSTEMS}
+    splits: dict[str, dict[str, Any]] = {}
     load = os.getloadavg()[0]
     try:
         for rep in range(reps):
@@ -216,6 +310,9 @@ def measure(jobs: int, reps: int) -> dict[str, Any]:
                     f"  rep {rep + 1}/{reps} {system}: {f['total_us']:.1f} µs of Redis CPU per job "
                     f"(enqueue {f['enqueue_us']:.1f}, worker {f['worker_us']:.1f}), {f['bytes_kept']:.0f} bytes kept"
                 )
+        for system in SYSTEMS:
+            splits[system] = run(system, jobs, endpoint, logged=True)
+            say(f"  split {system}: " + ", ".join(f"{p} {u:.1f}" for p, u in splits[system]["paths"].items()))
     finally:
         endpoint.stop()
     medians = {s: {k: statistics.median(figures(r)[k] for r in rs) for k in figures(rs[0])} for s, rs in runs.items()}
@@ -223,6 +320,11 @@ def measure(jobs: int, reps: int) -> dict[str, Any]:
     ratios = {
         peer: {k: ours[k] / medians[peer][k] if medians[peer][k] else math.nan for k in ours} for peer in SYSTEMS[1:]
     }
+    for system, one in splits.items():  # the worker phase's median CPU, in the logged rep's proportions
+        logged = sum(one["paths"].values())
+        one["cpu_us"] = {
+            p: medians[system]["worker_us"] * u / logged if logged else 0.0 for p, u in one["paths"].items()
+        }
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "jobs": jobs,
@@ -235,6 +337,7 @@ def measure(jobs: int, reps: int) -> dict[str, Any]:
         # the last rep's detail: commands per phase and the keys kept
         "detail": {s: rs[-1] for s, rs in runs.items()},
         "all_reps": {s: [figures(r) for r in rs] for s, rs in runs.items()},
+        "split": splits,
     }
 
 
@@ -269,6 +372,25 @@ def table(result: dict[str, Any]) -> str:
         "included). Goal: total at most half of BullMQ's "
         "(ratio <= 0.50), bytes kept <= 500.",
     ]
+    paths = (FETCH, FINISH, OTHER)
+    lines.append(f"\n{'Redis CPU µs/job by path':{width}}{'enqueue':>21}" + "".join(f"{p:>24}" for p in paths))
+    for system in SYSTEMS:
+        one = result["split"][system]
+        lines.append(
+            f"{LABELS[system]:{width}}{medians[system]['enqueue_us']:>21,.1f}"
+            + "".join(f"{one['cpu_us'][p]:>24,.1f}" for p in paths)
+        )
+    for peer in SYSTEMS[1:]:
+        name = "pipeline ÷ " + ("BullMQ" if peer == "bullmq" else "stock Celery")
+        ours, theirs = result["split"]["pipeline"]["cpu_us"], result["split"][peer]["cpu_us"]
+        cells = [ratios[peer]["enqueue_us"], *(ours[p] / theirs[p] if theirs[p] else math.nan for p in paths)]
+        lines.append(f"{name:{width}}{cells[0]:>20.2f}x" + "".join(f"{c:>23.2f}x" for c in cells[1:]))
+    lines.append(
+        "  the worker phase's median (INFO cpu) divided in the proportions of a rep of its own per system with every "
+        "command of the phase in the SLOWLOG (execution µs: "
+        + "; ".join(f"{s} " + ", ".join(f"{result['split'][s]['paths'][p]:.1f}" for p in paths) for s in SYSTEMS)
+        + ")"
+    )
     for system in SYSTEMS:
         detail = result["detail"][system]
         lines.append(f"\n{LABELS[system]}, last rep: µs (calls) per job by command")

@@ -10,11 +10,11 @@ so two workers in one process never share it.
 
 A daemon thread of the worker's main process (`Renewer`: `pipeline.delivery.renewer`), with its own Redis client (so
 a busy event loop, a blocked pool child or the solo/threads pools never stop it), renews every held delivery each
-LEASE_SECONDS/3 with one Lua call (`renew.lua`: the index score becomes Redis's clock (TIME) + LEASE_SECONDS where
-`pipeline:lease` still names this worker; on a Redis Cluster one call per queue, in its slot), returning the tags it
-no longer owns. kombu's sweep (`restore_visible`) restores a tag whose index score (its lease's expiry) has passed by
-Redis's clock: the holder died or was cut off. No host's clock enters a lease, so a worker whose clock is off neither
-loses its jobs nor takes a peer's.
+LEASE_SECONDS/3 with one Lua call (`renew.lua`: the index score becomes Redis's clock (TIME) + LEASE_SECONDS, rounded
+up to the whole second, where `pipeline:lease` still names this worker; on a Redis Cluster one call per queue, in its
+slot), returning the tags it no longer owns. kombu's sweep (`restore_visible`) restores a tag whose index score (its
+lease's expiry) has passed by Redis's clock: the holder died or was cut off. No host's clock enters a lease, so a worker
+whose clock is off neither loses its jobs nor takes a peer's.
 
 Fencing: a tag whose lease is gone was (or will be) delivered to a peer. The worker must neither run nor
 acknowledge it: the delivery step drops a reserved request without running it and terminates a running one;

@@ -4,7 +4,8 @@
 -- the same step: kombu's unacked record and index entry (as kombu's QoS.append writes them), the lease owner, the
 -- delivery count and a bounded delivery history. An element of a queue consumed without acknowledgement (Celery's
 -- control replies, `reply.celery.pidbox`) is popped and returned, not recorded: nothing will acknowledge it.
--- The lease expiry (the index score) is Redis's clock (TIME) plus the lease: a sweep judges every lease on it.
+-- The lease expiry (the index score) is Redis's clock (TIME) plus the lease, rounded up to the whole second as
+-- renew.lua does: a sweep judges every lease on it.
 -- A node is recorded as flow_advance.lua records a fan-out item offering no step (with its `record` and `finish`:
 -- parts/flow_node.lua), after the results and acknowledgements: a solo worker's item costs no call of its own
 -- (`pipeline.delivery.acks`). The caller acknowledges an item's job in a later call, once it has seen the answer
@@ -100,7 +101,7 @@ local function fetch(KEYS, ARGV)
   local taken = 0
   local t = redis.call('TIME')
   local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  local expiry = now + tonumber(ARGV[1])
+  local expiry = math.ceil(now + tonumber(ARGV[1]))  -- whole seconds: see renew.lua
   local stamp = string.format('%.3f', now)
   local cap = tonumber(ARGV[11])
   local P = ARGV[12]
@@ -133,6 +134,24 @@ local function fetch(KEYS, ARGV)
         turn = redis.call('HGET', P .. 'turn', key) or 'p'
       end
       local plain_done = false
+      if not grouped then
+        -- No group of this key has jobs: its plain jobs in one RPOP, taken in order until one names a group, which
+        -- goes back with the rest (where they were) for the step-by-step loop below to move to its group.
+        local asked = want - taken
+        local items = redis.call('RPOP', key, asked) or {}
+        local stopped = false
+        for n, item in ipairs(items) do
+          if group_of(item) then
+            local rest = {}
+            for k = #items, n, -1 do rest[#rest + 1] = items[k] end
+            redis.call('RPUSH', key, unpack(rest))
+            stopped = true
+            break
+          end
+          take(key, item, false, nil)
+        end
+        plain_done = not stopped and #items < asked
+      end
       while taken < want do
         if turn == 'g' then
           local item, g = from_group(key)
@@ -154,6 +173,7 @@ local function fetch(KEYS, ARGV)
           elseif g then
             moved = moved + 1
             regroup(key, item, g)
+            grouped = true  -- the key has a group now: its turn is kept below
           elseif item then
             take(key, item, false, nil)
           else
@@ -166,7 +186,7 @@ local function fetch(KEYS, ARGV)
           end
         end
       end
-      if grouped or redis.call('EXISTS', state) == 1 then redis.call('HSET', P .. 'turn', key, turn) end
+      if grouped then redis.call('HSET', P .. 'turn', key, turn) end
     end
   end
   return out

@@ -3,16 +3,17 @@
 On a Redis Cluster each work queue parks its jobs in delayed keys of its own slot (`pipeline.queues.keys.delayed`)
 and a release is one script call per queue.
 
-One Lua script (`pipeline/lua/delayed_release.lua`) moves every entry due within DELAYED_RELEASE_AHEAD seconds
-onto its queue (LPUSH, as kombu does) and deletes it, atomically: an entry is released exactly once even when
-many releasers run, and a crash cannot lose or duplicate one. Every worker main process and every beat runs a
-releaser thread (`Releaser`) polling each DELAYED_POLL_INTERVAL seconds, so there is no single point of
-failure and no leader to elect. A parked job's due time is its ETA, from the producer's clock (as Celery's ETA
-is); releasers judge it on Redis's clock (TIME), so releasers on hosts whose clocks disagree release it at the
-same moment. Released jobs keep their ETA, so the worker's timer starts them at the due
-time; a worker holds a released job at most DELAYED_RELEASE_AHEAD seconds before it is due
-(`Settings.release_ahead`), renewing its lease meanwhile. Each release pushes a wake-up marker on its queue
-(`pipeline.queues.wake`), so an idle worker of the queue starts the job at once.
+One Lua script (`pipeline/lua/delayed_release.lua`) moves every entry due within DELAYED_RELEASE_AHEAD seconds onto
+its queue (LPUSH, as kombu does) and deletes it, atomically: an entry is released exactly once even when many
+releasers run, and a crash cannot lose or duplicate one. Every worker main process and every beat runs a releaser
+thread (`Releaser`) polling each DELAYED_POLL_INTERVAL seconds, so there is no single point of failure and no leader
+to elect. A poll first reads the earliest due time (one ZRANGE) and calls the script only when an entry is due, so
+an idle releaser costs Redis a read per poll. A parked job's due time is its ETA, from the producer's clock (as
+Celery's ETA is); releasers judge it on Redis's clock (TIME), so releasers on hosts whose clocks disagree release it
+at the same moment. Released jobs keep their ETA, so the worker's timer starts them at the due time; a worker holds
+a released job at most DELAYED_RELEASE_AHEAD seconds before it is due (`Settings.release_ahead`), renewing its lease
+meanwhile. Each release pushes a wake-up marker on its queue (`pipeline.queues.wake`), so an idle worker of the
+queue starts the job at once.
 
 With REDIS_WAIT_REPLICAS=N >= 1 the release carries Redis's WAIT in its round trip (`run_script_waited`). A
 release that N replicas do not confirm in time is logged and left as it is: it is already whole on the primary,
@@ -50,10 +51,20 @@ def release_due(now: float | None = None, limit: int = 500) -> int:
         horizon = now + get_settings().release_ahead
         args = [horizon, limit, WAKE_KEY.format(queue="")]  # each release wakes its queue's idle workers
         for keys in _calls():
+            if not _any_due(client, keys[0], horizon):
+                continue  # nothing parked is due: no script call (most polls of an idle worker)
             moved, reached = run_script_waited(client, "delayed_release", keys, args)
             released += int(moved)
             _check(int(moved), reached)
     return released
+
+
+def _any_due(client: redis.Redis, index: str, horizon: float) -> bool:
+    """Whether the earliest entry of the due-time index `index` is due by `horizon`: a read of one entry, so a poll
+    that finds nothing due costs Redis a ZRANGE, not a script call. An entry parked after this read is released by
+    the next poll, as one parked just after a release is."""
+    earliest = client.zrange(index, 0, 0, withscores=True)
+    return bool(earliest) and float(earliest[0][1]) <= horizon
 
 
 def _calls() -> list[list[str]]:

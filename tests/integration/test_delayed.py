@@ -14,6 +14,7 @@ from pipeline.broker import broker_redis, decode_message
 from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
 from pipeline.scheduling.delayed import release_due
 from pipeline.status import job_status
+from tests.support.monitor import Monitor
 from tests.support.procs import wait_for, waiting
 from tests.support.worker_app import attempts, ledger
 
@@ -158,6 +159,29 @@ def test_concurrent_releasers_release_each_entry_exactly_once(redis_server: Any)
     finally:
         client.delete(dest)
         unpark(ids)
+
+
+@pytest.mark.usefixtures("no_background_releaser")
+def test_a_poll_with_nothing_due_calls_no_script_and_a_due_entry_is_released(redis_server: Any) -> None:
+    """A releaser's poll reads the earliest due time and runs the release script only when an entry is due: an idle
+    worker's polls cost Redis a read each."""
+    dest = f"test:released:{uuid.uuid4().hex}"
+    later, due = f"later-{uuid.uuid4().hex}", f"due-{uuid.uuid4().hex}"
+    client = redis_server.client()
+    client.hset(DELAYED_MESSAGE_KEY, mapping={later: later, due: due})
+    client.hset(DELAYED_DEST_KEY, mapping={later: dest, due: dest})
+    client.zadd(DELAYED_KEY, {later: time.time() + 3600})
+    try:
+        assert client.zrange(DELAYED_KEY, 0, 0) == [later.encode()]  # nothing else parked due sooner
+        with Monitor(redis_server.client()) as seen:
+            assert release_due() == 0
+        assert not [c for c in seen.commands if c["command"].upper().startswith(("EVAL", "FCALL"))]
+        client.zadd(DELAYED_KEY, {due: time.time() - 1})
+        assert release_due() >= 1
+        assert client.lrange(dest, 0, -1) == [due.encode()] and client.zscore(DELAYED_KEY, later) is not None
+    finally:
+        client.delete(dest)
+        unpark([later, due])
 
 
 def test_cli_delay_parks_the_job_and_status_says_scheduled() -> None:

@@ -409,6 +409,26 @@ def test_renew_and_release_touch_only_the_owners_leases_on_redis_clock(client: r
     assert client.hget("pipeline:lease", "theirs") == b"peer" and client.zscore("unacked_index", "theirs") == 1
 
 
+def test_fetch_and_renewal_write_whole_second_expiries_never_short_of_the_lease(client: redis.Redis) -> None:
+    """Each lease expiry is Redis's clock plus the lease rounded up to the whole second: the holder keeps at least
+    the lease it was granted (at most a second more), and the small index keeps every score as an integer."""
+    client.lpush("jobs", _envelope("job-1"))
+    for lease in ("30", "2.5"):
+        seconds, micros = client.time()
+        if lease == "30":
+            keys = ["unacked", "unacked_index", "pipeline:lease", "pipeline:deliveries", "jobs", "test:paused"]
+            args = [lease, "me", "node", "x:", "hist:", 20, 60, "0", 10, 0, 0, GROUP_KEY_PREFIX, 0, ""]
+            script("fetch")(keys=keys, args=args, client=client)
+        else:
+            renew = script("renew")
+            assert renew(keys=["unacked_index", "pipeline:lease"], args=["me", lease, "job-1"], client=client) == []
+        after_s, after_us = client.time()
+        expiry = client.zscore("unacked_index", "job-1")
+        assert expiry is not None and expiry.is_integer(), expiry
+        assert seconds + micros / 1e6 + float(lease) <= expiry <= after_s + after_us / 1e6 + float(lease) + 1
+        assert client.object("encoding", "unacked_index") == b"listpack"
+
+
 def _fetch(
     client: redis.Redis, queues: list[str], untracked: str, count: int = 10, cap: int = 0, limits: str = ""
 ) -> list[object]:
@@ -618,6 +638,32 @@ def test_a_grouped_message_back_on_the_plain_list_goes_to_its_group(client: redi
 
     assert order == ["plain", "a-retry"]  # the retry moved to the head of its group; cap 1: a's next job waits
     assert client.hget(GROUP_KEY_PREFIX + "count", "jobs") == b"2"  # a-0 and a-1 still wait in a's list
+
+
+def test_a_fetch_of_plain_jobs_pops_them_in_one_call_and_trims_no_short_history(client: redis.Redis) -> None:
+    """A key with no groups gives up its jobs in one RPOP (not one per job, and no look for a group's turn after
+    each), and a delivery history under its length is not trimmed: the calls a fetch makes per job are its records'."""
+    client.lpush("jobs", *(_grouped(f"p-{i}", None) for i in range(6)))
+    client.config_resetstat()
+    reply = _fetch(client, ["jobs"], "0", count=5)
+    stats = client.info("commandstats")
+    assert [bytes_to_str(reply[i]) for i in range(3, len(reply), 8)] == [f"p-{i}" for i in range(5)]
+    assert client.llen("jobs") == 1 and client.llen("hist:p-0") == 1
+    assert stats["cmdstat_rpop"]["calls"] == 1 and "cmdstat_ltrim" not in stats
+    assert stats["cmdstat_exists"]["calls"] == 2 + 5  # the paused set and the key's groups once; each tombstone
+
+
+def test_a_grouped_message_among_plain_jobs_of_a_key_without_groups_keeps_its_place(client: redis.Redis) -> None:
+    """Popped in one call, the plain jobs ahead of a message naming a group are taken; it and the jobs behind it go
+    back where they were, and it moves to its group as one popped alone does: the order is the step-by-step one."""
+    client.lpush("jobs", _grouped("p-0", None), _grouped("p-1", None), _grouped("a-retry", "a"))
+    client.lpush("jobs", _grouped("p-2", None), _grouped("p-3", None))
+
+    reply = _fetch(client, ["jobs"], "0", count=4)
+
+    assert [bytes_to_str(reply[i]) for i in range(3, len(reply), 8)] == ["p-0", "p-1", "p-2", "a-retry"]
+    assert client.lrange("jobs", 0, -1) == [_grouped("p-3", None).encode()]  # the newest, still queued
+    assert client.hget(GROUP_KEY_PREFIX + "count", "jobs") == b"0"
 
 
 def _job(tag: str, task_id: str) -> str:

@@ -50,8 +50,8 @@ local function take(key, item, untracked, g)
   redis.call('HSET', KEYS[3], tag, ARGV[2])
   local n = redis.call('HINCRBY', KEYS[4], tag, 1)
   local history = ARGV[5] .. tag
-  redis.call('RPUSH', history, '{"at":' .. stamp .. ',"worker":' .. cjson.encode(ARGV[3]) .. '}')
-  redis.call('LTRIM', history, -tonumber(ARGV[6]), -1)
+  local entries = redis.call('RPUSH', history, '{"at":' .. stamp .. ',"worker":' .. cjson.encode(ARGV[3]) .. '}')
+  if entries > tonumber(ARGV[6]) then redis.call('LTRIM', history, -tonumber(ARGV[6]), -1) end
   redis.call('EXPIRE', history, tonumber(ARGV[7]))
   if g and cap > 0 then
     redis.call('SADD', P .. 'leases:' .. g, tag)
