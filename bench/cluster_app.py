@@ -15,13 +15,11 @@ import time
 from pydantic import BaseModel
 
 from bench import job
+from bench.cluster import QUEUES
 from pipeline import app
 from pipeline.task import JobContext, TypedTask, typed_task
 
 __all__ = ["QUEUES", "app", "noops"]
-
-#: Slots 3283, 7410 and 11409: one in each third (0-5460, 5461-10922, 10923-16383).
-QUEUES = ("bench-cluster-0", "bench-cluster-1", "bench-cluster-2")
 
 
 class NoopJob(BaseModel):

@@ -39,7 +39,9 @@ pytestmark = pytest.mark.faults
 #: The probe's queue and the webhooks' queue: their slots are served by different masters of a 3-master cluster.
 PROBES, WEBHOOKS = "default", "webhooks"
 #: Parked longer than DELAYED_RELEASE_AHEAD (2 s), so the job waits in the delayed set before its release.
-COUNTDOWN_S = 6.0
+#: Long enough that two CLI calls (enqueue, then status: each a Python start, seconds on a loaded 2-core machine)
+#: end before the job is due, so its status can be read while it is parked.
+COUNTDOWN_S = 15.0
 
 
 @pytest.fixture
