@@ -23,7 +23,7 @@ import pytest
 from redis.cluster import key_slot
 
 from pipeline.constants import FLOW_HANDOFFS_KEY
-from pipeline.queues import keys
+from pipeline.queues import jobkeys, keys
 from tests.faults.ledger import SHORT_LEASE, SHORT_LEASE_S
 from tests.support.cluster import Cluster
 from tests.support.cluster_flows import ENDS, ITEMS
@@ -196,4 +196,4 @@ def test_a_step_enqueued_twice_under_its_claim_is_queued_once_and_keeps_its_reco
         json.loads(m)["headers"]["id"] for level in keys.levels("default", True) for m in client.lrange(level, 0, -1)
     ]
     assert waiting == [job], "queued once"
-    assert client.exists(f"pipeline:job:{job}") == 1, "its record kept"
+    assert client.exists(jobkeys.record(job, cluster=True)) == 1, "its record kept"
