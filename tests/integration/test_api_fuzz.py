@@ -22,6 +22,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.core.failures import FailureGroup, as_reported_failure
+from schemathesis.core.result import Ok
 from schemathesis.pytest.lazy import get_all_tests
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
@@ -111,6 +112,8 @@ def test_no_server_errors_for_generated_requests(operation: str, served_schema: 
     (built,) = get_all_tests(
         schema=served_schema.include(name=operation), test_func=no_server_error, settings=None, given_kwargs=None
     )
+    if not isinstance(built, Ok):
+        raise built.err()  # the schema's own error for this operation
     _, test = built.ok()
     try:
         test(fuzz_api=fuzz_api)
