@@ -14,7 +14,7 @@ import gc
 import os
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -117,7 +117,9 @@ def session_worker(services: None, work_dir: Path) -> Iterator[InProcessWorker]:
     """A worker in the test process on every work queue but transcode, shared by the integration tests."""
     worker = InProcessWorker("session", work_dir / "logs", [q for q in WORK_QUEUES if q != TRANSCODE_QUEUE])
     worker.start()
+    _state["session_worker"] = worker
     yield worker
+    _state.pop("session_worker", None)
     worker.stop()
 
 
@@ -182,10 +184,32 @@ def clean_dlq(redis_server: RedisServer) -> Iterator[None]:
     client.delete(*DLQ_KEYS)
 
 
+#: The workers a test started (`make_worker`) and the session's worker if this process runs one: a failed test's report
+#: ends with the last lines of each one's log.
+_WORKERS = pytest.StashKey[list[Worker]]()
+LOG_TAIL_CHARS = 4000
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call" and report.failed:
+        workers: list[Worker | InProcessWorker] = [*item.stash.get(_WORKERS, [])]
+        session = _state.get("session_worker")
+        if isinstance(session, InProcessWorker):
+            workers.append(session)
+        for worker in workers:
+            report.sections.append((f"log of worker {worker.name} (its end)", worker.log()[-LOG_TAIL_CHARS:]))
+    return report
+
+
 @pytest.fixture
-def make_worker(services: None, work_dir: Path) -> Iterator[Callable[..., Worker]]:
+def make_worker(services: None, work_dir: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Worker]]:
     """Start extra workers (subprocesses) for one test; all are stopped (by PID) when it ends."""
     started: list[Worker] = []
+    request.node.stash[_WORKERS] = started
 
     def make(name: str, env: dict[str, str] | None = None, **kwargs: object) -> Worker:
         worker = Worker(name, work_dir / "logs", env or {}, **kwargs)  # type: ignore[arg-type]
