@@ -14,7 +14,7 @@ from celery.result import AsyncResult
 from pipeline.celery_app import get_app
 from pipeline.constants import HEADER_RATE_GRANT, HEADER_RATE_SLOT, RATE_LIMIT_KEY
 from pipeline.fairness.rates import ClusterRate
-from tests.support.limited import limited, starts
+from tests.support.limited import QUEUE, limited, starts
 from tests.support.monitor import Monitor
 from tests.support.procs import RedisServer, wait_progressing
 
@@ -53,8 +53,8 @@ def test_limit_holds_across_four_processes_and_nothing_fails(
 ) -> None:
     limiter = RATE_LIMIT_KEY.format(task="test.limited")
     redis_server.client().delete(limiter)
-    make_worker("rate-a", queues="default", concurrency=2)
-    make_worker("rate-b", queues="default", concurrency=2)
+    make_worker("rate-a", queues=QUEUE, concurrency=2)
+    make_worker("rate-b", queues=QUEUE, concurrency=2)
     key = uuid.uuid4().hex
     with Monitor(redis_server.client()) as seen:
         ids = [limited.enqueue({"key": key, "n": i}) for i in range(JOBS)]
@@ -87,7 +87,7 @@ def _forge(redis_server: RedisServer, key: str, headers: Any, jobs: int) -> None
     forger.conf.update(task_serializer="json")
     try:
         for n in range(jobs):
-            forger.send_task(SLOW, args=[{"key": key, "n": n}], queue="default", headers=headers(time.time()))
+            forger.send_task(SLOW, args=[{"key": key, "n": n}], queue=QUEUE, headers=headers(time.time()))
             time.sleep(0.05)  # a steady stream: each is taken as it arrives
     finally:
         forger.close()
@@ -112,7 +112,7 @@ def test_a_grant_a_producer_nests_in_a_headers_entry_is_not_honoured(
     limit holds."""
     limiter = RATE_LIMIT_KEY.format(task=SLOW)
     redis_server.client().delete(limiter)
-    make_worker("rate-grant", queues="default", concurrency=4)
+    make_worker("rate-grant", queues=QUEUE, concurrency=4)
     key = uuid.uuid4().hex
 
     def grant(now: float) -> dict[str, Any]:
@@ -129,7 +129,7 @@ def test_slots_a_producer_writes_do_not_let_jobs_start_together(
     recorded (twelve jobs, one slot three seconds ahead) gets each job a slot of its own: they do not start
     together."""
     redis_server.client().delete(RATE_LIMIT_KEY.format(task=SLOW))
-    make_worker("rate-slot", queues="default", concurrency=4)
+    make_worker("rate-slot", queues=QUEUE, concurrency=4)
     key = uuid.uuid4().hex
     slot = time.time() + 3
     _forge(redis_server, key, lambda now: {HEADER_RATE_SLOT: slot}, 12)
