@@ -156,6 +156,24 @@ def test_a_running_job_cancelled_on_the_cluster_is_stopped_and_its_worker_serves
     assert _json(env, "status", behind)["state"] == "succeeded"
 
 
+def test_a_running_job_whose_cancel_message_was_missed_is_stopped_by_the_workers_recheck(
+    redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any
+) -> None:
+    """A cancel whose PUBLISH the worker did not hear (its connection was down then) leaves the job's tombstone, in
+    its queue's slot: the worker's listener reads the tombstones of the jobs it holds (on a cluster each queue's
+    delivery records, in its slot) every RECHECK_S, and stops the job."""
+    env, key, after = _env(redis_cluster, ledger_redis), uuid.uuid4().hex, uuid.uuid4().hex
+    make_worker(f"clo-missed-{key[:6]}", env=env, queues=QUEUE, concurrency=1, pool="solo")
+    [job] = _enqueue(env, {"key": key, "ends": "release"})
+    wait_for(lambda: _events(ledger_redis, key) == ["start"], 60, 0.1, what="the job to start")
+    redis_cluster.client().set(keys.cancel(QUEUE, job, True), "1", ex=600)  # what a cancel leaves, unheard
+    wait_for(lambda: _events(ledger_redis, key) == ["start", "stopped"], 60, 0.2, what="the recheck to stop the job")
+    wait_for(lambda: redis_cluster.client().hlen(keys.unacked(QUEUE, True)) == 0, 30, 0.1, what="its acknowledgement")
+    _enqueue(env, {"key": after})
+    wait_for(lambda: _events(ledger_redis, after) == ["start", "finish"], 60, 0.2, what="the next job")
+    assert _json(env, "status", job)["state"] == "cancelled"
+
+
 def test_a_flow_cancelled_while_its_first_step_runs_queues_nothing_after_it(
     redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any
 ) -> None:
