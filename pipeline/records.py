@@ -1,8 +1,8 @@
 """The accepted-job record: written before a job is published, so its id never reads as "unknown".
 
 Celery answers PENDING for any id it never saw. So every producer path of the pipeline (`enqueue`,
-fan-out, DLQ replay) records the job id in Redis (`pipeline:job:<id>`, JSON with task name, accepted time
-and ETA) *before* publishing, with a TTL of RESULT_EXPIRES past the ETA. `pipeline.status` reads it. On a Redis
+fan-out, DLQ replay) records the job id in Redis (`pipeline:job:<id>`, JSON with task name, accepted time,
+ETA and queue) *before* publishing, with a TTL of RESULT_EXPIRES past the ETA. `pipeline.status` reads it. On a Redis
 Cluster the record is `pipeline:job:{celery-task-meta-<id>}`, in its result's slot (`pipeline.queues.jobkeys`).
 
 In the same round trip the id joins its queue's recent-jobs index (`pipeline:recent:<queue>`, a sorted set
@@ -32,13 +32,16 @@ from pipeline.config import get_settings
 from pipeline.queues import jobkeys, keys
 
 
-def accepted_entry(task_name: str, eta: datetime | None = None) -> tuple[str, int]:
-    """The record `record_accepted` stores (JSON) and its time to live in seconds."""
+def accepted_entry(task_name: str, eta: datetime | None = None, queue: str | None = None) -> tuple[str, int]:
+    """The record `record_accepted` stores (JSON) and its time to live in seconds. Its `queue` is what a waiting job's
+    status names (no result names it yet), so a cancel on a Redis Cluster writes the tombstone in that queue's slot."""
     now = datetime.now(UTC)
     if eta is not None and eta.tzinfo is None:
         eta = eta.replace(tzinfo=UTC)  # Celery reads a naive ETA as UTC (enable_utc)
     ahead = max(0.0, (eta - now).total_seconds()) if eta is not None else 0.0
     record = {"task": task_name, "accepted_at": now.isoformat(), "eta": eta.isoformat() if eta else None}
+    if queue is not None:
+        record["queue"] = queue
     return json.dumps(record), get_settings().result_expires + int(ahead) + 1
 
 
@@ -54,7 +57,7 @@ def remember_recent(pipe: Pipeline, queue: str | None, task_ids: list[str], now:
 
 def record_accepted(task_id: str, task_name: str, eta: datetime | None = None, queue: str | None = None) -> None:
     """Remember that `task_id` was accepted (on `queue`); call before publishing it (raises if Redis is down)."""
-    value, ttl = accepted_entry(task_name, eta)
+    value, ttl = accepted_entry(task_name, eta, queue)
     with broker_redis() as client:
         pipe = client.pipeline(transaction=not keys.clustered())  # on a cluster: two slots, one batch per master
         pipe.set(jobkeys.record(task_id), value, ex=ttl)

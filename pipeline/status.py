@@ -213,7 +213,7 @@ def _status(
         id=task_id,
         state=state,
         task=meta.get("name") or record.get("task"),
-        queue=meta.get("queue"),
+        queue=meta.get("queue") or record.get("queue"),
         worker=meta.get("worker"),
         attempts=(meta.get("retries") or 0) + (0 if state.waiting else 1),
         progress=_progress(info) if celery_state == "PROGRESS" else None,

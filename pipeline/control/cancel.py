@@ -5,10 +5,9 @@ succeeded, failed, dead-lettered or cancelled already). Otherwise, in one script
 
 * a parked delayed job (a countdown, an ETA, a long retry: `pipeline.publish`) is taken out of `pipeline:delayed`;
 * the job's tombstone `pipeline:cancel:<id>` is written (on a Redis Cluster both are the job's queue's keys, in its
-  slot: the queue comes from the job's status, and a job whose queue is unknown gets one on every work queue), for
-  RESULT_EXPIRES: a worker's fetch acknowledges the job's
-  message as it pops it and drops it unrun (`fetch.lua`, `pipeline.delivery.cancelled`), a waiting job and the next
-  attempt of a retrying one alike;
+  slot: the queue comes from the job's status, whichever queue it is, and a job whose queue is unknown gets one on
+  every work queue), for RESULT_EXPIRES: a worker's fetch acknowledges the job's message as it pops it and drops it
+  unrun (`fetch.lua`, `pipeline.delivery.cancelled`), a waiting job and the next attempt of a retrying one alike;
 * its id is PUBLISHed on `pipeline:cancel`: the worker holding the job (prefetched, a retry's countdown in its
   timer, or running) drops it, or stops it within a second (`pipeline.runtime.cancels`).
 
@@ -56,8 +55,9 @@ class JobFinished(ValueError):
 
 def _tombstone(task_id: str, queue: str | None) -> int:
     """Run `cancel.lua` for `task_id`: once on a single Redis (shared keys); on a cluster in the slot of the job's
-    `queue`, or of every work queue when it is not known. 1 when a parked entry was dropped."""
-    calls = [queue] if queue in WORK_QUEUES or not keys.clustered() else list(WORK_QUEUES)
+    `queue` (any queue: a typed task's own, a flow step's), or of every work queue when it is not known. 1 when a
+    parked entry was dropped."""
+    calls = [queue] if queue or not keys.clustered() else list(WORK_QUEUES)
     parked = 0
     with broker_redis() as client:
         for n, each in enumerate(calls):

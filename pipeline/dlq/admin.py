@@ -138,11 +138,11 @@ def _republish(client: redis.Redis, entry: DeadLetter, name: str) -> str:
         return get_app().send_task(name, args=entry.args, kwargs=entry.kwargs or {}, **options)
 
     message = capture(send)
-    record, ttl = records.accepted_entry(name)
+    queue = keys.queue_of(message.dest)
+    record, ttl = records.accepted_entry(name, queue=queue)
     events = [
         (str(args[0]), str(args[1].decode() if isinstance(args[1], bytes) else args[1])) for _, args in message.extra
     ]
-    queue = keys.queue_of(message.dest)
     claim = (idempotency.redis_key(name, f"dlq-replay:{entry.id}", queue), get_settings().enqueue_idempotency_ttl)
     first = store_jobs(
         client,

@@ -106,7 +106,7 @@ def queued(
         ids,
         [out.body for out in outs],
         outs[0].dest,
-        accepted_entry(typed.name)[0],
+        accepted_entry(typed.name, queue=typed.queue)[0],
         channel,
         [body for out in outs for _, body in out.publishes],
     )

@@ -149,7 +149,7 @@ def _store(
     group: str | None = None,
 ) -> str | None:
     """Store jobs due now in one script call (see `pipeline.producer.script.store_jobs`)."""
-    record, ttl = accepted_entry(name)
+    record, ttl = accepted_entry(name, queue=queue)
     channels = {channel for out in outs for channel, _ in out.publishes}
     if len(channels) > 1 or len({out.dest for out in outs}) != 1:
         raise RuntimeError(f"{name}: a batch's jobs must share one queue and one event channel")
@@ -232,7 +232,7 @@ def _write_captured(
         headers[HEADER_RATE_KEY] = rate
     eta = datetime.fromtimestamp(due, UTC) if due is not None and due > now else None
     message = capture(lambda producer: send(producer, task_id, payload, headers, eta))
-    record, ttl = accepted_entry(name, eta)
+    record, ttl = accepted_entry(name, eta, queue)
     client = producer_redis()
     pipe = client.pipeline(transaction=True)
     if keys.clustered():  # the record is a key of its own slot: written first, the queue's keys in one MULTI after

@@ -64,6 +64,12 @@ def _scoped(queue: str, kind: str) -> str:
     return f"{KEY_PREFIX}{tag(queue)}:{kind}"
 
 
+def tagged_queue(key: str) -> str | None:
+    """The queue whose hash tag a key carries (`pipeline:{<q>}:<kind>` on a cluster: `<q>`); None for a key without."""
+    start, end = key.find("{"), key.find("}")
+    return key[start + 1 : end] if 0 <= start < end else None
+
+
 def level(queue: str, step: int, cluster: bool | None = None) -> str:
     """The list `queue`'s jobs of priority step `step` wait in (step 0: the queue's own name in both layouts)."""
     if step == 0 or not clustered(cluster):

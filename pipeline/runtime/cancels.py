@@ -30,7 +30,8 @@ broadcast (`pipeline.delivery.broadcasts`) and stops the job from its thread; Ce
 free and finds the job REVOKED.
 
 A message missed while the connection was down is caught on reconnect, and every RECHECK_S: the listener reads the
-tombstones of the jobs this worker holds (its leased deliveries, from `unacked`) and handles those that are set.
+tombstones of the jobs this worker holds (its leased deliveries, from `unacked`; on a Redis Cluster each queue's
+records and tombstones, in its slot) and handles those that are set.
 Not handled: the threads pool (a job is not interrupted; its result is not stored over `cancelled`), and a solo
 job that catches `JobCancelled` and goes on (it finishes; its state stays `cancelled`).
 """
@@ -50,12 +51,14 @@ from typing import Any
 from celery import bootsteps
 from celery.worker import state
 
+from pipeline import cluster
 from pipeline.broker import broker_redis, direct_redis
-from pipeline.constants import CANCEL_CHANNEL, CANCEL_KEY, UNACKED_KEY
+from pipeline.constants import CANCEL_CHANNEL
 from pipeline.delivery import broadcasts, request
 from pipeline.delivery.lease import Leases
 from pipeline.errors import JobCancelled
 from pipeline.pools import aio, traces_in_main_thread
+from pipeline.queues import keys
 from pipeline.runtime.daemon import Daemon
 from pipeline.runtime.timelimits import alarm_limits
 from pipeline.task import GUARDS, PipelineTask
@@ -149,17 +152,19 @@ def plain_ended(task: Any) -> None:
         _plain.stop()
 
 
-def _held_ids(client: Any, leases: Leases) -> list[str]:
-    """Task ids of the deliveries this worker holds (its leased tags, read from kombu's `unacked`)."""
-    tags = sorted(leases.held())
-    ids = []
-    for raw in client.hmget(UNACKED_KEY, tags) if tags else []:
-        try:
-            headers = json.loads(raw)[0].get("headers") or {}
-        except (TypeError, ValueError, AttributeError, IndexError, KeyError):
-            continue
-        if isinstance(headers.get("id"), str):
-            ids.append(headers["id"])
+def _held_ids(client: Any, leases: Leases) -> dict[str, str]:
+    """Task id -> tombstone key of each delivery this worker holds (its leased tags, read from kombu's `unacked`: on a
+    Redis Cluster each queue's own, in its slot, where the job's tombstone is too)."""
+    ids: dict[str, str] = {}
+    for records, tags in leases.by_records(sorted(leases.held())):
+        queue = keys.tagged_queue(records[0]) or ""  # '' on a single Redis: one tombstone name for every queue
+        for raw in client.hmget(records[0], tags) if tags else []:
+            try:
+                headers = json.loads(raw)[0].get("headers") or {}
+            except (TypeError, ValueError, AttributeError, IndexError, KeyError):
+                continue
+            if isinstance(headers.get("id"), str):
+                ids[headers["id"]] = keys.cancel(queue, headers["id"])
     return ids
 
 
@@ -206,9 +211,9 @@ class Listener(Daemon):
 
     def recheck(self, client: Any) -> None:
         """Handle the held jobs whose tombstone is set (a cancel this worker did not hear)."""
-        ids = _held_ids(client, self.leases)
-        marks = client.mget([CANCEL_KEY.format(id=i) for i in ids]) if ids else []
-        for task_id, mark in zip(ids, marks, strict=True):
+        held = _held_ids(client, self.leases)
+        marks = cluster.get_many(client, list(held.values()))
+        for task_id, mark in zip(held, marks, strict=True):
             if mark is not None and task_id not in state.revoked:
                 self._on_cancel(task_id)
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -32,7 +30,7 @@ from pipeline.runtime.asyncpool import POOL
 from tests.faults.asyncpool_workers import children
 from tests.faults.ledger import SHORT_LEASE, SHORT_LEASE_S, done, each_ran_once, run_count, starts
 from tests.support.cluster import Cluster
-from tests.support.procs import ROOT, RedisServer, Worker, wait_for
+from tests.support.procs import RedisServer, Worker, run_python, wait_for
 
 pytestmark = pytest.mark.faults
 
@@ -55,15 +53,7 @@ def _env(cluster: Cluster, ledger: RedisServer, **extra: str) -> dict[str, str]:
 
 
 def _produce(env: dict[str, str], *argv: str) -> Any:
-    done_ = subprocess.run(
-        [sys.executable, "-m", "tests.support.cluster_producer", *argv],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done_ = run_python(env, "-m", "tests.support.cluster_producer", *argv)
     assert done_.returncode == 0, done_.stderr[-3000:]
     return json.loads(done_.stdout.strip().splitlines()[-1])
 

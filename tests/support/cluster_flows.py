@@ -3,7 +3,8 @@ worker is killed in the middle of a hand-off.
 
 `test_spread`: `top` (`test.run` on `default`) → `items`, a fan-out of `test.spread_item` jobs on ITEMS → `end`,
 their join, one `test.spread_end` job on ENDS. Each item and the join record their run in the ledger
-(`test:ledger:<key>:item` and `test:ledger:<key>:end`), where the test counts them. With the even split of slots over
+(`test:ledger:<key>:item` and `test:ledger:<key>:end`), where the test counts them; item i then fails permanently
+(it is dead-lettered) while the ledger holds `test:flag:<key>:item:<i>`. With the even split of slots over
 three masters, `default`, ITEMS and ENDS hash to the second, the first and the third.
 
 `crash_between_claim_and_enqueue` (installed by the tests' worker app, `tests.support.worker_app`): a worker whose
@@ -20,6 +21,7 @@ import time
 
 from pydantic import BaseModel, Field
 
+from pipeline.errors import PermanentError
 from pipeline.flows import Flow
 from pipeline.task import JobContext, typed_task
 from tests.support.ledger_tasks import LedgerResult, RunJob, RunResult, ledger_client, run
@@ -47,7 +49,10 @@ def _count(job: SpreadJob, ctx: JobContext, kind: str) -> LedgerResult:
     "test.spread_item", kind="test-spread-item", payload=SpreadJob, result=LedgerResult, public=False, queue=ITEMS
 )
 def spread_item(job: SpreadJob, ctx: JobContext) -> LedgerResult:
-    return _count(job, ctx, "item")
+    counted = _count(job, ctx, "item")
+    if ledger_client().exists(f"test:flag:{job.key}:item:{job.i}"):
+        raise PermanentError(f"item {job.i} is flagged to fail")
+    return counted
 
 
 @typed_task("test.spread_end", kind="test-spread-end", payload=SpreadJob, result=LedgerResult, public=False, queue=ENDS)

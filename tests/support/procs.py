@@ -85,6 +85,20 @@ def wait_progressing(
     return last
 
 
+def run_python(env: Mapping[str, str], *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`python ARGV` from the repository's root in a process of its own, with `env` over this one's: its exit code,
+    stdout and stderr (a test on a Redis Cluster runs its clients so, with the cluster's settings)."""
+    return subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def stop_process(proc: subprocess.Popen[bytes] | None, timeout: float = 10) -> None:
     """SIGTERM `proc` and wait; SIGKILL it if it outlives `timeout` seconds."""
     if proc is None or proc.poll() is not None:
