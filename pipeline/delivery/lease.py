@@ -55,6 +55,7 @@ from typing import Any
 from pipeline.compat.results import Stored
 from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, LEASE_KEY, UNACKED_INDEX_KEY, UNACKED_KEY
 from pipeline.delivery import replicas
+from pipeline.delivery.renewer import RenewalClock
 from pipeline.delivery.renewer import Renewer as Renewer  # the renewal thread, in a module of its own
 from pipeline.lua import script
 from pipeline.observability import metrics
@@ -81,11 +82,11 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class Leases:
+class Leases(RenewalClock):
     """One worker's deliveries and their leases (see the module doc), shared by the loop, pool and renewal threads."""
 
     def __init__(self, lease_seconds: float = 30.0, node: str | None = None, cluster: bool = False) -> None:
-        self.lease_seconds = float(lease_seconds)
+        super().__init__(lease_seconds)
         self._node = node
         #: On a Redis Cluster each queue keeps its delivery records in its own slot: the queue of each tag (`hold`).
         self.cluster = cluster
@@ -110,9 +111,6 @@ class Leases:
         self._confirmed: dict[str, float] = {}
         #: Tags given up because their lease could not be renewed in time (`give_up`): monotonic time each lapses.
         self._lapsing: dict[str, float] = {}
-        self._streak_since: float | None = None  # monotonic time of the first renewal of the current unbroken run
-        self._renewed_at: float | None = None  # monotonic time of the last successful renewal
-        self._wake = threading.Event()
         self._renewing = threading.Lock()  # one renewal at a time: the thread's, or the last one at shutdown
 
     def owner(self) -> str:
@@ -276,28 +274,6 @@ class Leases:
         for tag in tags:
             self.remember_ack(tag, exc)
 
-    def sweep_allowed(self) -> bool:
-        """True once this worker's renewals have succeeded without a break for a whole lease (see the module doc),
-        the last one recently: a worker that was frozen renews (or finds its leases lost) before it sweeps."""
-        with self._lock:
-            now = time.monotonic()
-            return (
-                self._streak_since is not None
-                and now - self._streak_since >= self.lease_seconds
-                and self._renewed_at is not None
-                and now - self._renewed_at <= self.lease_seconds / 2
-            )
-
-    def renewed(self, ok: bool) -> None:
-        """Record a renewal's outcome: a failure, or a gap longer than the lease, starts the run over."""
-        now = time.monotonic()
-        with self._lock:
-            if not ok or (self._renewed_at is not None and now - self._renewed_at > self.lease_seconds):
-                self._streak_since = None
-            if ok and self._streak_since is None:
-                self._streak_since = now
-            self._renewed_at = now if ok else None
-
     def ack(self, client: Any, tag: str) -> bool:
         """Remove `tag` from Redis if this worker still holds its lease (fenced); forget it either way."""
         return tag not in self.settle(client, [tag])
@@ -387,14 +363,3 @@ class Leases:
                 len(lost),
             )
         return lost
-
-    def wait(self, delay: float) -> None:
-        """Sleep up to `delay` seconds, or until something is remembered for the renewal thread to write."""
-        self._wake.wait(delay)
-        self._wake.clear()
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    def ever_renewed(self) -> bool:
-        return self._renewed_at is not None
