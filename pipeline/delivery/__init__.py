@@ -8,7 +8,7 @@ acknowledgements written together (`acks`), and fencing (`fencing`: the worker b
 (`pipeline.queues.wake`), `watches` how it hears a message pushed without a wake-up marker, `broadcasts` how Celery's
 revoke broadcast is read off the worker's main thread. On a Redis Cluster the worker consumes through `clustered`
 instead (per-queue fetch, leases and restores; `cluster_fanout` for Celery's control and events; `cluster_loop` for
-kombu's event loop).
+kombu's event loop; `moving` for a queue whose slot is moving between two masters).
 
 This package and `pipeline.compat` are the only places that reach into private parts of celery, kombu, billiard and
 redis-py (`tests/unit/test_seam.py` fails on any other). Each reach is an entry of `ENTRIES`: the upstream symbols,
@@ -42,6 +42,14 @@ ENTRIES: tuple[Entry, ...] = (
         "pipeline.delivery.cluster_loop, pipeline.delivery.clustered",
         _KOMBU,
         "tests/integration/test_cluster_worker.py::test_the_event_loop_polls_the_subscription_socket_and_wakes_on_a_marker",
+        critical=True,
+    ),
+    Entry(
+        "redis.cluster.RedisCluster.RedisClusterRequestTTL, read from the instance at each call (a worker channel's "
+        "client gives up on a moving slot after a few tries), ClusterError once the tries are spent",
+        "pipeline.delivery.moving",
+        ("redis",),
+        "tests/faults/test_cluster_moving_slot.py::test_a_worker_channels_client_gives_up_on_a_moving_slot_after_its_tries",
         critical=True,
     ),
     Entry(

@@ -28,6 +28,10 @@ prefork's asynchronous pool run as on a single Redis. The hub does not block on 
 it through a self-pipe, and each tick fetches the queues that woke (`pipeline.delivery.cluster_loop`). Celery's
 synchronous loop (`drain_events`: a client waiting for replies) rounds over every queue and waits as above.
 
+A queue whose slot is moving between two masters (its keys split, its scripts refused with TRYAGAIN) is skipped for the
+round and fetched again at its next one, while the other queues go on; its acknowledgements wait for the renewal
+thread, and the sweep leaves it alone for a lease after (`pipeline.delivery.moving`).
+
 Results are stored on the cluster, fenced by an owner stamp the fetch writes beside each result
 (`pipeline.delivery.stamps`).
 """
@@ -49,7 +53,7 @@ from redis.exceptions import ClusterDownError, ClusterError
 
 from pipeline import cluster
 from pipeline.constants import PRIORITY_SEPARATOR, PRIORITY_STEPS
-from pipeline.delivery import fetch, waking
+from pipeline.delivery import fetch, moving, waking
 from pipeline.delivery.cluster_fanout import Fanout
 from pipeline.delivery.cluster_loop import Evented, EventedTransport, Waiters
 from pipeline.delivery.lease import Leases, records
@@ -85,7 +89,9 @@ class ClusterQoS(kombu_virtual.QoS):
         if leases is not None:
             try:
                 leases.ack(self.channel.client, delivery_tag)
-            except CONNECTION_ERRORS as exc:
+            except (*CONNECTION_ERRORS, redis.ResponseError) as exc:  # an outage, or (`is_moving`) its slot moving
+                if not isinstance(exc, CONNECTION_ERRORS) and not moving.is_moving(exc):
+                    raise
                 leases.remember_ack(delivery_tag, exc)  # applied by the renewal thread once the cluster answers
         super().ack(delivery_tag)
 
@@ -124,8 +130,7 @@ class ClusterQoS(kombu_virtual.QoS):
         groups = leases.by_records([tag]) if leases is not None else []
         if not groups:
             return 0
-        unacked = groups[0][0][0]  # pipeline:{<q>}:unacked (a queue's name holds no brace on a cluster)
-        queue = unacked[unacked.index("{") + 1 : unacked.index("}")]
+        queue = moving.tagged(groups[0][0][0])  # pipeline:{<q>}:unacked (a queue's name holds no brace on a cluster)
         leaving = leases.leaving([tag] if owner is not None else []) if leases is not None else contextlib.nullcontext()
         with leaving:
             return self.channel.restore(queue, tag, owner or "", leftmost)
@@ -144,7 +149,8 @@ class ClusterChannel(Fanout, Evented, kombu_virtual.Channel):
         self.leases: Leases | None = getattr(connection, "leases", None)
         self.untracked: set[str] = set()
         self.paused_queues: set[str] = set()
-        self.client = cluster.client(CLIENT_TIMEOUT_S)
+        self.client = moving.impatient(cluster.client(CLIENT_TIMEOUT_S))  # a moving slot's refusal at once
+        self.moving = self.leases.moving if self.leases is not None else moving.Moving()
         self._turn = 0
         self.waiters = Waiters(CONNECTION_ERRORS)  # one thread per queue, on its marker (`cluster_loop`)
         self._swept_at = time.monotonic()
@@ -230,7 +236,11 @@ class ClusterChannel(Fanout, Evented, kombu_virtual.Channel):
     def _fetch(self, queue: str, count: int) -> int:
         """One `fetch.lua` call on `queue`'s keys; how many elements it took (each handed to kombu)."""
         numkeys, *rest = fetch.args(self, [queue], count)
-        reply = script(fetch.FETCH)(keys=rest[:numkeys], args=rest[numkeys:], client=self.client)
+        try:
+            reply = script(fetch.FETCH)(keys=rest[:numkeys], args=rest[numkeys:], client=self.client)
+        except moving.ERRORS as exc:  # its slot moving: skipped for the round (`pipeline.delivery.moving`)
+            self.moving.skip(queue, exc)
+            return 0
         fetch.acknowledged(self, reply, [])
         (self.paused_queues.add if queue in self.paused else self.paused_queues.discard)(queue)
         if len(reply) <= fetch.FIRST:
@@ -263,8 +273,8 @@ class ClusterChannel(Fanout, Evented, kombu_virtual.Channel):
 
     def _round(self, queues: list[str]) -> tuple[int, set[str]]:
         """One round over `queues` (starting one further each round), fetching what the prefetch allows, after what
-        came over pub/sub: how many it took, and the queues it found empty (a queue the prefetch left unasked is
-        not among them)."""
+        came over pub/sub: how many it took, and the queues it found empty or moving (a queue the prefetch left
+        unasked is not among them)."""
         taken = self._broadcasts()
         empty: set[str] = set()
         if not queues:
@@ -330,12 +340,14 @@ class ClusterChannel(Fanout, Evented, kombu_virtual.Channel):
             return  # not renewing for a whole lease yet: a live peer may not have renewed since the cluster came back
         restored = 0
         for queue in queues:
-            if queue in self.untracked:
+            # A queue whose slot moved a lease ago or less: its workers' acknowledgements refused meanwhile land first.
+            if queue in self.untracked or not self.moving.steady_for(queue, self.leases.lease_seconds):
                 continue
-            index = records(queue)[1]
-            lapsed = self.client.zrangebyscore(index, "-inf", time.time() + 1, start=0, num=SWEEP_MAX)
-            for tag in lapsed:
-                restored += self.restore(queue, bytes_to_str(tag), "", leftmost=False)
+            with self.moving.skipping(queue):
+                index = records(queue)[1]
+                lapsed = self.client.zrangebyscore(index, "-inf", time.time() + 1, start=0, num=SWEEP_MAX)
+                for tag in lapsed:
+                    restored += self.restore(queue, bytes_to_str(tag), "", leftmost=False)
         if restored:
             metrics.leases.labels(outcome="restored").inc(restored)
             log.warning("restored %d job(s) whose lease expired (their worker stopped renewing)", restored)

@@ -36,6 +36,10 @@ succeeded for a whole lease without a failure (or a gap longer than the lease), 
 then, and only while its last renewal is recent (a worker thawed after a freeze renews, and finds what it lost,
 before it sweeps).
 
+On a Redis Cluster the renewal thread applies acknowledgements, releases and renewals queue by queue: a queue whose
+slot is moving (its scripts refused with TRYAGAIN) is skipped for the pass, the others go on
+(`pipeline.delivery.moving`).
+
 Celery forgets the requests it had prefetched or scheduled when the consumer's connection drops
 (`Consumer.on_close`); `drop` gives their leases up (`release.lua`), so a sweep puts them back on their queues.
 """
@@ -52,9 +56,13 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from pipeline.compat.results import Stored
 from pipeline.constants import DELIVERIES_KEY, DELIVERY_LOG_KEY, LEASE_KEY, UNACKED_INDEX_KEY, UNACKED_KEY
-from pipeline.delivery import replicas
+from pipeline.delivery import moving, replicas
+from pipeline.delivery.moving import Moving
+from pipeline.delivery.renewer import RenewalClock
 from pipeline.delivery.renewer import Renewer as Renewer  # the renewal thread, in a module of its own
 from pipeline.lua import script
 from pipeline.observability import metrics
@@ -81,11 +89,11 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class Leases:
+class Leases(RenewalClock):
     """One worker's deliveries and their leases (see the module doc), shared by the loop, pool and renewal threads."""
 
     def __init__(self, lease_seconds: float = 30.0, node: str | None = None, cluster: bool = False) -> None:
-        self.lease_seconds = float(lease_seconds)
+        super().__init__(lease_seconds)
         self._node = node
         #: On a Redis Cluster each queue keeps its delivery records in its own slot: the queue of each tag (`hold`).
         self.cluster = cluster
@@ -110,10 +118,9 @@ class Leases:
         self._confirmed: dict[str, float] = {}
         #: Tags given up because their lease could not be renewed in time (`give_up`): monotonic time each lapses.
         self._lapsing: dict[str, float] = {}
-        self._streak_since: float | None = None  # monotonic time of the first renewal of the current unbroken run
-        self._renewed_at: float | None = None  # monotonic time of the last successful renewal
-        self._wake = threading.Event()
         self._renewing = threading.Lock()  # one renewal at a time: the thread's, or the last one at shutdown
+        #: The queues whose slot refused a call as moving (a cluster: `pipeline.delivery.moving`).
+        self.moving = Moving()
 
     def owner(self) -> str:
         """This worker process's incarnation id (hostname, pid, a random part): what `pipeline:lease` records."""
@@ -260,7 +267,7 @@ class Leases:
             self._pending_acks.add(tag)
             self._settling.discard(tag)  # renewed again until the renewal thread applies it
         self._wake.set()
-        log.warning("could not acknowledge a job now (%r); acknowledging it (if still ours) on reconnect", exc)
+        log.warning("could not acknowledge a job now (%r); acknowledging it (if still ours) once Redis takes it", exc)
 
     def remember_results(self, results: Iterable[Stored], exc: BaseException) -> None:
         """Results whose write's outcome is unknown: stored by the renewal thread (a SUCCESS is never overwritten)."""
@@ -275,28 +282,6 @@ class Leases:
             self.remember_results(results, exc)
         for tag in tags:
             self.remember_ack(tag, exc)
-
-    def sweep_allowed(self) -> bool:
-        """True once this worker's renewals have succeeded without a break for a whole lease (see the module doc),
-        the last one recently: a worker that was frozen renews (or finds its leases lost) before it sweeps."""
-        with self._lock:
-            now = time.monotonic()
-            return (
-                self._streak_since is not None
-                and now - self._streak_since >= self.lease_seconds
-                and self._renewed_at is not None
-                and now - self._renewed_at <= self.lease_seconds / 2
-            )
-
-    def renewed(self, ok: bool) -> None:
-        """Record a renewal's outcome: a failure, or a gap longer than the lease, starts the run over."""
-        now = time.monotonic()
-        with self._lock:
-            if not ok or (self._renewed_at is not None and now - self._renewed_at > self.lease_seconds):
-                self._streak_since = None
-            if ok and self._streak_since is None:
-                self._streak_since = now
-            self._renewed_at = now if ok else None
 
     def ack(self, client: Any, tag: str) -> bool:
         """Remove `tag` from Redis if this worker still holds its lease (fenced); forget it either way."""
@@ -313,7 +298,11 @@ class Leases:
                 keys_: list[Any] = [*records_[:4], *(r[0] for r in results)]
                 values = [x for _key, value, expires, tag in results for x in (value, expires, tag)]
                 args = [self.owner(), records_[4], len(results), *values, *group]
-                fenced += replicas.run(client, "settle", keys_, args, "an acknowledgement")
+                try:
+                    fenced += replicas.run(client, "settle", keys_, args, "an acknowledgement")
+                except ResponseError as exc:  # one delivery's, stopped at its history (moved): its records removed
+                    if len(group) > 1 or not moving.non_local(exc):
+                        raise
                 results = []
         return self.settled(tags, fenced, sent)
 
@@ -343,25 +332,30 @@ class Leases:
 
     def _renew(self, client: Any) -> set[str]:
         with self._lock:
-            results, acks = list(self._pending_results), list(self._pending_acks)
-        if results or acks:
-            self.settle(client, acks, results)  # the results first, in the same call
+            results, acks, dropped = list(self._pending_results), list(self._pending_acks), list(self._dropped)
+        if results or acks:  # the results first, in the same call (a single Redis: one group; none on a cluster)
+            groups = self.by_records(acks)
+            if self.cluster:  # one delivery a call: one stopped at its moved history acknowledged it (`settle`)
+                groups = [(records_, [tag]) for records_, group in groups for tag in group]
+            waiting = self.moving.each(groups, lambda _records, tags: self.settle(client, tags, results))
             with self._lock:
                 del self._pending_results[: len(results)]
-        if acks:
-            log.info("applied %d acknowledgement(s) made while the broker was unreachable", len(acks))
+            if applied := len(acks) - len(waiting):
+                log.info("applied %d acknowledgement(s) the broker could not take when they were made", applied)
+        release = script("release")
+        kept = self.moving.each(
+            self.by_records(dropped) if dropped else [],
+            lambda records_, group: release(keys=list(records_[1:3]), args=[self.owner(), *group], client=client),
+        )
         with self._lock:
-            dropped = list(self._dropped)
-        for records_, group in self.by_records(dropped) if dropped else []:
-            script("release")(keys=[records_[1], records_[2]], args=[self.owner(), *group], client=client)
-        with self._lock:
-            self._dropped.difference_update(dropped)
-            for tag in dropped:
+            self._dropped.difference_update(set(dropped) - kept)
+            for tag in set(dropped) - kept:
                 self._queues.pop(tag, None)
         lease = repr(self.lease_seconds)  # the script adds it to Redis's clock: the index holds each expiry
         lost: set[str] = set()
         renew = script("renew")
-        for records_, tags in self.by_records(sorted(self.held())):
+
+        def renew_queue(records_: Records, tags: list[str]) -> None:
             for start in range(0, len(tags), RENEW_BATCH):
                 batch = tags[start : start + RENEW_BATCH]
                 sent = time.monotonic()  # Redis's clock read in the script is later: the lease lasts at least this
@@ -372,6 +366,9 @@ class Leases:
                     for tag in batch:
                         if tag in self._held and tag not in found:
                             self._confirmed[tag] = sent
+
+        # A moving queue's leases are left unconfirmed: `due` names them in time, as when Redis cannot be reached.
+        self.moving.each(self.by_records(sorted(self.held())), renew_queue)
         with self._lock:
             # A tag that left this worker since the snapshot (acknowledged or requeued by a call that ran in Redis
             # before the renewal) has no lease left, yet is not lost: it is settling, or settled and no longer held.
@@ -387,14 +384,3 @@ class Leases:
                 len(lost),
             )
         return lost
-
-    def wait(self, delay: float) -> None:
-        """Sleep up to `delay` seconds, or until something is remembered for the renewal thread to write."""
-        self._wake.wait(delay)
-        self._wake.clear()
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    def ever_renewed(self) -> bool:
-        return self._renewed_at is not None

@@ -230,27 +230,12 @@ def test_a_master_killed_under_load_loses_no_acknowledged_job_and_runs_none_twic
     _settle(cluster, ledger_redis, key, stream, (one, other), FAILOVER_LEASE_S)
 
 
-def _node_id(cluster: Cluster, port: int) -> str:
-    return next(m.node_id for m in cluster.members() if m.port == port)
-
-
 def _migrate_slot(cluster: Cluster, slot: int, target_port: int) -> None:
     """Move `slot` to the master on `target_port` as `redis-cli --cluster reshard` does: IMPORTING on the target,
     MIGRATING on the source, MIGRATE the keys a batch at a time, then SETSLOT NODE on both and on every other master."""
-    source = cluster.master_of(slot)
-    target = cluster.node(target_port)
-    source_id, target_id = _node_id(cluster, source.port), _node_id(cluster, target.port)
-    target.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
-    source.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
-    moved = 0
-    while batch := source.client().execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1):
-        source.client().execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *batch)
-        moved += len(batch)
-        time.sleep(0.2)  # a key at a time, slowly: jobs flow while the slot is half moved (ASK, TRYAGAIN)
-    masters = {m.port for m in cluster.members() if m.master and m.alive}
-    for node in (target, source, *(cluster.node(port) for port in masters - {source.port, target.port})):
-        node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
-    print(f"slot {slot}: {moved} key(s) migrated from {source.port} to {target.port}")
+    move = cluster.move(slot, target_port)
+    move.finish(pause_s=0.2)  # a key at a time, slowly: jobs flow while the slot is half moved (ASK, TRYAGAIN)
+    print(f"slot {slot}: {move.moved} key(s) migrated from {move.source.port} to {move.target.port}")
 
 
 def test_a_slot_migrated_under_load_loses_no_job_and_runs_none_twice(

@@ -19,8 +19,8 @@ from redis.cluster import key_slot
 from pipeline.queues import jobkeys, keys
 from tests.faults.ledger import SHORT_LEASE
 from tests.integration.test_cluster_jobs import _cli
-from tests.integration.test_cluster_worker import _produce
 from tests.support.cluster import Cluster
+from tests.support.cluster_send import produce
 from tests.support.procs import RedisServer, wait_for
 
 pytestmark = pytest.mark.faults
@@ -44,7 +44,7 @@ def test_delay_get_with_results_on_the_cluster(
     key = uuid.uuid4().hex
     env = _env(redis_cluster, ledger_redis)
     make_worker(f"cr-get-{key[:6]}", env=env, queues=QUEUE, concurrency=1)
-    got = _produce(env, "get", QUEUE, key)
+    got = produce(env, "get", QUEUE, key)
     assert got["result"]["key"] == key and got["result"]["attempt"] == 1
     meta = json.loads(redis_cluster.client().get(jobkeys.result(got["id"])))
     assert meta["status"] == "SUCCESS", "stored on the cluster, on the master serving its key"
@@ -78,7 +78,7 @@ def test_the_worker_stamps_the_result_of_the_delivery_it_takes(
     whose result is ignored (run before it, one job at a time) gets none: nothing would drop it."""
     env = _env(redis_cluster, ledger_redis)
     make_worker(f"cr-stamp-{uuid.uuid4().hex[:6]}", env=env, queues=QUEUE, concurrency=1)
-    failed = _produce(env, "fail", QUEUE, "-")
+    failed = produce(env, "fail", QUEUE, "-")
     assert failed["state"] == "FAILURE"
     stamp = redis_cluster.client().hgetall(jobkeys.stamp(jobkeys.result(failed["id"])))
     assert len(stamp) == 2, stamp
@@ -102,20 +102,20 @@ def test_a_late_state_of_a_worker_a_peer_took_the_job_from_is_refused_by_the_sta
     record = jobkeys.record(task_id, True)
     client.set(record, "{}")
     try:
-        assert _produce(env, "stamp", QUEUE, tag, "first:1:a", task_id, "1") == {"stamped": True}
-        assert _produce(env, "store", QUEUE, tag, "first:1:a", task_id, "STARTED") == {
+        assert produce(env, "stamp", QUEUE, tag, "first:1:a", task_id, "1") == {"stamped": True}
+        assert produce(env, "store", QUEUE, tag, "first:1:a", task_id, "STARTED") == {
             "stored": True,
             "by": "first:1:a",
         }
-        assert _produce(env, "stamp", QUEUE, tag, "peer:2:b", task_id, "2") == {"stamped": True}
-        assert _produce(env, "stamp", QUEUE, tag, "first:1:a", task_id, "1") == {"stamped": False}
-        assert _produce(env, "store", QUEUE, tag, "first:1:a", task_id, "FAILURE") == {
+        assert produce(env, "stamp", QUEUE, tag, "peer:2:b", task_id, "2") == {"stamped": True}
+        assert produce(env, "stamp", QUEUE, tag, "first:1:a", task_id, "1") == {"stamped": False}
+        assert produce(env, "store", QUEUE, tag, "first:1:a", task_id, "FAILURE") == {
             "stored": False,
             "by": "first:1:a",
         }
-        assert _produce(env, "store", QUEUE, tag, "first:1:a", task_id) == {"stored": False, "by": "first:1:a"}
+        assert produce(env, "store", QUEUE, tag, "first:1:a", task_id) == {"stored": False, "by": "first:1:a"}
         assert client.exists(record), "a refused SUCCESS drops nothing"
-        assert _produce(env, "store", QUEUE, tag, "peer:2:b", task_id) == {"stored": True, "by": "peer:2:b"}
+        assert produce(env, "store", QUEUE, tag, "peer:2:b", task_id) == {"stored": True, "by": "peer:2:b"}
         assert not client.exists(record) and not client.exists(jobkeys.stamp(jobkeys.result(task_id)))
     finally:
         client.delete(jobkeys.result(task_id), record, jobkeys.stamp(jobkeys.result(task_id)))
@@ -128,4 +128,4 @@ def test_a_group_and_a_chord_with_results_on_the_cluster(
     `on_chord_part_return` script names them all), and its body runs once with every header result."""
     env = _env(redis_cluster, ledger_redis)
     make_worker(f"cr-canvas-{uuid.uuid4().hex[:6]}", env=env, queues=QUEUE, concurrency=2)
-    assert _produce(env, "canvas", QUEUE, "-") == {"group": [0, 2, 4, 6, 8], "chord": 10}
+    assert produce(env, "canvas", QUEUE, "-") == {"group": [0, 2, 4, 6, 8], "chord": 10}

@@ -30,7 +30,8 @@ from pipeline.runtime.asyncpool import POOL
 from tests.faults.asyncpool_workers import children
 from tests.faults.ledger import SHORT_LEASE, SHORT_LEASE_S, done, each_ran_once, run_count, starts
 from tests.support.cluster import Cluster
-from tests.support.procs import RedisServer, Worker, run_python, wait_for
+from tests.support.cluster_send import produce, send
+from tests.support.procs import RedisServer, Worker, wait_for
 
 pytestmark = pytest.mark.faults
 
@@ -50,18 +51,6 @@ def _env(cluster: Cluster, ledger: RedisServer, **extra: str) -> dict[str, str]:
         **SHORT_LEASE,
         **extra,
     }
-
-
-def _produce(env: dict[str, str], *argv: str) -> Any:
-    done_ = run_python(env, "-m", "tests.support.cluster_producer", *argv)
-    assert done_.returncode == 0, done_.stderr[-3000:]
-    return json.loads(done_.stdout.strip().splitlines()[-1])
-
-
-def _send(env: dict[str, str], queue: str, key: str, n: int, sleep_s: float, once: bool = False) -> dict[str, Any]:
-    """`n` `test.ledger` jobs sent with Celery's `send_task` on the cluster: their ids, and when the first was sent.
-    `once`: each sleeps on its first delivery only."""
-    return dict(_produce(env, "send", queue, key, str(n), str(sleep_s), *(["once"] if once else [])))
 
 
 def _blocked_on(cluster: Cluster, queue: str) -> bool:
@@ -94,7 +83,7 @@ def test_a_worker_drains_queues_on_two_masters_each_job_once(
     one, other = _two_queues(redis_cluster)
     key, n = uuid.uuid4().hex, 20
     env = _env(redis_cluster, ledger_redis)
-    jobs = [*_send(env, one, key, n, 0.02)["ids"], *_send(env, other, key, n, 0.02)["ids"]]
+    jobs = [*send(env, one, key, n, 0.02)["ids"], *send(env, other, key, n, 0.02)["ids"]]
     make_worker(f"cl-drain-{key[:6]}", env=env, queues=f"{one},{other}", concurrency=2)
     wait_for(lambda: set(jobs) <= set(done(ledger_redis, key)), 120, 0.2, what="every job to finish")
     _past_two_leases(ledger_redis, key)
@@ -116,7 +105,7 @@ def test_an_idle_worker_wakes_at_once_on_a_job_of_either_master(
     make_worker(f"cl-wake-{key[:6]}", env=env, queues=f"{one},{other}", concurrency=1, pool=pool)
     for n, queue in enumerate((one, other, one)):
         wait_for(lambda q=queue: _blocked_on(redis_cluster, q), 20, 0.05, what=f"the worker idle on {queue}'s marker")
-        sent = _send(env, queue, key, 1, 0)
+        sent = send(env, queue, key, 1, 0)
         (job,) = sent["ids"]
         wait_for(lambda n=n: len(starts(ledger_redis, key)) > n, 20, 0.05, what=f"the job on {queue} to start")
         started = starts(ledger_redis, key)[n]
@@ -133,7 +122,7 @@ def test_kill_9_mid_job_the_job_runs_once_more_on_a_peer(
     key = uuid.uuid4().hex
     env = _env(redis_cluster, ledger_redis)
     first = make_worker(f"cl-kill-a-{key[:6]}", env=env, queues=one, concurrency=1)
-    (job,) = _send(env, one, key, 1, 60, once=True)["ids"]  # still running when killed; at once the second time
+    (job,) = send(env, one, key, 1, 60, once=True)["ids"]  # still running when killed; at once the second time
     wait_for(lambda: len(starts(ledger_redis, key)) >= 1, 30, 0.05, what="the job to start")
     first.kill_group(signal.SIGKILL)
     first.wait(10)
@@ -158,8 +147,8 @@ def test_a_late_result_of_a_worker_that_lost_the_lease_is_refused(
     client.hset(lease, tag, "peer:2:b")  # the peer's fetch took the job after the first worker's lease lapsed
     env = _env(redis_cluster, ledger_redis)
     try:
-        assert _produce(env, "store", queue, tag, "first:1:a", task_id) == {"stored": False, "by": None}
-        assert _produce(env, "store", queue, tag, "peer:2:b", task_id) == {"stored": True, "by": "peer:2:b"}
+        assert produce(env, "store", queue, tag, "first:1:a", task_id) == {"stored": False, "by": None}
+        assert produce(env, "store", queue, tag, "peer:2:b", task_id) == {"stored": True, "by": "peer:2:b"}
     finally:
         client.hdel(lease, tag)
 
@@ -172,7 +161,7 @@ def test_send_task_and_delay_get_end_to_end(
     key = uuid.uuid4().hex
     env = _env(redis_cluster, ledger_redis)
     make_worker(f"cl-get-{key[:6]}", env=env, queues=one, concurrency=1, pool=pool)
-    got = _produce(env, "get", one, key)
+    got = produce(env, "get", one, key)
     assert got["result"]["key"] == key and got["result"]["attempt"] == 1
     wait_for(lambda: _held(redis_cluster, one) == 0, 10, 0.1, what="the acknowledgement")
 
@@ -186,9 +175,9 @@ def test_a_queue_with_one_job_is_not_starved_by_a_full_one(
     key = uuid.uuid4().hex
     env = _env(redis_cluster, ledger_redis)
     make_worker(f"cl-fair-{key[:6]}", env=env, queues=f"{full},{other}", concurrency=1)
-    flood = _send(env, full, key, 60, 0.05)["ids"]
+    flood = send(env, full, key, 60, 0.05)["ids"]
     wait_for(lambda: len(starts(ledger_redis, key)) >= 3, 30, 0.05, what="the flood to be running")
-    sent = _send(env, other, key, 1, 0)
+    sent = send(env, other, key, 1, 0)
     (lone,) = sent["ids"]
     ahead = sum(1 for s in starts(ledger_redis, key) if s["t"] < sent["sent"])  # started before the lone job was sent
     wait_for(lambda: lone in done(ledger_redis, key), 60, 0.1, what="the lone job")
@@ -207,7 +196,7 @@ def test_celery_control_reaches_a_worker_on_a_cluster_and_its_reply_comes_back(
     key = uuid.uuid4().hex
     env = _env(redis_cluster, ledger_redis)
     make_worker(f"cl-ping-{key[:6]}", env=env, queues="default", concurrency=1)
-    replies = _produce(env, "ping", "-", "5")
+    replies = produce(env, "ping", "-", "5")
     pongs = [reply for reply in replies for name in reply if name.startswith(f"cl-ping-{key[:6]}@")]
     assert pongs and all(next(iter(p.values())) == {"ok": "pong"} for p in pongs), replies
 
@@ -228,7 +217,7 @@ def test_sigterm_to_pipeline_worker_with_async_jobs_in_flight_on_two_masters_run
     try:
         kids = children(old.pid)
         assert [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[6:8] for pid in kids] == [[b"-P", b"custom"]]
-        jobs = [job for queue in (one, other) for job in _produce(env, "await", queue, key, "30", "1.5")["ids"]]
+        jobs = [job for queue in (one, other) for job in produce(env, "await", queue, key, "30", "1.5")["ids"]]
         wait_for(lambda: len(run_count(ledger_redis, key, "start")) >= 15, 60, 0.05, what="15 async jobs in flight")
         old.send_signal(signal.SIGTERM)
         make_worker(f"cl-aio-sd-b-{key[:6]}", env=env, queues=f"{one},{other}", pool="custom", concurrency=20)
@@ -247,7 +236,7 @@ def test_the_event_loop_polls_the_subscription_socket_and_wakes_on_a_marker(
     the pub/sub socket is among the hub's readers and a fanout publish is delivered, and a job pushed with its marker
     is delivered within a moment (the fallback poll is 30 s) and acknowledged."""
     queue = "webhooks"
-    seen = _produce(_env(redis_cluster, ledger_redis), "loop", queue, "-")
+    seen = produce(_env(redis_cluster, ledger_redis), "loop", queue, "-")
     assert seen["armed"] and seen["subscription_polled"] and seen["fanout"], seen
     assert seen["work"] and seen["latency"] < 3.0, seen
     assert seen["held"] == 0, seen

@@ -5,7 +5,9 @@
 `cluster_state:ok` and every one of the 16384 slots is served by a master with a replica. `stop` stops every node
 it started, by PID, and removes the directory. `fail_over` SIGKILLs a master and waits until the cluster has
 promoted its replica and serves every slot again: what the fault tests of a master lost under load start from;
-`restart` brings the killed node back, as a replica of the master that took over.
+`restart` brings the killed node back, as a replica of the master that took over. `move` starts moving a slot to
+another master as `redis-cli --cluster reshard` does (`Move`: IMPORTING on the target, MIGRATING on the source), so a
+test can hold the slot split, some keys moved and some not, for as long as it wants, then finish the move.
 
 `Cluster(directory, masters=1, replicas=0)` (what `python -m bench cluster` compares with `masters=3, replicas=0`):
 `redis-cli` creates no cluster of fewer than three masters, so those get their slots with `CLUSTER ADDSLOTSRANGE`
@@ -20,6 +22,7 @@ import contextlib
 import shutil
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,6 +215,53 @@ class Cluster:
         wait until every slot has a replica again."""
         node.start()
         wait_for(self.healthy, timeout, 0.1, what=f"the node on port {node.port} back as a replica")
+
+    def node_id(self, port: int) -> str:
+        return next(m.node_id for m in self.members() if m.port == port)
+
+    def move(self, slot: int, target_port: int) -> Move:
+        """Start moving `slot` to the master on `target_port`: IMPORTING on the target, then MIGRATING on the
+        source; no key moves yet (`Move.migrate`, `Move.finish`)."""
+        source, target = self.master_of(slot), self.node(target_port)
+        source_id, target_id = self.node_id(source.port), self.node_id(target.port)
+        target.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        source.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        return Move(self, slot, source, target, target_id)
+
+
+@dataclass
+class Move:
+    """A slot on its way from the master `source` to the master `target` (`Cluster.move`)."""
+
+    cluster: Cluster
+    slot: int
+    source: Node
+    target: Node
+    target_id: str
+    moved: int = 0
+
+    def migrate(self, names: list[str]) -> None:
+        """MIGRATE the keys `names` (those the source still has) to the target, in one call."""
+        there = [name for name in names if self.source.client().exists(name)]
+        if there:
+            self.source.client().execute_command("MIGRATE", "127.0.0.1", self.target.port, "", 0, 5000, "KEYS", *there)
+            self.moved += len(there)
+
+    def remaining(self) -> list[str]:
+        """The keys of the slot the source still has."""
+        found = self.source.client().execute_command("CLUSTER", "GETKEYSINSLOT", self.slot, 100)
+        return [name.decode() if isinstance(name, bytes) else str(name) for name in found]
+
+    def finish(self, pause_s: float = 0.0) -> None:
+        """MIGRATE the rest a key at a time (`pause_s` between two), then SETSLOT NODE on the target, the source and
+        every other master: the target serves the slot."""
+        while batch := self.remaining()[:1]:
+            self.migrate(batch)
+            time.sleep(pause_s)
+        masters = {m.port for m in self.cluster.members() if m.master and m.alive}
+        others = (self.cluster.node(port) for port in masters - {self.source.port, self.target.port})
+        for node in (self.target, self.source, *others):
+            node.client().execute_command("CLUSTER", "SETSLOT", self.slot, "NODE", self.target_id)
 
 
 def _parse_nodes(reply: dict[str, dict[str, object]]) -> list[Member]:
