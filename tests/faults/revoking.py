@@ -64,9 +64,10 @@ def key_of(result: Any) -> str:
 
 
 def revoked_and_settled(producer: Celery, broker: RedisServer, task_id: str) -> None:
-    """REVOKED, its message acknowledged (nothing queued or held) and no lease left."""
-    wait_for(lambda: producer.AsyncResult(task_id).state == "REVOKED", 20, 0.05, what="the job's state to be REVOKED")
-    wait_for(lambda: settled(broker), 20, 0.05, what="its message to be acknowledged")
+    """REVOKED, its message acknowledged (nothing queued or held) and no lease left. Waited for up to a minute each: a
+    loaded machine (a whole suite on two cores) has taken more than 20 s to show a stopped job's state."""
+    wait_for(lambda: producer.AsyncResult(task_id).state == "REVOKED", 60, 0.05, what="the job's state to be REVOKED")
+    wait_for(lambda: settled(broker), 60, 0.05, what="its message to be acknowledged")
     assert broker.client().hlen(LEASE_KEY) == 0
 
 
