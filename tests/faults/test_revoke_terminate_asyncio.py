@@ -55,6 +55,7 @@ def test_celery_control_terminate_from_the_command_line_stops_a_celery_task_on_t
     env = {**os.environ, "REDIS_URL": own_redis.url}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done
+    print(f"celery control's output: {done.stdout}{done.stderr}")  # which nodes replied, shown if the test fails
     revoked_and_settled(producer, own_redis, job)
     two_leases_past(ledger_redis, key)
     assert run_count(ledger_redis, key, "start") == collections.Counter({job: 1})
