@@ -55,6 +55,7 @@ from pipeline.compat import marking
 from pipeline.compat.results import Stored
 from pipeline.constants import LEASE_KEY
 from pipeline.delivery import acks, fetch, full, replicas, waking, watches
+from pipeline.delivery.lapsed import lapsed_by
 from pipeline.delivery.lease import Leases
 from pipeline.dlq import elements as undecodable
 from pipeline.flows.record import Carried
@@ -143,8 +144,9 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
             return None
         restored = 0
         with self._channel().conn_or_acquire() as client:
-            seconds, micros = client.time()  # index scores are lease expiries on Redis's clock (fetch.lua, renew.lua)
-            ceil = float(seconds) + float(micros) / 1e6
+            ceil = lapsed_by(client, self.unacked_index_key)  # scores are expiries on Redis's clock (fetch.lua)
+            if ceil is None:
+                return None  # no lease lapsed: no mutex, no range read (`pipeline.delivery.lapsed`)
             try:
                 with kombu_redis.Mutex(client, self.unacked_mutex_key, self.unacked_mutex_expire):
                     visible = client.zrange(
