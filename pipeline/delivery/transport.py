@@ -268,6 +268,7 @@ class _Leased(waking.Waking, marking.Marked, full.FullRedis):
         """kombu's, also when Redis went away without answering the fetch in flight: kombu's own stopped at that
         reply's connection error, its QoS kept the acknowledgements deferred for the next fetch unwritten, and the
         consumer's `on_close` gave the leases of those finished jobs up (a sweep ran them again)."""
+        self.end_wait()  # a wait for a marker is not read to its end (`pipeline.delivery.waking`)
         if self._in_poll:
             with contextlib.suppress(Empty, *self.connection_errors):
                 self._brpop_read()  # what that fetch carried is remembered (`_settle_carried`)
@@ -333,6 +334,7 @@ class _Leased(waking.Waking, marking.Marked, full.FullRedis):
                     self._read_replicas(options)
             if self._waiting:
                 self._empty = False  # woken (or timed out): fetch next
+                self.waited(reply)
                 raise Empty()
             carried, self._carried = self._carried, None
             fetch.acknowledged(self, reply, carried[0] if carried else [])
@@ -343,6 +345,7 @@ class _Leased(waking.Waking, marking.Marked, full.FullRedis):
                 raise Empty()
             self._empty = False
             self._wait_s = waking.WAIT_MIN_S
+            self._idle_waits = 0  # a job: the fallback poll starts over
             fetch.deliver(self, reply)
             return True
         finally:
