@@ -55,6 +55,7 @@ from pipeline.compat import marking
 from pipeline.compat.results import Stored
 from pipeline.constants import LEASE_KEY
 from pipeline.delivery import acks, fetch, full, replicas, waking, watches
+from pipeline.delivery.lapsed import lapsed_by
 from pipeline.delivery.lease import Leases
 from pipeline.dlq import elements as undecodable
 from pipeline.flows.record import Carried
@@ -143,8 +144,9 @@ class QoS(acks.DeferredAcks, kombu_redis.QoS):
             return None
         restored = 0
         with self._channel().conn_or_acquire() as client:
-            seconds, micros = client.time()  # index scores are lease expiries on Redis's clock (fetch.lua, renew.lua)
-            ceil = float(seconds) + float(micros) / 1e6
+            ceil = lapsed_by(client, self.unacked_index_key)  # scores are expiries on Redis's clock (fetch.lua)
+            if ceil is None:
+                return None  # no lease lapsed: no mutex, no range read (`pipeline.delivery.lapsed`)
             try:
                 with kombu_redis.Mutex(client, self.unacked_mutex_key, self.unacked_mutex_expire):
                     visible = client.zrange(
@@ -266,6 +268,7 @@ class _Leased(waking.Waking, marking.Marked, full.FullRedis):
         """kombu's, also when Redis went away without answering the fetch in flight: kombu's own stopped at that
         reply's connection error, its QoS kept the acknowledgements deferred for the next fetch unwritten, and the
         consumer's `on_close` gave the leases of those finished jobs up (a sweep ran them again)."""
+        self.end_wait()  # a wait for a marker is not read to its end (`pipeline.delivery.waking`)
         if self._in_poll:
             with contextlib.suppress(Empty, *self.connection_errors):
                 self._brpop_read()  # what that fetch carried is remembered (`_settle_carried`)
@@ -331,6 +334,7 @@ class _Leased(waking.Waking, marking.Marked, full.FullRedis):
                     self._read_replicas(options)
             if self._waiting:
                 self._empty = False  # woken (or timed out): fetch next
+                self.waited(reply)
                 raise Empty()
             carried, self._carried = self._carried, None
             fetch.acknowledged(self, reply, carried[0] if carried else [])
@@ -341,6 +345,7 @@ class _Leased(waking.Waking, marking.Marked, full.FullRedis):
                 raise Empty()
             self._empty = False
             self._wait_s = waking.WAIT_MIN_S
+            self._idle_waits = 0  # a job: the fallback poll starts over
             fetch.deliver(self, reply)
             return True
         finally:

@@ -49,7 +49,7 @@ CLAIM_TTL_MS: Final = 10_000
 _TAG = re.compile(rb'"delivery_tag"\s*:\s*"([^"]{1,200})"')
 _TAIL = 4096
 #: How long one watch blocks before it answers nil (seconds); it is armed again at the channel's next wait.
-WATCH_S: Final = 10.0
+WATCH_S: Final = 60.0
 #: The poller's event type of a watch (`MultiChannelPoller._fd_to_chan`), followed by the watched key.
 TYPE_PREFIX: Final = "WATCH:"
 

@@ -13,7 +13,8 @@ A publish pushes one marker per message, and the list is trimmed to WAKE_MAX: ma
 worker serves) stay bounded, and a burst wakes up to WAKE_MAX idle workers of a queue at once (more pick jobs up at
 their fallback poll). A message pushed without a marker (a stock Celery app's
 `apply_async`, a foreign client) wakes a waiting worker through its watches on the queue lists
-(`pipeline.delivery.watches`); a worker waits at most WAKE_POLL_S seconds between two fetches in any case.
+(`pipeline.delivery.watches`); a worker fetches in any case after WAKE_POLL_S seconds without a marker, a wait that
+doubles up to WAKE_POLL_MAX_S while it stays idle (the fallback poll).
 
 Celery's control replies (`<oid>.reply.celery.pidbox`) get no marker: no worker waits on them.
 """
@@ -29,9 +30,12 @@ from pipeline.queues import keys
 WAKE_KEY: Final = KEY_PREFIX + "wake:{queue}"
 #: Markers kept per queue (the scripts trim to the same number: `enqueue.lua`, `delayed_release.lua`).
 WAKE_MAX: Final = 16
-#: The longest an idle worker waits for a marker before it fetches anyway (seconds): a message pushed without one
-#: starts within this.
+#: The longest an idle worker waits for a marker before it fetches anyway (seconds), at first: a message pushed
+#: without one, that no watch heard, starts within this.
 WAKE_POLL_S: Final = 0.5
+#: What that wait grows to while the worker stays idle: doubled after each wait that ended with no marker, back to
+#: WAKE_POLL_S at the first marker or job (`pipeline.delivery.waking`).
+WAKE_POLL_MAX_S: Final = 5.0
 #: Queue names that get no marker: kombu's control-reply queues (a client, not a worker, consumes them).
 _SILENT_SUFFIX: Final = ".pidbox"
 

@@ -7,8 +7,9 @@ One Lua script (`pipeline/lua/delayed_release.lua`) moves every entry due within
 its queue (LPUSH, as kombu does) and deletes it, atomically: an entry is released exactly once even when many
 releasers run, and a crash cannot lose or duplicate one. Every worker main process and every beat runs a releaser
 thread (`Releaser`) polling each DELAYED_POLL_INTERVAL seconds, so there is no single point of failure and no leader
-to elect. A poll first reads the earliest due time (one ZRANGE) and calls the script only when an entry is due, so
-an idle releaser costs Redis a read per poll. A parked job's due time is its ETA, from the producer's clock (as
+to elect. A poll first reads the earliest due time (one ZRANGE, in the round trip that reads Redis's clock on a
+single Redis) and calls the script only when an entry is due, so an idle releaser costs Redis one round trip per
+poll. A parked job's due time is its ETA, from the producer's clock (as
 Celery's ETA is); releasers judge it on Redis's clock (TIME), so releasers on hosts whose clocks disagree release it
 at the same moment. Released jobs keep their ETA, so the worker's timer starts them at the due time; a worker holds
 a released job at most DELAYED_RELEASE_AHEAD seconds before it is due (`Settings.release_ahead`), renewing its lease
@@ -28,6 +29,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import redis
 
@@ -45,13 +47,13 @@ def release_due(now: float | None = None, limit: int = 500) -> int:
     fewer than REDIS_WAIT_REPLICAS replicas confirmed is logged, not undone: see the module docstring)."""
     released = 0
     with broker_redis() as client:
+        calls, earliest = _calls(), None
         if now is None:  # Redis's clock: every releaser, on every host, judges a due time on the same one
-            seconds, micros = client.time()
-            now = float(seconds) + float(micros) / 1e6
+            now, earliest = _clock(client, calls)
         horizon = now + get_settings().release_ahead
         args = [horizon, limit, WAKE_KEY.format(queue="")]  # each release wakes its queue's idle workers
-        for keys in _calls():
-            if not _any_due(client, keys[0], horizon):
+        for keys in calls:
+            if not _due(earliest if earliest is not None else _earliest(client, keys[0]), horizon):
                 continue  # nothing parked is due: no script call (most polls of an idle worker)
             moved, reached = run_script_waited(client, "delayed_release", keys, args)
             released += int(moved)
@@ -59,11 +61,29 @@ def release_due(now: float | None = None, limit: int = 500) -> int:
     return released
 
 
-def _any_due(client: redis.Redis, index: str, horizon: float) -> bool:
-    """Whether the earliest entry of the due-time index `index` is due by `horizon`: a read of one entry, so a poll
-    that finds nothing due costs Redis a ZRANGE, not a script call. An entry parked after this read is released by
-    the next poll, as one parked just after a release is."""
-    earliest = client.zrange(index, 0, 0, withscores=True)
+def _clock(client: redis.Redis, calls: list[list[str]]) -> tuple[float, list[Any] | None]:
+    """Redis's clock (seconds), and on a single Redis (one call) the earliest entry of its due-time index, read in
+    the same round trip: an idle releaser's poll is one round trip. None on a cluster (each queue's index is read on
+    its own master)."""
+    if len(calls) != 1 or layout.clustered():
+        seconds, micros = client.time()
+        return float(seconds) + float(micros) / 1e6, None
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    pipe.zrange(calls[0][0], 0, 0, withscores=True)
+    (seconds, micros), earliest = pipe.execute()
+    return float(seconds) + float(micros) / 1e6, earliest
+
+
+def _earliest(client: redis.Redis, index: str) -> list[Any]:
+    """The earliest entry of the due-time index `index`, with its score: a read of one entry."""
+    return list(client.zrange(index, 0, 0, withscores=True))
+
+
+def _due(earliest: list[Any], horizon: float) -> bool:
+    """Whether that earliest entry is due by `horizon`: a poll that finds nothing due costs Redis a ZRANGE, not a
+    script call. An entry parked after this read is released by the next poll, as one parked just after a release
+    is."""
     return bool(earliest) and float(earliest[0][1]) <= horizon
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -208,3 +209,25 @@ def test_a_marked_publish_writes_what_kombu_writes_and_the_queues_marker(
     assert written[0] == written[1] and written[0][1]
     assert written[1][0] != queue_name.encode()  # the priority step's key
     assert client.llen(WAKE_KEY.format(queue=queue_name)) == 1  # the publisher's only (stock kombu marks nothing)
+
+
+def test_a_channel_closed_while_it_waits_drops_the_wait_instead_of_reading_it_to_its_end(
+    own_redis: RedisServer, conn: Connection, queue_name: str
+) -> None:
+    """A fallback poll of a minute (an idle worker's wait grows to WAKE_POLL_MAX_S): a close while the channel waits
+    for a marker reads the wait's reply only if it comes soon, else drops its connection, which ends the wait in
+    Redis. The close returns long before the minute, nothing is left blocked, and a marker pushed afterwards stays."""
+    client = own_redis.client()
+    got: list[Any] = []
+    _consume(conn, [queue_name], got, poll=60).consume()
+    _drain_until_waiting(conn, client)
+    closed = threading.Event()
+    threading.Thread(target=lambda: (conn.release(), closed.set()), daemon=True).start()
+    assert closed.wait(40), "the close read the minute's wait to its end"
+    deadline = time.monotonic() + 10
+    while client.info("clients")["blocked_clients"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.info("clients")["blocked_clients"] == 0  # the wait and the watches ended with their connections
+    marker = WAKE_KEY.format(queue=queue_name)
+    client.lpush(marker, 1)
+    assert client.llen(marker) == 1 and got == []

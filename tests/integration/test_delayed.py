@@ -184,6 +184,19 @@ def test_a_poll_with_nothing_due_calls_no_script_and_a_due_entry_is_released(red
         unpark([later, due])
 
 
+def test_a_poll_reads_redis_clock_and_the_earliest_due_time_in_one_round_trip(own_redis: Any) -> None:
+    """On a single Redis a releaser's poll reads TIME and the due-time index's earliest entry in one round trip:
+    Redis reads them in one read of the socket (`total_reads_processed`: the pair, then this test's INFO)."""
+    from pipeline.scheduling.delayed import _calls, _clock
+
+    client = own_redis.client()
+    client.zadd(DELAYED_KEY, {"parked": 1234.5})
+    reads = int(client.info("stats")["total_reads_processed"])
+    now, earliest = _clock(client, _calls())
+    assert int(client.info("stats")["total_reads_processed"]) - reads == 2
+    assert earliest == [(b"parked", 1234.5)] and now > 1234.5
+
+
 def test_cli_delay_parks_the_job_and_status_says_scheduled() -> None:
     import json
 

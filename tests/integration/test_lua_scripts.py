@@ -650,7 +650,8 @@ def test_a_fetch_of_plain_jobs_pops_them_in_one_call_and_trims_no_short_history(
     assert [bytes_to_str(reply[i]) for i in range(3, len(reply), 8)] == [f"p-{i}" for i in range(5)]
     assert client.llen("jobs") == 1 and client.llen("hist:p-0") == 1
     assert stats["cmdstat_rpop"]["calls"] == 1 and "cmdstat_ltrim" not in stats
-    assert stats["cmdstat_exists"]["calls"] == 2 + 5  # the paused set and the key's groups once; each tombstone
+    # the paused set, the keys it could take from (one call), the key's groups once; each tombstone
+    assert stats["cmdstat_exists"]["calls"] == 3 + 5
 
 
 def test_a_grouped_message_among_plain_jobs_of_a_key_without_groups_keeps_its_place(client: redis.Redis) -> None:
@@ -790,3 +791,20 @@ def test_fetch_takes_each_rated_jobs_slot_as_rate_acquire_does_on_the_workers_ow
     after = _redis_ms(client)
     assert float(slot) - float(got["a1"][2]) == pytest.approx(2 * INTERVAL_MS, abs=0.01)
     assert float(slot) - after - 0.01 <= float(wait) <= float(slot) - before + 0.01
+
+
+def test_an_empty_fetch_reads_every_key_it_could_take_from_in_one_call(client: redis.Redis) -> None:
+    """An idle worker's fetch (nothing queued, nothing grouped) makes two calls whatever the number of keys: the
+    paused set and one EXISTS over the lists and their groups' keys; no RPOP, no TIME. A key with a group's jobs only
+    (its list empty) still goes the long way: its job is taken."""
+    keys = [f"q{n}" for n in range(20)]
+    client.config_resetstat()
+    reply = _fetch(client, keys, "0" * len(keys), count=5)
+    stats = client.info("commandstats")
+    assert len(reply) == 2  # fenced, paused: no element
+    script_calls = {k: v["calls"] for k, v in stats.items() if k in ("cmdstat_exists", "cmdstat_rpop", "cmdstat_time")}
+    assert script_calls == {"cmdstat_exists": 2}
+    _enqueue_group(client, "tenant-a", ["g-1"])  # in its group's list: the queue's own list stays empty
+    assert client.llen("jobs") == 0
+    reply = _fetch(client, [*keys, "jobs"], "0" * (len(keys) + 1), count=5)
+    assert [bytes_to_str(reply[i]) for i in range(3, len(reply), 8)] == ["g-1"]
