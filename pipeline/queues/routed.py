@@ -11,8 +11,9 @@ whose queue is not known) makes one call per queue. The queues are:
   it was not told of to the app's queues).
 
 A queue of none of these (a job sent by hand to a queue no task names and no worker here consumes) is not walked by
-this process; a worker consuming it walks it. On a single Redis every queue shares the keys these loops read, and
-they do not ask.
+this process; a worker consuming it walks it. A name a cluster refuses (one holding `{` or `}`: `keys.tag`) is left
+out: no key of it exists there (its enqueue fails), and one such name must not stop the walk of the others. On a
+single Redis every queue shares the keys these loops read, and they do not ask.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from pipeline.constants import ROUTES, WORK_QUEUES
+from pipeline.queues import keys
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -51,4 +53,12 @@ def _routed(app: Celery) -> tuple[str, ...]:
         own = getattr(task, "queue", None)
         found[str(router.route({"queue": own} if own else {}, name)["queue"].name)] = None
     found.update(dict.fromkeys(str(name) for name in list(app.amqp.queues)))
-    return tuple(found)
+    return tuple(name for name in found if _taggable(name))
+
+
+def _taggable(name: str) -> bool:
+    try:
+        keys.tag(name)
+    except ValueError:
+        return False
+    return True

@@ -47,3 +47,14 @@ def test_a_task_registered_later_is_walked_from_then_on() -> None:
     def later() -> None: ...
 
     assert routed_queues(app)[-1] == "later-queue"
+
+
+def test_a_name_a_cluster_refuses_is_left_out() -> None:
+    """A queue named with a brace holds no key on a cluster (its enqueue fails): walking it would stop the walk."""
+    app = _app()
+    before = routed_queues(app)
+
+    @app.task(name="braced.task", queue="{braced}")
+    def braced() -> None: ...
+
+    assert routed_queues(app) == before
