@@ -32,8 +32,9 @@ from pipeline.celery_app import get_app
 from pipeline.compat import batch
 from pipeline.compat.batch import Command
 from pipeline.config import get_settings
-from pipeline.constants import DELAYED_KEY, WORK_QUEUES
+from pipeline.constants import DELAYED_KEY
 from pipeline.queues import keys
+from pipeline.queues.routed import routed_queues
 
 #: Sends the job through `producer` (None: the app's pool) with this ETA.
 Send = Callable[[Producer | None, datetime | None], Any]
@@ -125,26 +126,27 @@ def _eta(due: float) -> datetime:
     return datetime.fromtimestamp(due, UTC)
 
 
-def _indexes() -> list[str]:
-    """The due-time indexes of parked jobs: one on a single Redis, each work queue's on a cluster."""
+def _indexes(queues: Iterable[str] = ()) -> list[str]:
+    """The due-time indexes of parked jobs: one on a single Redis; on a cluster each queue's the app routes to
+    (`pipeline.queues.routed`), and each of `queues` (those the jobs' records name, whatever this process routes)."""
     if not keys.clustered():
         return [DELAYED_KEY]
-    return [keys.delayed(queue)[0] for queue in WORK_QUEUES]
+    return [keys.delayed(queue)[0] for queue in dict.fromkeys([*routed_queues(get_app()), *queues])]
 
 
-def parked_due(task_id: str) -> float | None:
-    """When a parked job is due (epoch seconds), or None if it is not parked."""
-    return parked_dues([task_id]).get(task_id)
+def parked_due(task_id: str, queue: str | None = None) -> float | None:
+    """When a parked job (of `queue`, if known) is due (epoch seconds), or None if it is not parked."""
+    return parked_dues([task_id], [queue] if queue else ()).get(task_id)
 
 
-def parked_dues(task_ids: list[str]) -> dict[str, float]:
+def parked_dues(task_ids: list[str], queues: Iterable[str] = ()) -> dict[str, float]:
     """When each parked job of `task_ids` is due (epoch seconds; those not parked are left out), in one ZMSCORE per
-    index (one round trip; on a cluster a batch per master)."""
+    index (one round trip; on a cluster a batch per master), the indexes of `queues` (the jobs' own) read too."""
     if not task_ids:
         return {}
     with broker_redis() as client:
         pipe = client.pipeline(transaction=False)
-        for index in _indexes():
+        for index in _indexes(queues):
             pipe.zmscore(index, task_ids)
         found: dict[str, float] = {}
         for scores in pipe.execute():

@@ -150,9 +150,10 @@ def job_status(task_id: str) -> JobStatus:
     """State, progress, result or error, attempts and timestamps of one job (O(1) Redis work)."""
     meta = get_app().backend.get_task_meta(task_id)
     celery_state = str(meta.get("status", "PENDING"))
-    due = parked_due(task_id) if celery_state == "PENDING" else None
+    record = _succeeded_records([task_id], [meta], [accepted_record(task_id)])[0]
+    due = parked_due(task_id, _queue(record)) if celery_state == "PENDING" else None
     entry = dlq_admin.find(task_id) if celery_state == "FAILURE" else None
-    return _status(task_id, meta, _succeeded_records([task_id], [meta], [accepted_record(task_id)])[0], due, entry)
+    return _status(task_id, meta, record, due, entry)
 
 
 def job_statuses(task_ids: Sequence[str]) -> list[JobStatus]:
@@ -167,12 +168,18 @@ def job_statuses(task_ids: Sequence[str]) -> list[JobStatus]:
     metas = [backend.decode_result(raw) if raw else {"status": "PENDING", "result": None} for raw in raws]
     records = _succeeded_records(ids, metas, accepted_records(ids))
     pending = [task_id for task_id, meta in zip(ids, metas, strict=True) if meta.get("status", "PENDING") == "PENDING"]
-    dues = parked_dues(pending)
+    dues = parked_dues(pending, {queue for record in records if (queue := _queue(record))})
     entries = dlq_admin.find_tasks([t for t, m in zip(ids, metas, strict=True) if m.get("status") == "FAILURE"])
     return [
         _status(task_id, meta, record, dues.get(task_id), entries.get(task_id))
         for task_id, meta, record in zip(ids, metas, records, strict=True)
     ]
+
+
+def _queue(record: Mapping[str, Any] | None) -> str | None:
+    """The queue a job's record names (on a Redis Cluster, where its parked entry is: its queue's slot)."""
+    queue = (record or {}).get("queue")
+    return str(queue) if queue else None
 
 
 def _succeeded_records(

@@ -25,9 +25,10 @@ import logging
 from pipeline.broker import broker_redis, check_replicas, run_script_waited
 from pipeline.celery_app import get_app
 from pipeline.config import get_settings
-from pipeline.constants import CANCEL_CHANNEL, WORK_QUEUES
+from pipeline.constants import CANCEL_CHANNEL
 from pipeline.observability import metrics
 from pipeline.queues import keys
+from pipeline.queues.routed import routed_queues
 from pipeline.status import JobState, JobStatus, job_status
 
 log = logging.getLogger(__name__)
@@ -55,9 +56,9 @@ class JobFinished(ValueError):
 
 def _tombstone(task_id: str, queue: str | None) -> int:
     """Run `cancel.lua` for `task_id`: once on a single Redis (shared keys); on a cluster in the slot of the job's
-    `queue` (any queue: a typed task's own, a flow step's), or of every work queue when it is not known. 1 when a
-    parked entry was dropped."""
-    calls = [queue] if queue or not keys.clustered() else list(WORK_QUEUES)
+    `queue` (any queue: a typed task's own, a flow step's), or of every queue the app routes to when it is not known
+    (`pipeline.queues.routed`). 1 when a parked entry was dropped."""
+    calls = [queue] if queue or not keys.clustered() else list(routed_queues(get_app()))
     parked = 0
     with broker_redis() as client:
         for n, each in enumerate(calls):

@@ -34,9 +34,11 @@ from typing import Any
 import redis
 
 from pipeline.broker import broker_redis, replicas_wanted, run_script_waited
+from pipeline.celery_app import get_app
 from pipeline.config import get_settings
-from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY, WORK_QUEUES
+from pipeline.constants import DELAYED_DEST_KEY, DELAYED_KEY, DELAYED_MESSAGE_KEY
 from pipeline.queues import keys as layout
+from pipeline.queues.routed import routed_queues
 from pipeline.queues.wake import WAKE_KEY
 
 log = logging.getLogger(__name__)
@@ -88,11 +90,12 @@ def _due(earliest: list[Any], horizon: float) -> bool:
 
 
 def _calls() -> list[list[str]]:
-    """The KEYS of each release call: on a single Redis one call over the shared keys; on a cluster one per work
-    queue, with its delayed keys and its marker list (its slot)."""
+    """The KEYS of each release call: on a single Redis one call over the shared keys; on a cluster one per queue the
+    app routes to (`pipeline.queues.routed`: a task's own queue too), with its delayed keys and its marker list (its
+    slot)."""
     if not layout.clustered():
         return [[DELAYED_KEY, DELAYED_MESSAGE_KEY, DELAYED_DEST_KEY]]
-    return [[*layout.delayed(queue), layout.wake(queue)] for queue in WORK_QUEUES]
+    return [[*layout.delayed(queue), layout.wake(queue)] for queue in routed_queues(get_app())]
 
 
 def _check(released: int, reached: int | None) -> None:

@@ -20,6 +20,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,9 @@ from tests.faults.asyncpool_workers import children
 from tests.faults.ledger import SHORT_LEASE, SHORT_LEASE_S
 from tests.support.cli import run_pipeline
 from tests.support.cluster import Cluster
+from tests.support.cluster_flows import ITEMS
 from tests.support.http_peer import HttpPeer
-from tests.support.procs import ROOT, RedisServer, Worker, wait_for
+from tests.support.procs import ROOT, RedisServer, Worker, run_python, wait_for
 
 pytestmark = pytest.mark.faults
 
@@ -122,6 +124,43 @@ def test_a_delayed_job_is_released_and_runs_once_on_the_cluster(
     assert len(peer.received(hook)) == 1, "run once"
     wait_for(lambda: _cli(env, "status", job)["state"] == "succeeded", 30, 0.3, what="the delayed job's result")
     assert _cli(env, "status", job)["result"]["attempts"] == 1
+
+
+#: Releasers move a parked job this long before it is due (DELAYED_RELEASE_AHEAD): well below COUNTDOWN_S.
+SHORT_AHEAD = {"DELAYED_RELEASE_AHEAD": "0.5"}
+
+_ENQUEUE_ITEM = """
+import json, sys
+from tests.support.cluster_flows import SpreadJob, spread_item
+job = spread_item.enqueue(SpreadJob(key=sys.argv[1]), countdown=float(sys.argv[2]))
+print(json.dumps({"queue": spread_item.queue, "id": job}))
+"""
+
+
+def test_a_delayed_job_of_a_task_with_a_queue_of_its_own_is_released_and_runs_once_on_the_cluster(
+    redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any
+) -> None:
+    """A typed task's own queue (`test.spread_item` on ITEMS, no work queue) parks a delayed job in that queue's slot:
+    the releaser of a worker consuming it releases it there, and `pipeline status` finds it parked meanwhile."""
+    env = {**_env(redis_cluster, ledger_redis), "TEST_LEDGER_URL": ledger_redis.url, **SHORT_AHEAD}
+    key = f"own-later-{uuid.uuid4().hex[:8]}"
+    make_worker(key, env=env, queues=ITEMS, concurrency=1)
+    done = run_python(env, "-c", _ENQUEUE_ITEM, key, str(COUNTDOWN_S))
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["queue"] == ITEMS
+    node = redis_cluster.master_of(key_slot(ITEMS.encode())).client()
+    assert node.zscore(keys.delayed(ITEMS, True)[0], out["id"]) is not None, "parked in its queue's slot"
+    parked = _cli(env, "status", out["id"])
+    assert parked["state"] == "scheduled" and parked["due_at"], parked
+    due = datetime.fromisoformat(parked["due_at"]).timestamp()
+    ledger = ledger_redis.client()
+    wait_for(lambda: ledger.llen(f"test:ledger:{key}:item"), 60, 0.2, what="the delayed job to run")
+    wait_for(lambda: time.time() >= due + 2 * SHORT_LEASE_S, 60, 0.2, what="two leases past its due time")
+    runs = [json.loads(r) for r in ledger.lrange(f"test:ledger:{key}:item", 0, -1)]
+    assert [r["task_id"] for r in runs] == [out["id"]], "run once"
+    assert runs[0]["t"] >= due - 0.5, "not run before it was due"
+    wait_for(lambda: _cli(env, "status", out["id"])["state"] == "succeeded", 30, 0.3, what="the delayed job's result")
 
 
 _OWN_QUEUE = """
