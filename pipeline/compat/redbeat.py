@@ -51,12 +51,17 @@ redbeat's scheduler is built: redbeat's own cluster branches take one seed (`clu
 redis-py plain dicts as startup nodes, which redis-py 8 refuses. Its keys share one hash tag (`pipeline:{beat}:`,
 `pipeline.config.celery.beat_conf`), so its MULTI pipelines and the lock's scripts touch one slot. Jobs go out
 through the cluster transport (`pipeline.delivery.clustered`: the queue's list and wake-up marker). With
-REDIS_WAIT_REPLICAS >= 1 beat refuses to start on a cluster (status 2, one line on stderr): a WAIT in a cluster
-pipeline goes to whichever node redis-py picks, not to the connection that wrote the lock or the run.
+REDIS_WAIT_REPLICAS >= 1 the lock's renewal and the run's rewrite, each followed by its WAIT, go to the master serving
+the `{beat}` slot now, in one pipeline without MULTI on one connection of redis-py's client of that node
+(`pipeline.cluster.node_of`, `_primary`): a WAIT in a cluster pipeline would run on whichever node redis-py picks, not
+on the connection that wrote. A write there that fails (MOVED after a resharding, the master gone) is followed by a
+read of beat's schedule key through the cluster client, which follows the redirection or the failover and refreshes
+its slot map, so the next tick writes to the master serving the slot then (`_follow`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -67,6 +72,7 @@ import redis
 from redbeat import RedBeatScheduler
 from redbeat.decoder import RedBeatJSONEncoder
 from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, REDBEAT_REDIS_KEY, RetryingConnection, get_redis
+from redis.cluster import RedisCluster
 from redis.exceptions import LockError, LockNotOwnedError
 
 from pipeline import cluster
@@ -87,20 +93,13 @@ LEASE_MARGIN_S = 1.0
 _REDIS_DOWN = (redis.RedisError, OSError)
 
 
-def refuse_cluster_wait(broker_url: str) -> None:
-    """Exit (status 2, one line on stderr) on a Redis Cluster with REDIS_WAIT_REPLICAS >= 1: beat's WAIT would not
-    run on the connection that wrote the lock and the run."""
-    if is_cluster(broker_url) and replicas_wanted() > 0:
-        versions.refuse(
-            "beat: on a Redis Cluster beat cannot confirm its writes with"
-            " REDIS_WAIT_REPLICAS (docs/cluster.md). Run it with REDIS_WAIT_REPLICAS=0."
-        )
-
-
-def use_cluster(app: Any) -> None:
+def use_cluster(app: Any) -> RedisCluster:
     """redbeat's client on the broker's Redis Cluster: every seed, credentials, TLS; replies as str, and redbeat's
-    retries when its `retry_period` is set (as `get_redis` makes and wraps its own)."""
-    install_client(app, cluster.client(BEAT_SOCKET_TIMEOUT_S, decode_responses=True))
+    retries when its `retry_period` is set (as `get_redis` makes and wraps its own). Returns the cluster client
+    itself (its slot map: where the master serving beat's keys is)."""
+    client = cluster.client(BEAT_SOCKET_TIMEOUT_S, decode_responses=True)
+    install_client(app, client)
+    return client
 
 
 def install_client(app: Any, client: Any) -> None:
@@ -116,13 +115,13 @@ class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no typ
     _lease_until = 0.0
     #: Redis refused a write for memory (maxmemory, noeviction) and has not taken one since: said once.
     _at_maxmemory = False
+    #: On a Redis Cluster, the cluster client under redbeat's (`use_cluster`); None on a single Redis or Sentinel.
+    _cluster: RedisCluster | None = None
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
-        broker_url = get_settings().broker_url
-        refuse_cluster_wait(broker_url)
         versions.require("beat", BEAT_LIBRARIES, get_settings().allow_unverified_versions)
-        if is_cluster(broker_url):
-            use_cluster(app)
+        if is_cluster(get_settings().broker_url):
+            self._cluster = use_cluster(app)
         super().__init__(app, *args, **kwargs)
 
     @cached_property
@@ -238,15 +237,37 @@ class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no typ
 
     def _write_run(self, entry: Any, wait: bool) -> None:
         """Write `entry`'s run as redbeat's `_next_instance` does (`meta`, the schedule's score) in a pipeline
-        without MULTI, followed by WAIT on its connection when `wait`."""
-        pipe = get_redis(self.app).pipeline(transaction=False)
+        without MULTI on the primary (`_primary`), followed by WAIT on its connection when `wait`."""
+        pipe = self._primary().pipeline(transaction=False)
         meta = {"last_run_at": entry.last_run_at, "total_run_count": entry.total_run_count}
         pipe.hset(entry.key, "meta", json.dumps(meta, cls=RedBeatJSONEncoder))
         pipe.zadd(self.app.redbeat_conf.schedule_key, {entry.key: entry.score})
         waited = wait and add_wait(pipe)
-        replies = pipe.execute()
+        replies = self._execute(pipe)
         if waited:
             check_replicas(replies[-1])
+
+    def _primary(self) -> Any:
+        """Where beat's writes and their WAIT go, on one connection: redbeat's client on a single Redis; on a cluster
+        redis-py's client of the master serving beat's slot now (every key of beat shares the `{beat}` tag)."""
+        if self._cluster is None:
+            return get_redis(self.app)
+        return cluster.node_of(self._cluster, self.app.redbeat_conf.schedule_key)
+
+    def _execute(self, pipe: Any) -> list[Any]:
+        """`pipe`'s replies; on a cluster a Redis error there (MOVED, the master gone) is followed by `_follow`."""
+        try:
+            return list(pipe.execute())
+        except _REDIS_DOWN:
+            self._follow()
+            raise
+
+    def _follow(self) -> None:
+        """A read of beat's schedule key through the cluster client, after a write to a master failed: redis-py follows
+        a MOVED or a failover there and refreshes its slot map, so `_primary` names the master serving the slot."""
+        if self._cluster is not None:
+            with contextlib.suppress(*_REDIS_DOWN):
+                self._cluster.exists(self.app.redbeat_conf.schedule_key)
 
     def _restore_run(self, key: str, meta: Any, score: Any) -> None:
         """Put back an entry's `meta` and score as they were read (absent ones removed)."""
@@ -287,16 +308,17 @@ class Scheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat ships no typ
 
     def _extend_lock(self) -> None:
         """redbeat's renewal (`lock.extend(lock_timeout)`: its extend-to script), with REDIS_WAIT_REPLICAS followed
-        by WAIT on one connection (a pipeline); without, the script alone (a cluster pipeline runs no script)."""
+        by WAIT on one connection of the primary (a pipeline, `_primary`: on a cluster the node's own, which runs
+        scripts); without, the script alone through redbeat's client (a cluster pipeline runs no script)."""
         lock = self.lock
         args = [lock.local.token, int(self.lock_timeout * 1000), "0"]
         if replicas_wanted() <= 0:
             replies = [lock.lua_extend(keys=[lock.name], args=args, client=get_redis(self.app))]
         else:
-            pipe = get_redis(self.app).pipeline(transaction=False)
+            pipe = self._primary().pipeline(transaction=False)
             lock.lua_extend(keys=[lock.name], args=args, client=pipe)
             add_wait(pipe)
-            replies = pipe.execute()
+            replies = self._execute(pipe)
         if not replies[0]:
             raise LockNotOwnedError("Cannot extend a lock that's no longer owned", lock_name=lock.name)
         if len(replies) > 1:
