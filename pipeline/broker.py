@@ -31,12 +31,12 @@ from pipeline.constants import (
     KEY_PREFIX,
     PRIORITY_STEPS,
     UNACKED_KEY,
-    WORK_QUEUES,
 )
 from pipeline.errors import BrokerFull, NotReplicated
 from pipeline.lua import script, sha, source
 from pipeline.queues import keys as layout
 from pipeline.queues import state as queue_state
+from pipeline.queues.routed import job_queues, routed_queues
 
 #: `scheme://user:` of a URL with a password, and the password (up to the `@`); never across whitespace.
 _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/@:]*:)[^\s/@]+@")
@@ -362,8 +362,11 @@ def waiting_levels(client: redis.Redis, queues: Iterable[str]) -> dict[str, dict
     return levels
 
 
-def queue_stats(queues: tuple[str, ...] = (*WORK_QUEUES, DEAD_LETTER_QUEUE)) -> list[QueueStats]:
-    """Depth (all priorities), age of the oldest waiting job and whether it is paused, of each queue."""
+def queue_stats(queues: Sequence[str] | None = None) -> list[QueueStats]:
+    """Depth (all priorities), age of the oldest waiting job and whether it is paused, of each queue (by default every
+    queue the app routes to, `job_queues`, then the dead-letter queue)."""
+    if queues is None:
+        queues = (*job_queues(get_app()), DEAD_LETTER_QUEUE)
     now = time.time()
     with broker_redis() as client:
         levels = waiting_levels(client, queues)
@@ -378,14 +381,14 @@ def queue_stats(queues: tuple[str, ...] = (*WORK_QUEUES, DEAD_LETTER_QUEUE)) -> 
 
 def unacked_count() -> int:
     """Jobs delivered to a worker and not yet acknowledged (running or prefetched), all queues (on a cluster, each
-    work queue's own record: `pipeline.queues.keys.unacked`)."""
+    queue's own record, `pipeline.queues.keys.unacked`, of each queue the app routes to)."""
     with broker_redis() as client:
         if not layout.clustered():
             return int(client.hlen(UNACKED_KEY))
-        return sum(queue_state.in_flight(client, WORK_QUEUES).values())
+        return sum(queue_state.in_flight(client, routed_queues(get_app())).values())
 
 
 def in_flight_by_queue() -> dict[str, int]:
-    """Delivered-but-unacknowledged jobs per work queue (`pipeline.queues.state.in_flight`)."""
+    """Delivered-but-unacknowledged jobs per queue the app routes to (`pipeline.queues.state.in_flight`)."""
     with broker_redis() as client:
-        return queue_state.in_flight(client, WORK_QUEUES)
+        return queue_state.in_flight(client, job_queues(get_app()))

@@ -21,8 +21,8 @@ from pipeline.browse.listing import browse
 from pipeline.browse.model import MAX_LIMIT, BadCursor, BrowseState, JobPage
 from pipeline.celery_app import get_app
 from pipeline.config import example
-from pipeline.constants import WORK_QUEUES
 from pipeline.control.cancel import JobFinished, JobNotFound, cancel
+from pipeline.queues.routed import UnknownQueue
 from pipeline.status import JobStatus, job_status
 from pipeline.task import TypedTask
 
@@ -135,15 +135,15 @@ def router(registry: dict[str, TypedTask[Any, Any]]) -> APIRouter:
         summary="Every queue's jobs by state: counts and one page of rows (no payloads)",
     )
     def list_jobs(
-        queue: Annotated[str, Query(description="A work queue.", json_schema_extra={"enum": list(WORK_QUEUES)})],
+        queue: Annotated[str, Query(max_length=200, description="A queue the app routes to (`GET /queues`).")],
         state: Annotated[BrowseState, Query(description="Which of the queue's jobs to list.")],
         cursor: Annotated[str | None, Query(max_length=512, description="`next_cursor` of the previous page.")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Rows per page.")] = 50,
     ) -> JobPage:
-        if queue not in WORK_QUEUES:
-            raise _bad_query("queue", f"unknown queue; one of {', '.join(WORK_QUEUES)}")
         try:
             return browse(queue, state, cursor, limit)
+        except UnknownQueue as exc:
+            raise _bad_query("queue", str(exc)) from None
         except BadCursor as exc:
             raise _bad_query("cursor", str(exc)) from None
 

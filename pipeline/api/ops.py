@@ -17,7 +17,6 @@ from pipeline.api.jobs import ERRORS
 from pipeline.api.models import Deleted, Health, Problem, QueueInfo, Queues, QueueState, Replayed
 from pipeline.api.strict import reject_unknown_query
 from pipeline.broker import broker_redis, in_flight_by_queue, queue_stats
-from pipeline.constants import WORK_QUEUES
 from pipeline.dlq import admin as dlq_admin
 from pipeline.dlq.envelope import DeadLetter, DeadLetterRow
 from pipeline.dlq.filters import parse_time
@@ -27,7 +26,7 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": Problem, "description": "No dead-letter entry has this id."}
 }
 NOT_PAUSABLE: dict[int | str, dict[str, Any]] = {
-    404: {"model": Problem, "description": "No work queue has this name."},
+    404: {"model": Problem, "description": "No queue the app routes to has this name."},
     409: {"model": Problem, "description": "The queue has no consumer to pause (the dead-letter queue)."},
 }
 
@@ -58,12 +57,12 @@ SWITCHES = {
 
 
 def _switch(action: str) -> Callable[[str], QueueState]:
-    """The route that pauses or resumes queue `name`: 404 for a name that is no work queue, 409 for the dead-letter
-    queue."""
+    """The route that pauses or resumes queue `name`: 404 for a name that is no queue the app routes to, 409 for the
+    dead-letter queue."""
     switch = pausing.pause if action == "pause" else pausing.resume
 
     def route(
-        name: Annotated[str, Path(description="A work queue.", json_schema_extra={"enum": list(WORK_QUEUES)})],
+        name: Annotated[str, Path(description="A queue the app routes to (`GET /queues`).")],
     ) -> QueueState:
         with answers({pausing.UnknownQueue: 404, pausing.NotPausable: 409}):
             changed = switch(name)

@@ -23,15 +23,13 @@ from pipeline.browse.model import (
     encode_cursor,
 )
 from pipeline.celery_app import get_app
-from pipeline.constants import (
-    HEADER_PUBLISHED_AT,
-    WORK_QUEUES,
-)
+from pipeline.constants import HEADER_PUBLISHED_AT
 from pipeline.dlq import admin as dlq_admin
 from pipeline.fairness import groups
 from pipeline.queues import jobkeys
 from pipeline.queues import keys as layout
 from pipeline.queues import state as queue_state
+from pipeline.queues.routed import job_queues, known_queue
 
 #: Celery's result-backend entries start with the state (`_get_result_meta` puts it first).
 _STATUS = re.compile(rb'"status":\s*"([A-Z_]+)"')
@@ -121,21 +119,23 @@ class _Snapshot(NamedTuple):
 
 
 def _snapshot(client: redis.Redis) -> _Snapshot:
-    """Jobs per work queue and state (a dead letter counts under its original queue), and what they came from."""
-    table = {queue: dict.fromkeys(BrowseState, 0) for queue in WORK_QUEUES}
+    """Jobs per queue the app routes to (`job_queues`) and state (a dead letter counts under its original queue),
+    and what they came from."""
+    queues = job_queues(get_app())
+    table = {queue: dict.fromkeys(BrowseState, 0) for queue in queues}
     levels = {
         queue: {str(step): n for step, n in by_step.items()}
-        for queue, by_step in waiting_levels(client, WORK_QUEUES).items()
+        for queue, by_step in waiting_levels(client, queues).items()
     }
-    for queue in WORK_QUEUES:
+    for queue in queues:
         table[queue][BrowseState.WAITING] = sum(levels[queue].values())
-    for queue in queue_state.parked_queues(client, WORK_QUEUES):
+    for queue in queue_state.parked_queues(client, queues):
         if queue in table:
             table[queue][BrowseState.SCHEDULED] += 1
-    for queue, _ in queue_state.delivered(client, WORK_QUEUES):
+    for queue, _ in queue_state.delivered(client, queues):
         if queue in table:
             table[queue][BrowseState.RUNNING] += 1
-    recent = _recent(client, WORK_QUEUES)
+    recent = _recent(client, queues)
     for queue, jobs in recent.items():
         for _, _, state in jobs:
             table[queue][state] += 1
@@ -284,8 +284,7 @@ def _dead_lettered(
 
 def browse(queue: str, state: BrowseState, cursor: str | None = None, limit: int = 50) -> JobPage:
     """One page of `queue`'s jobs in `state`, with the counts of every queue and state."""
-    if queue not in WORK_QUEUES:
-        raise ValueError(f"unknown queue {queue!r}; known: {', '.join(WORK_QUEUES)}")
+    known_queue(get_app(), queue)
     if not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be between 1 and {MAX_LIMIT}")
     position = decode_cursor(cursor, queue, state)

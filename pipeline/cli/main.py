@@ -201,13 +201,15 @@ def cancel(task_id: Annotated[str, typer.Argument(metavar="ID")], as_json: JsonO
 def exporter(
     port: Annotated[int | None, typer.Option(help="Port to serve /metrics on (default: EXPORTER_PORT).")] = None,
     address: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",  # noqa: S104  # scraped remotely
-    queue: Annotated[list[str] | None, typer.Option("--queue", "-q", help="Queue to report (repeatable).")] = None,
+    queue: Annotated[
+        list[str] | None,
+        typer.Option("--queue", "-q", help="Queue to report (repeatable; default: every queue the app routes to)."),
+    ] = None,
 ) -> None:
     """Serve queue depth, in-flight jobs, oldest job age and DLQ size for Prometheus (run one)."""
-    from pipeline.constants import WORK_QUEUES
     from pipeline.observability.exporter import run_exporter
 
-    run_exporter(port or get_settings().exporter_port, address, queue or list(WORK_QUEUES))
+    run_exporter(port or get_settings().exporter_port, address, queue or None)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

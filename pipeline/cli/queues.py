@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="Queue depths and states; pause and resume a queue.")
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-NameArg = Annotated[str, typer.Argument(metavar="NAME", help="A work queue (see `pipeline queues`).")]
+NameArg = Annotated[str, typer.Argument(metavar="NAME", help="A queue the app routes to (see `pipeline queues`).")]
 
 
 @app.callback(invoke_without_command=True)
@@ -62,10 +62,10 @@ def _placements(queues: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def _state(stats: QueueStats) -> str:
-    from pipeline.constants import WORK_QUEUES
+    from pipeline.constants import DEAD_LETTER_QUEUE
 
-    if stats.name not in WORK_QUEUES:
-        return "-"  # the dead-letter queue: no worker consumes it
+    if stats.name == DEAD_LETTER_QUEUE:
+        return "-"  # no worker consumes it
     return "paused" if stats.paused else "running"
 
 
@@ -82,7 +82,8 @@ def resume(name: NameArg, as_json: JsonOpt = False) -> None:
 
 
 def _switch(name: str, *, paused: bool, as_json: bool) -> None:
-    """Pause or resume `name`: exit 2 for a name that is no work queue, 3 when the broker refused the write."""
+    """Pause or resume `name`: exit 2 for a name that is no queue the app routes to, 3 when the broker refused the
+    write."""
     from pipeline.scheduling import pause as pausing
 
     try:

@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import IO
 
 from pipeline.broker import redact_url
+from pipeline.celery_app import get_app
 from pipeline.cli.redis_bin import RedisServerUnavailable, redis_binary, redis_server_binary
 from pipeline.config import API_TOKEN_MIN_LENGTH, Settings, get_settings
-from pipeline.constants import LONG_JOB_QUEUES, WORK_QUEUES
+from pipeline.constants import LONG_JOB_QUEUES
+from pipeline.queues.routed import job_queues
 
 FLOWER_PORT = 5555
 WORKER_METRICS_PORT = 9808
@@ -110,6 +112,11 @@ def _worker_metrics(settings: Settings, name: str, port: int) -> dict[str, str]:
         "METRICS_PORT": str(port),
         "METRICS_ADDRESS": "127.0.0.1",
     }
+
+
+def _io_queues() -> list[str]:
+    """The io worker's queues: every queue the app routes to but the long jobs' (a task's own queue included)."""
+    return [q for q in job_queues(get_app()) if q not in LONG_JOB_QUEUES]
 
 
 def mail_sink_wanted(settings: Settings) -> bool:
@@ -207,7 +214,7 @@ def plan(settings: Settings, with_api: bool) -> list[Child]:
     # (WORKER_CONCURRENCY in flight per process) under one supervisor, long jobs on prefork (docs/deployment.md,
     # "Worker profiles").
     shutdown = settings.worker_soft_shutdown_timeout + 20
-    io_queues = ",".join(q for q in WORK_QUEUES if q not in LONG_JOB_QUEUES)
+    io_queues = ",".join(_io_queues())
     io = [*pipeline_cli, "worker", "--processes", "1", "--name", "io", "-Q", io_queues, "-l", "INFO"]
     children.append(Child("io", io, grace=shutdown, env=_worker_metrics(settings, "io", WORKER_METRICS_PORT)))
     cpu = [*celery, "worker", "-P", "prefork", "-Q", ",".join(LONG_JOB_QUEUES), "-l", "INFO", "-n", "cpu@%h"]
@@ -265,7 +272,7 @@ def _banner(settings: Settings, children: list[Child], api_token: str | None = N
             if "redis" in names
             else ""
         ),
-        f"  io      {', '.join(q for q in WORK_QUEUES if q not in LONG_JOB_QUEUES)}: one asyncio worker, "
+        f"  io      {', '.join(_io_queues())}: one asyncio worker, "
         f"{settings.worker_concurrency} jobs in flight; logs below",
         f"  cpu     {', '.join(LONG_JOB_QUEUES)}: prefork",
         f"  flower  http://127.0.0.1:{FLOWER_PORT}",

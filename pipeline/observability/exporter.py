@@ -25,8 +25,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from pipeline import broker, publish
-from pipeline.constants import DEAD_LETTER_QUEUE, WORK_QUEUES
+from pipeline.celery_app import get_app
+from pipeline.constants import DEAD_LETTER_QUEUE
 from pipeline.observability.metrics import QUEUE_FAMILIES
+from pipeline.queues.routed import job_queues
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +39,16 @@ def _family(name: str) -> GaugeMetricFamily:
 
 
 class QueueCollector(Collector):
-    def __init__(self, queues: Sequence[str] = WORK_QUEUES, clock: Callable[[], float] = time.time) -> None:
-        self.queues = tuple(queues)
+    """The queue gauges of `queues`, by default of every queue the app routes to (`job_queues`), read at each
+    scrape."""
+
+    def __init__(self, queues: Sequence[str] | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.given = tuple(queues) if queues else None
         self.clock = clock
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        return self.given or job_queues(get_app())
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = _family("pipeline_broker_up")
@@ -76,14 +85,14 @@ class QueueCollector(Collector):
         yield from (depth, age, paused, dlq, flight, delayed, overdue, used, limit, full, up)
 
 
-def registry_for(queues: Sequence[str]) -> CollectorRegistry:
+def registry_for(queues: Sequence[str] | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(QueueCollector(queues))
     return registry
 
 
-def run_exporter(port: int, address: str, queues: Sequence[str]) -> None:
-    """Serve until SIGTERM/SIGINT."""
+def run_exporter(port: int, address: str, queues: Sequence[str] | None = None) -> None:
+    """Serve until SIGTERM/SIGINT (the gauges of `queues`, by default of every queue the app routes to)."""
     stop = threading.Event()
 
     def on_signal(*_: Any) -> None:
@@ -92,7 +101,8 @@ def run_exporter(port: int, address: str, queues: Sequence[str]) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     server, _thread = start_http_server(port, address, registry_for(queues))
-    log.info("exporter on http://%s:%d/metrics for queues %s", address, port, ", ".join(queues))
+    shown = ", ".join(queues) if queues else "every queue the app routes to"
+    log.info("exporter on http://%s:%d/metrics for %s", address, port, shown)
     print(f"pipeline exporter listening on http://{address}:{port}/metrics", flush=True)
     stop.wait()
     server.shutdown()

@@ -14,6 +14,10 @@ A queue of none of these (a job sent by hand to a queue no task names and no wor
 this process; a worker consuming it walks it. A name a cluster refuses (one holding `{` or `}`: `keys.tag`) is left
 out: no key of it exists there (its enqueue fails), and one such name must not stop the walk of the others. On a
 single Redis every queue shares the keys these loops read, and they do not ask.
+
+`job_queues` is the same less the dead-letter queue (no worker consumes it): the queues `pipeline queues`,
+`GET /queues`, the exporter and the job browser show, and the ones that can be paused; `known_queue` refuses a name
+that is none of them.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from pipeline.constants import ROUTES, WORK_QUEUES
+from pipeline.constants import DEAD_LETTER_QUEUE, ROUTES, WORK_QUEUES
 from pipeline.queues import keys
 
 if TYPE_CHECKING:
@@ -44,6 +48,23 @@ def routed_queues(app: Celery) -> tuple[str, ...]:
         # routing a task may declare its queue (Celery creates a missing queue): keep the size after the walk
         _known[:] = [(app, (len(app.tasks), len(app.amqp.queues)), found)]
     return found
+
+
+class UnknownQueue(LookupError):
+    """No queue the app routes to has this name."""
+
+
+def job_queues(app: Celery) -> tuple[str, ...]:
+    """`routed_queues(app)` less the dead-letter queue: every queue whose jobs a worker of `app` starts."""
+    return tuple(name for name in routed_queues(app) if name != DEAD_LETTER_QUEUE)
+
+
+def known_queue(app: Celery, queue: str) -> str:
+    """`queue` if it is one of `job_queues(app)`, else `UnknownQueue` naming them."""
+    known = job_queues(app)
+    if queue in known:
+        return queue
+    raise UnknownQueue(f"no queue {queue!r} the app routes to; one of {', '.join(known)}")
 
 
 def _routed(app: Celery) -> tuple[str, ...]:

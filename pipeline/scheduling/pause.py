@@ -1,4 +1,4 @@
-"""Paused queues: a work queue named in the Redis set `pipeline:paused` keeps accepting jobs, and no worker starts one.
+"""Paused queues: a queue named in the Redis set `pipeline:paused` keeps accepting jobs, and no worker starts one.
 
 The set is read inside the worker's fetch (`fetch.lua`), in the same atomic step that pops jobs, so a job of a
 paused queue is never taken from Redis; every worker sees a pause at its next fetch. Jobs a worker fetched before
@@ -10,19 +10,21 @@ never waits on a paused queue's markers, and fetches at least every WAKE_POLL_S 
 On a Redis Cluster a queue's pause is a flag of its own in its slot, `pipeline:{<queue>}:paused` (a string, set
 while paused: `pipeline.queues.keys.paused`), which the queue's fetch reads in the same slot.
 
-Only work queues (`WORK_QUEUES`) can be paused: the dead-letter queue has no consumer (its entries move only when an
-operator replays them) and Celery's own queues (control, replies) must keep flowing for workers to be operable.
+Only the queues the app routes to can be paused (`pipeline.queues.routed.job_queues`: the work queues, ROUTES, each
+task's own queue, the queues the app declares or consumes): the dead-letter queue has no consumer (its entries move
+only when an operator replays them) and Celery's own queues (control, replies) must keep flowing for workers to be
+operable.
 """
 
 from __future__ import annotations
 
 from pipeline.broker import broker_redis, confirm_replicated, memory_refusals
-from pipeline.constants import DEAD_LETTER_QUEUE, PAUSED_KEY, WORK_QUEUES
+from pipeline.celery_app import get_app
+from pipeline.constants import DEAD_LETTER_QUEUE, PAUSED_KEY
 from pipeline.queues import keys, wake
+from pipeline.queues.routed import UnknownQueue, known_queue
 
-
-class UnknownQueue(LookupError):
-    """No work queue has this name."""
+__all__ = ["NotPausable", "UnknownQueue", "check_pausable", "is_paused", "pause", "resume"]
 
 
 class NotPausable(ValueError):
@@ -30,18 +32,16 @@ class NotPausable(ValueError):
 
 
 def check_pausable(queue: str) -> str:
-    """`queue` if it is a work queue; else `NotPausable` (the dead-letter queue) or `UnknownQueue`."""
-    if queue in WORK_QUEUES:
-        return queue
+    """`queue` if the app routes to it; else `NotPausable` (the dead-letter queue) or `UnknownQueue`."""
     if queue == DEAD_LETTER_QUEUE:
         raise NotPausable(
             f"{queue} has no consumer to pause: its entries run again only when replayed (`pipeline dlq replay`)"
         )
-    raise UnknownQueue(f"no work queue {queue!r}; one of {', '.join(WORK_QUEUES)}")
+    return known_queue(get_app(), queue)
 
 
 def pause(queue: str) -> bool:
-    """Pause `queue` (a work queue, `check_pausable`); True if it was running until now."""
+    """Pause `queue` (a queue the app routes to, `check_pausable`); True if it was running until now."""
     check_pausable(queue)
     with broker_redis() as client, memory_refusals():
         if keys.clustered():
@@ -61,7 +61,7 @@ def is_paused(queue: str) -> bool:
 
 
 def resume(queue: str) -> bool:
-    """Resume `queue` (a work queue, `check_pausable`); True if it was paused until now."""
+    """Resume `queue` (a queue the app routes to, `check_pausable`); True if it was paused until now."""
     check_pausable(queue)
     with broker_redis() as client:
         pipe = client.pipeline(transaction=True)

@@ -313,7 +313,7 @@ def test_a_paused_queue_keeps_accepting_jobs_until_resumed_over_the_api(idle: Ap
             assert queues["default"]["paused"] is True and queues["default"]["depth"] == before + 1
             assert queues["email"]["paused"] is False
             unknown = client.post("/queues/nope/pause")
-            assert unknown.status_code == 404 and "no work queue 'nope'" in unknown.json()["detail"]
+            assert unknown.status_code == 404 and "no queue 'nope' the app routes to" in unknown.json()["detail"]
             assert client.post("/queues/dead_letter/pause").status_code == 409
             with idle.client(token=None) as anonymous:
                 assert anonymous.post("/queues/default/resume").status_code == 401

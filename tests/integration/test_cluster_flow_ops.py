@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.queues import keys, wake
+from pipeline.queues import keys
 from tests.faults.ledger import SHORT_LEASE, SHORT_LEASE_S
 from tests.integration.test_cancel import alive
 from tests.integration.test_cluster_flows import QUEUES, _runs, _start
@@ -208,30 +208,22 @@ def test_a_flow_cancelled_while_its_first_step_runs_queues_nothing_after_it(
     assert "nothing to cancel" in json.loads(again.stdout)["error"]
 
 
-def _pause(cluster: Cluster, queue: str, paused: bool) -> None:
-    """Pause or resume a test queue (`pipeline queues pause` takes work queues only): its flag in its slot; a resume
-    pushes the queue's wake-up marker, as `pipeline queues resume` does."""
-    client = cluster.client()
-    if paused:
-        client.set(keys.paused(queue, True), "1")
-        return
-    client.delete(keys.paused(queue, True))
-    client.lpush(wake.marker(keys.level(queue, 0, True)), "1")
-
-
 def test_a_flow_cancelled_over_http_while_its_fan_out_waits_on_another_master_drops_its_items_unrun(
     redis_cluster: Cluster, ledger_redis: RedisServer, make_worker: Any, work_dir: Path
 ) -> None:
     """`GET /flows/{id}` shows each step's state; `POST /flows/{id}/cancel` cancels the fan-out's jobs waiting on
     their queue (its own slot, on another master than the flow's first step): the worker's fetch drops each unrun, and
-    the join is never queued."""
+    the join is never queued. The items' queue is the task's own (no work queue): `POST /queues/{name}/pause` holds
+    it (its flag in its slot) and `GET /queues` shows it paused with its depth until `resume`."""
     env, key = _env(redis_cluster, ledger_redis), f"spread-{uuid.uuid4().hex[:8]}"
     ledger_redis.client().set(f"test:release:{key}", 1)
-    _pause(redis_cluster, ITEMS, True)
     worker = make_worker(f"clo-hcancel-{key[-6:]}", env=env, queues=",".join(QUEUES), concurrency=2)
     api = ApiServer(f"clo-{key[-6:]}", work_dir / "logs", env, app=TEST_APP).start()
     try:
         with api.client() as http:
+            paused = http.post(f"/queues/{ITEMS}/pause")
+            assert paused.status_code == 200 and paused.json() == {"name": ITEMS, "paused": True, "changed": True}
+            assert redis_cluster.client().exists(keys.paused(ITEMS, True)), "its flag in its slot"
             started = http.post("/flows/test_spread", json={"key": key, "n": 3})
             assert started.status_code in (200, 201, 202), started.text
             flow_id = started.json()["id"]
@@ -251,7 +243,9 @@ def test_a_flow_cancelled_over_http_while_its_fan_out_waits_on_another_master_dr
             assert _states(cancelled.json()) == ["succeeded", "cancelled", None]
             tombstones = [keys.cancel(ITEMS, job, True) for job in items]
             assert all(redis_cluster.client().exists(t) for t in tombstones), "in the items' queue's slot"
-            _pause(redis_cluster, ITEMS, False)
+            shown = {q["name"]: q for q in http.get("/queues").json()["queues"]}
+            assert (shown[ITEMS]["paused"], shown[ITEMS]["depth"]) == (True, 3), shown.get(ITEMS)
+            assert http.post(f"/queues/{ITEMS}/resume").json() == {"name": ITEMS, "paused": False, "changed": True}
             for job in items:
                 line = f"job test.spread_item[{job}] was cancelled: dropped unrun"
                 wait_for(lambda line=line: line in worker.log(), 60, 0.2, what="the worker to drop each item")
@@ -264,6 +258,7 @@ def test_a_flow_cancelled_over_http_while_its_fan_out_waits_on_another_master_dr
             assert _states(done) == ["succeeded", "cancelled", None]
             assert http.post(f"/flows/{flow_id}/cancel").status_code == 409
     finally:
+        redis_cluster.client().delete(keys.paused(ITEMS, True))
         api.stop()
 
 
