@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.procs import ROOT, RedisServer, Worker
+from tests.support.procs import ROOT, RedisServer, Worker, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -57,6 +57,8 @@ def test_a_worker_answers_stats_and_conf_with_its_transport_named_by_path(make_w
 
     worker = make_worker("inspected", queues=f"inspected-{uuid.uuid4().hex[:6]}", concurrency=1, pool="solo")
     node = f"inspected@{socket.gethostname()}"
+    # Listening first: a worker on a loaded machine may answer its first broadcast later than an inspect's timeout.
+    wait_for(lambda: get_app().control.ping(destination=[node], timeout=1), 60, 0, what=f"{node} to answer a ping")
     inspect = get_app().control.inspect(destination=[node], timeout=5)
     stats, conf = inspect.stats(), inspect.conf()
     assert stats and conf, worker.log()[-2000:]
