@@ -41,7 +41,7 @@ from typing import Any
 
 from redis.exceptions import ClusterError, ResponseError, TryAgainError
 
-from pipeline.queues.keys import Records
+from pipeline.queues.keys import Records, tagged_queue
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +77,9 @@ def impatient(client: Any) -> Any:
 
 
 def tagged(name: str) -> str:
-    """The hash tag of a key of a queue on a cluster, which is the queue's name (`pipeline:{<q>}:unacked`: `<q>`); a
-    key with none (a single Redis's records) as it is."""
-    return name[name.index("{") + 1 : name.index("}")] if "{" in name else name
+    """The queue a key of a cluster names in its hash tag (`keys.tagged_queue`: `pipeline:{<q>}:unacked` gives `<q>`);
+    a key with none (a single Redis's records) as it is."""
+    return tagged_queue(name) or name
 
 
 class Moving:
